@@ -1,0 +1,59 @@
+// The backend interface: a small table of what a device must do. CPU and CUDA implement it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tensor.h"
+
+namespace retort {
+
+// A block of backend memory; freed when the last owner lets go.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ protected:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+struct AdamWParams {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  int64_t step = 1;  // 1-based, for bias correction
+};
+
+struct SgdParams {
+  float lr = 1e-2f, momentum = 0.0f, weight_decay = 0.0f;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // True when data pointers are host addresses.
+  virtual bool is_host() const = 0;
+  virtual std::shared_ptr<Buffer> alloc(size_t bytes) = 0;
+  virtual void write(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void read(void* host_dst, const void* src, size_t bytes) = 0;
+  // Sets every byte of [dst, dst + bytes) to value.
+  virtual void fill_bytes(void* dst, uint8_t value, size_t bytes) = 0;
+  void fill_zero(void* dst, size_t bytes) { fill_bytes(dst, 0, bytes); }
+  // Runs one node whose inputs and output are placed. Throws retort::Error if the op is not supported here.
+  virtual void run(Tensor* node) = 0;
+  // Waits for queued work.
+  virtual void synchronize() = 0;
+
+  // Optimizer updates on tensors this backend holds (grad, m, v are f32 with p's shape; p is contiguous).
+  virtual void adamw_update(Tensor* p, const Tensor* grad, Tensor* m, Tensor* v, const AdamWParams& o) = 0;
+  virtual void sgd_update(Tensor* p, const Tensor* grad, Tensor* momentum_buf, const SgdParams& o) = 0;
+  // Sum of squares of a contiguous f32 tensor, in double.
+  virtual double sum_squares(const Tensor* t) = 0;
+  // t *= s for a contiguous f32 tensor.
+  virtual void scale(Tensor* t, float s) = 0;
+};
+
+}  // namespace retort

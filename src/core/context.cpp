@@ -1,0 +1,157 @@
+#include "context.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "error.h"
+
+namespace retort {
+
+Tensor* Context::tensor(DType dtype, const Shape& shape, const std::string& name) {
+  Tensor& t = tensors_.emplace_back();
+  t.dtype = dtype;
+  t.ctx = this;
+  t.name = name;
+  shape_to_ne(shape, t.ne, name.empty() ? "tensor" : name.c_str());
+  set_contiguous_strides(&t);
+  size_t bytes = size_t(t.nelements()) * t.elsize();
+  t.buffer = backend_->alloc(bytes);
+  t.data = t.buffer->data();
+  backend_->fill_zero(t.data, bytes);
+  return &t;
+}
+
+Tensor* Context::param(DType dtype, const Shape& shape, const std::string& name) {
+  RT_CHECK(is_float(dtype), "param '", name, "': parameters must be f32, bf16 or f16, got ", dtype_name(dtype));
+  Tensor* t = tensor(dtype, shape, name);
+  t->flags |= kParam;
+  return t;
+}
+
+Tensor* Context::input(DType dtype, const Shape& shape, const std::string& name) {
+  Tensor* t = tensor(dtype, shape, name);
+  t->flags |= kInput;
+  return t;
+}
+
+Tensor* Context::node(Op op, DType dtype, const int64_t ne[kMaxDims]) {
+  Tensor& t = tensors_.emplace_back();
+  t.op = op;
+  t.dtype = dtype;
+  t.ctx = this;
+  for (int d = 0; d < kMaxDims; ++d) {
+    RT_ASSERT(ne[d] >= 1);
+    t.ne[d] = ne[d];
+  }
+  set_contiguous_strides(&t);
+  return &t;
+}
+
+Tensor* Context::view_node(Tensor* src, const int64_t ne[kMaxDims], const size_t nb[kMaxDims], size_t offset) {
+  Tensor* t = node(Op::View, src->dtype, ne);
+  for (int d = 0; d < kMaxDims; ++d) t->nb[d] = nb[d];
+  t->src[0] = src;
+  Tensor* root = src->view_src ? src->view_src : src;
+  t->view_src = root;
+  t->view_offs = (src->view_src ? src->view_offs : 0) + offset;
+  if (root->data) t->data = static_cast<char*>(root->data) + t->view_offs;
+  return t;
+}
+
+namespace {
+
+// Visits every element's byte offset in storage order of the logical (contiguous) index.
+template <typename F>
+void for_each_offset(const Tensor* t, F&& f) {
+  int64_t i = 0;
+  for (int64_t i3 = 0; i3 < t->ne[3]; ++i3)
+    for (int64_t i2 = 0; i2 < t->ne[2]; ++i2)
+      for (int64_t i1 = 0; i1 < t->ne[1]; ++i1)
+        for (int64_t i0 = 0; i0 < t->ne[0]; ++i0)
+          f(i++, i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3]);
+}
+
+void check_placed(const Tensor* t, const char* what) {
+  RT_CHECK(t->data != nullptr, what, ": tensor ", t->describe(),
+           " has no storage yet (a graph node is placed when its graph is computed)");
+}
+
+// Host copy of the bytes t spans (from its first element), read from the backend.
+std::vector<uint8_t> read_span(const Tensor* t) {
+  std::vector<uint8_t> span(t->nbytes());
+  t->backend().read(span.data(), t->data, span.size());
+  return span;
+}
+
+}  // namespace
+
+std::vector<uint8_t> get_bytes(const Tensor* t) {
+  check_placed(t, "get_bytes");
+  std::vector<uint8_t> out(size_t(t->nelements()) * t->elsize());
+  if (t->is_contiguous()) {
+    t->backend().read(out.data(), t->data, out.size());
+    return out;
+  }
+  std::vector<uint8_t> span = read_span(t);
+  size_t es = t->elsize();
+  for_each_offset(t, [&](int64_t i, size_t off) { std::memcpy(out.data() + i * es, span.data() + off, es); });
+  return out;
+}
+
+void set_bytes(Tensor* t, const void* bytes, size_t n) {
+  check_placed(t, "set_bytes");
+  size_t es = t->elsize();
+  RT_CHECK(n == size_t(t->nelements()) * es, "set_data: tensor ", t->describe(), " holds ", t->nelements(),
+           " elements (", size_t(t->nelements()) * es, " bytes), got ", n, " bytes");
+  if (t->is_contiguous()) {
+    t->backend().write(t->data, bytes, n);
+    return;
+  }
+  std::vector<uint8_t> span = read_span(t);
+  const uint8_t* src = static_cast<const uint8_t*>(bytes);
+  for_each_offset(t, [&](int64_t i, size_t off) { std::memcpy(span.data() + off, src + i * es, es); });
+  t->backend().write(t->data, span.data(), span.size());
+}
+
+void set_data(Tensor* t, const std::vector<float>& values) {
+  RT_CHECK(is_float(t->dtype), "set_data: tensor ", t->describe(), " is not a float tensor; use set_data_int");
+  RT_CHECK(int64_t(values.size()) == t->nelements(), "set_data: tensor ", t->describe(), " holds ",
+           t->nelements(), " elements, got ", values.size());
+  std::vector<uint8_t> bytes(values.size() * t->elsize());
+  for (size_t i = 0; i < values.size(); ++i) store_f32(bytes.data(), t->dtype, int64_t(i), values[i]);
+  set_bytes(t, bytes.data(), bytes.size());
+}
+
+void set_data_int(Tensor* t, const std::vector<int64_t>& values) {
+  RT_CHECK(is_int(t->dtype), "set_data_int: tensor ", t->describe(), " is not an integer tensor");
+  RT_CHECK(int64_t(values.size()) == t->nelements(), "set_data_int: tensor ", t->describe(), " holds ",
+           t->nelements(), " elements, got ", values.size());
+  std::vector<uint8_t> bytes(values.size() * t->elsize());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (t->dtype == DType::I32) {
+      RT_CHECK(values[i] >= INT32_MIN && values[i] <= INT32_MAX, "set_data_int: value ", values[i],
+               " does not fit in i32 tensor ", t->describe());
+      reinterpret_cast<int32_t*>(bytes.data())[i] = int32_t(values[i]);
+    } else {
+      reinterpret_cast<int64_t*>(bytes.data())[i] = values[i];
+    }
+  }
+  set_bytes(t, bytes.data(), bytes.size());
+}
+
+std::vector<float> get_data(const Tensor* t) {
+  std::vector<uint8_t> bytes = get_bytes(t);
+  std::vector<float> out(size_t(t->nelements()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = load_f32(bytes.data(), t->dtype, int64_t(i));
+  return out;
+}
+
+std::vector<int64_t> get_data_int(const Tensor* t) {
+  RT_CHECK(is_int(t->dtype), "get_data_int: tensor ", t->describe(), " is not an integer tensor");
+  std::vector<uint8_t> bytes = get_bytes(t);
+  std::vector<int64_t> out(size_t(t->nelements()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = load_i64(bytes.data(), t->dtype, int64_t(i));
+  return out;
+}
+
+}  // namespace retort

@@ -1,0 +1,48 @@
+// A Context owns tensor records and the storage of its leaves, all on one backend. Ops add nodes to it.
+#pragma once
+#include <deque>
+#include <vector>
+
+#include "backend.h"
+#include "tensor.h"
+
+namespace retort {
+
+class Context {
+ public:
+  explicit Context(Backend& backend) : backend_(&backend) {}
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  Backend& backend() const { return *backend_; }
+
+  // A leaf with its own zeroed storage on the backend. Throws retort::Error on a bad shape.
+  Tensor* tensor(DType dtype, const Shape& shape, const std::string& name = "");
+  // A trainable leaf (flag kParam).
+  Tensor* param(DType dtype, const Shape& shape, const std::string& name);
+  // A leaf the caller fills before each run (flag kInput).
+  Tensor* input(DType dtype, const Shape& shape, const std::string& name);
+  // An unplaced graph node with contiguous strides; ne in ggml order. Used by op constructors.
+  Tensor* node(Op op, DType dtype, const int64_t ne[kMaxDims]);
+  // A node that aliases src's storage with the given shape and strides (used by view ops).
+  Tensor* view_node(Tensor* src, const int64_t ne[kMaxDims], const size_t nb[kMaxDims], size_t offset);
+
+  size_t size() const { return tensors_.size(); }
+
+ private:
+  Backend* backend_;
+  std::deque<Tensor> tensors_;  // deque: records never move, so Tensor* stays valid
+};
+
+// Host <-> tensor data, converting between float (or int) and the tensor's dtype; honours strides.
+// Throw retort::Error when the element count or dtype kind does not match.
+void set_data(Tensor* t, const std::vector<float>& values);
+void set_data_int(Tensor* t, const std::vector<int64_t>& values);
+std::vector<float> get_data(const Tensor* t);
+std::vector<int64_t> get_data_int(const Tensor* t);
+// Copies t's elements into a contiguous host byte buffer in t's dtype.
+std::vector<uint8_t> get_bytes(const Tensor* t);
+// Writes raw bytes (t's dtype, contiguous layout) into t.
+void set_bytes(Tensor* t, const void* bytes, size_t n);
+
+}  // namespace retort

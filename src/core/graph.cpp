@@ -1,0 +1,175 @@
+#include "graph.h"
+
+#include <functional>
+#include <unordered_set>
+
+#include "error.h"
+#include "op_table.h"
+#include "../ops/ops.h"
+
+namespace retort {
+
+void Graph::visit(Tensor* root) {
+  // Iterative depth-first post-order, so deep graphs (long chains of layers) cannot overflow the stack.
+  std::vector<std::pair<Tensor*, int>> stack{{root, 0}};
+  while (!stack.empty()) {
+    auto& [t, next] = stack.back();
+    if (index_.count(t)) {
+      stack.pop_back();
+      continue;
+    }
+    if (next < kMaxSrc) {
+      Tensor* s = t->src[next++];
+      if (s && !index_.count(s)) stack.push_back({s, 0});
+      continue;
+    }
+    Tensor* done = t;
+    stack.pop_back();
+    if (done->is_leaf()) {
+      index_[done] = -1;  // leaves are not steps
+      continue;
+    }
+    RT_CHECK(done->ctx == ctx_ || done->ctx->backend().name() == ctx_->backend().name(), "graph: node ",
+             done->describe(), " (", op_name(done->op), ") lives on backend ", done->ctx->backend().name(),
+             " but the graph runs on ", ctx_->backend().name(), "; copy it across explicitly");
+    index_[done] = int(nodes_.size());
+    nodes_.push_back(done);
+    for (Tensor* a : done->aux)
+      if (a && !index_.count(a)) {
+        index_[a] = int(nodes_.size());
+        nodes_.push_back(a);
+      }
+  }
+  plan_.reset();
+}
+
+void Graph::forward(Tensor* root) {
+  RT_CHECK(root != nullptr, "graph.forward: root is null");
+  visit(root);
+}
+
+Tensor* Graph::grad(const Tensor* t) const {
+  auto it = grads_.find(t);
+  return it == grads_.end() ? nullptr : it->second;
+}
+
+void Graph::backward(Tensor* loss) {
+  RT_CHECK(loss != nullptr, "graph.backward: no loss given");
+  RT_CHECK(!has_backward_, "graph.backward: this graph already has a backward pass");
+  RT_CHECK(is_float(loss->dtype) && loss->nelements() == 1, "graph.backward: the loss must be a single float ",
+           "element, got ", loss->describe());
+  forward(loss);
+  loss->flags |= kLoss;
+
+  // Which tensors need a gradient: parameters and everything computed from them.
+  std::unordered_set<const Tensor*> needs;
+  std::vector<Tensor*> order;  // leaves first, then nodes in execution order
+  std::unordered_set<const Tensor*> seen;
+  std::function<void(Tensor*)> collect_leaves = [&](Tensor* t) {
+    if (!t || seen.count(t)) return;
+    seen.insert(t);
+    for (Tensor* s : t->src) collect_leaves(s);
+    if (t->is_leaf() && t->has(kParam)) {
+      needs.insert(t);
+      params_.push_back(t);
+    }
+  };
+  for (Tensor* n : nodes_) collect_leaves(n);
+  for (Tensor* n : nodes_)
+    for (Tensor* s : n->src)
+      if (s && needs.count(s)) {
+        needs.insert(n);
+        break;
+      }
+  RT_CHECK(needs.count(loss), "graph.backward: no parameter reaches the loss ", loss->describe(),
+           " (mark trainable tensors with Context::param)");
+  // Keep only parameters that actually reach the loss.
+  std::unordered_set<const Tensor*> reaches{loss};
+  for (int i = int(nodes_.size()) - 1; i >= 0; --i) {
+    Tensor* n = nodes_[i];
+    if (!reaches.count(n)) continue;
+    for (Tensor* s : n->src)
+      if (s) reaches.insert(s);
+    if (n->op == Op::AuxOutput) reaches.insert(n->src[0]);
+  }
+  std::vector<Tensor*> kept;
+  for (Tensor* p : params_)
+    if (reaches.count(p)) kept.push_back(p);
+  params_ = kept;
+
+  std::unordered_map<const Tensor*, Tensor*> g;
+  auto add_grad = [&](Tensor* src, Tensor* gr) {
+    RT_ASSERT(gr != nullptr);
+    auto it = g.find(src);
+    if (it == g.end()) {
+      g[src] = gr;
+    } else {
+      it->second = add(*ctx_, it->second, gr);
+    }
+  };
+  auto need = [&](const Tensor* t) { return needs.count(t) > 0 && reaches.count(t) > 0; };
+  BackwardCtx bc(*ctx_, need, add_grad);
+
+  int64_t one[kMaxDims] = {1, 1, 1, 1};
+  g[loss] = fill(*ctx_, DType::F32, one, 1.0f);
+  size_t forward_count = nodes_.size();
+  for (int i = int(forward_count) - 1; i >= 0; --i) {
+    Tensor* n = nodes_[i];
+    auto it = g.find(n);
+    if (it == g.end()) continue;
+    const OpInfo& info = op_info(n->op);
+    RT_CHECK(info.differentiable && info.backward, "graph.backward: op ", op_name(n->op),
+             " on ", n->describe(), " has no gradient, but a parameter's gradient flows through it");
+    info.backward(bc, n, it->second);
+  }
+  for (Tensor* p : params_) {
+    auto it = g.find(p);
+    RT_ASSERT(it != g.end());
+    Tensor* acc = ctx_->tensor(DType::F32, p->shape(), p->name + ".grad");
+    for (int d = 0; d < kMaxDims; ++d) RT_ASSERT(acc->ne[d] == p->ne[d]);
+    Tensor* upd = ctx_->node(Op::Accumulate, DType::F32, acc->ne);
+    upd->src[0] = acc;
+    upd->src[1] = it->second;
+    upd->view_src = acc;
+    upd->data = acc->data;
+    upd->flags |= kOutput;
+    forward(upd);
+    grads_[p] = acc;
+    accumulators_.push_back(acc);
+  }
+  for (auto& [t, gr] : g)
+    if (!t->is_leaf()) grads_[t] = gr;
+  has_backward_ = true;
+  plan_.reset();
+}
+
+void Graph::zero_grad() {
+  for (Tensor* acc : accumulators_) acc->backend().fill_zero(acc->data, acc->nbytes());
+}
+
+const Plan& Graph::plan() {
+  if (!plan_) plan_ = std::make_unique<Plan>(plan_memory(nodes_));
+  return *plan_;
+}
+
+void Graph::compute() {
+  Backend& be = ctx_->backend();
+  const Plan& p = plan();
+  if (!arena_ || arena_->size() < p.arena_bytes) arena_ = be.alloc(std::max<size_t>(p.arena_bytes, 1));
+  char* base = static_cast<char*>(arena_->data());
+  if (poison_) be.fill_bytes(base, 0xff, arena_->size());  // 0xffff... is NaN in f32, bf16 and f16
+  for (const PlanSlot& s : p.slots) s.tensor->data = base + s.offset;
+  for (Tensor* n : nodes_) {
+    if (n->op == Op::View) n->data = static_cast<char*>(n->view_src->data) + n->view_offs;
+    if (n->op == Op::Accumulate) n->data = n->src[0]->data;
+  }
+  for (Tensor* n : nodes_) {
+    for (Tensor* s : n->src)
+      RT_CHECK(!s || s->data, "graph.compute: ", op_name(n->op), " reads ", s->describe(),
+               " which has no storage (is it on another context's backend?)");
+    if (n->op == Op::View || n->op == Op::AuxOutput) continue;
+    be.run(n);
+  }
+}
+
+}  // namespace retort

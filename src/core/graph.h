@@ -1,0 +1,54 @@
+// A graph: the nodes needed for some roots in execution order, the gradient ops emitted by backward(), and
+// the memory plan. Built lazily: nothing runs until compute().
+#pragma once
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "context.h"
+#include "planner.h"
+
+namespace retort {
+
+class Graph {
+ public:
+  // New nodes (gradients) are created in ctx; the graph runs on ctx.backend().
+  explicit Graph(Context& ctx) : ctx_(&ctx) {}
+
+  // Adds root and every node it depends on, in dependency order. May be called for several roots.
+  void forward(Tensor* root);
+  // Emits gradient ops for every parameter the scalar loss depends on. Parameter gradients accumulate into
+  // f32 accumulators (grad()) each run; call zero_grad() to reset them. Throws retort::Error if loss is null,
+  // not a single float element, not in this graph, or no parameter reaches it.
+  void backward(Tensor* loss);
+  // The gradient of t: the accumulator for a parameter, the gradient node otherwise; nullptr if none.
+  Tensor* grad(const Tensor* t) const;
+  // Zeroes every parameter gradient accumulator.
+  void zero_grad();
+  // Parameters that reach the loss, in the order backward() found them.
+  const std::vector<Tensor*>& params() const { return params_; }
+  const std::vector<Tensor*>& nodes() const { return nodes_; }
+  Context& ctx() const { return *ctx_; }
+
+  // Plans memory (cached until the graph changes) and returns the plan; peak bytes are known before running.
+  const Plan& plan();
+  // Places every node and runs them in order on the backend.
+  void compute();
+  // When on, compute() fills the arena with NaN bytes first, so an element no kernel wrote shows up (tests).
+  void set_poison(bool on) { poison_ = on; }
+
+ private:
+  void visit(Tensor* t);
+  Context* ctx_;
+  std::vector<Tensor*> nodes_;
+  std::unordered_map<const Tensor*, int> index_;
+  std::unordered_map<const Tensor*, Tensor*> grads_;
+  std::vector<Tensor*> params_;
+  std::vector<Tensor*> accumulators_;
+  bool has_backward_ = false;
+  bool poison_ = false;
+  std::unique_ptr<Plan> plan_;
+  std::shared_ptr<Buffer> arena_;
+};
+
+}  // namespace retort

@@ -1,0 +1,74 @@
+// The list of graph operations. Each op's shape rule, CPU kernel and backward rule live in src/ops/<family>.cpp;
+// src/core/op_table.cpp gathers them, and a test checks that the table is complete.
+#pragma once
+#include <cstdint>
+
+namespace retort {
+
+enum class Op : uint16_t {
+  None,  // a leaf: parameter, input or constant with its own storage
+  // structure
+  View,        // reshape / permute / transpose / slice: aliases src[0]'s storage (ip[0] = ViewKind)
+  Cont,        // contiguous copy of src[0], optionally converting dtype
+  Fill,        // every element = fp[0]
+  Accumulate,  // src[0] += src[1] in place (src[0] is a leaf accumulator); the node aliases src[0]
+  AuxOutput,   // an extra output written by src[0] (e.g. a loss's gradient or per-row values)
+  SliceBack,   // zeros shaped like the sliced tensor with src[0] written into the slice window
+  Concat,      // src[0] and src[1] joined along dim ip[0] (ggml order)
+  // elementwise, binary with broadcasting of src[1] over src[0]
+  Add,
+  Sub,
+  Mul,
+  Div,
+  // elementwise, unary
+  Scale,  // x * fp[0]
+  Neg,
+  Exp,
+  Log,
+  Sqrt,
+  Rsqrt,
+  Tanh,
+  Relu,
+  Gelu,  // tanh approximation
+  Silu,
+  ReluBack,  // grad * (x > 0): src[0] = grad, src[1] = x
+  GeluBack,
+  SiluBack,
+  // reductions
+  SumRows,   // over dim 0 (innermost) -> ne[0] = 1
+  MeanRows,
+  MaxRows,
+  Sum,  // over everything -> one element
+  Mean,
+  Max,
+  Repeat,    // broadcast src[0] to this node's shape
+  ReduceTo,  // sum src[0] down to this node's (broadcast-compatible) shape
+  MaxBack,   // grad routed to the first arg-max of each reduced group: src = grad, x, y; ip[0] = rows(1)/all(0)
+  // linear algebra
+  Matmul,  // batched op(A) op(B); ip[0] = transpose A, ip[1] = transpose B
+  // indexing
+  GetRows,      // rows of src[0] picked by integer ids src[1]
+  GetRowsBack,  // scatter-add of grad rows src[0] at ids src[1] into ip[0] rows
+  // softmax family (over dim 0)
+  Softmax,
+  LogSoftmax,
+  CausalSoftmax,  // softmax(x * fp[0]) with column j > row i + ip[0] masked out; rows are queries
+  SoftmaxBack,     // src = grad, y
+  LogSoftmaxBack,  // src = grad, y
+  // normalization (over dim 0, no affine: multiply by a weight with Mul)
+  RmsNorm,  // fp[0] = eps
+  RmsNormBack,
+  LayerNorm,
+  LayerNormBack,
+  Rope,  // src = x [.., T, heads, d], positions (i32 [T]); ip[0] = mode, ip[1] = inverse; fp[0] = theta
+  // plain cross-entropy over rows: src = logits [N, V], labels (int [N]); ip[0] = ignore_index
+  CrossEntropy,
+  CrossEntropyBack,  // src = logits, labels, grad (scalar)
+  Count
+};
+
+inline constexpr int kOpCount = static_cast<int>(Op::Count);
+
+enum class ViewKind : int64_t { Reshape, Permute, Slice };
+
+}  // namespace retort

@@ -1,0 +1,33 @@
+#include "op_table.h"
+
+namespace retort {
+
+namespace {
+
+OpTable build_table() {
+  OpTable t{};
+  register_view_ops(t);
+  register_elementwise_ops(t);
+  register_reduce_ops(t);
+  register_matmul_ops(t);
+  register_get_rows_ops(t);
+  register_softmax_ops(t);
+  register_norm_ops(t);
+  register_rope_ops(t);
+  register_cross_entropy_ops(t);
+  return t;
+}
+
+}  // namespace
+
+const OpInfo& op_info(Op op) {
+  static const OpTable table = build_table();
+  return table[size_t(op)];
+}
+
+const char* op_name(Op op) {
+  const char* n = op_info(op).name;
+  return n ? n : "?";
+}
+
+}  // namespace retort

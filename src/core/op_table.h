@@ -1,0 +1,63 @@
+// The op registry: for each Op its name, CPU kernel and backward rule. Each op family registers its entries
+// from its own file (src/ops/*.cpp); tests/core/test_op_table.cpp checks that no entry is missing.
+#pragma once
+#include <array>
+#include <functional>
+
+#include "context.h"
+#include "op.h"
+#include "tensor.h"
+
+namespace retort {
+
+class ThreadPool;
+
+// Computes node from its sources on the CPU; all data pointers are host addresses.
+using CpuKernel = void (*)(Tensor* node, ThreadPool& pool);
+
+// What a backward rule can do: create ops in the graph's context and hand gradients to sources.
+class BackwardCtx {
+ public:
+  BackwardCtx(Context& ctx, std::function<bool(const Tensor*)> needs,
+              std::function<void(Tensor*, Tensor*)> add)
+      : ctx(ctx), needs_(std::move(needs)), add_(std::move(add)) {}
+  Context& ctx;
+  // True when src needs a gradient (it is a parameter or depends on one).
+  bool needs(const Tensor* src) const { return src && needs_(src); }
+  // Adds g to src's gradient (summed if src gets gradients from several consumers).
+  void add(Tensor* src, Tensor* g) {
+    if (needs(src)) add_(src, g);
+  }
+
+ private:
+  std::function<bool(const Tensor*)> needs_;
+  std::function<void(Tensor*, Tensor*)> add_;
+};
+
+// Emits the ops that compute the sources' gradients of node, given the gradient of node.
+using BackwardRule = void (*)(BackwardCtx& bc, Tensor* node, Tensor* grad);
+
+struct OpInfo {
+  const char* name = nullptr;
+  CpuKernel cpu = nullptr;
+  BackwardRule backward = nullptr;
+  bool differentiable = true;  // false: backward() refuses to differentiate through it (integer ops, *Back ops)
+};
+
+using OpTable = std::array<OpInfo, kOpCount>;
+
+const OpInfo& op_info(Op op);
+const char* op_name(Op op);
+
+// Registration hooks, one per op family file.
+void register_view_ops(OpTable& t);
+void register_elementwise_ops(OpTable& t);
+void register_reduce_ops(OpTable& t);
+void register_matmul_ops(OpTable& t);
+void register_get_rows_ops(OpTable& t);
+void register_softmax_ops(OpTable& t);
+void register_norm_ops(OpTable& t);
+void register_rope_ops(OpTable& t);
+void register_cross_entropy_ops(OpTable& t);
+
+}  // namespace retort

@@ -1,0 +1,91 @@
+#include "tensor.h"
+
+#include <sstream>
+
+#include "context.h"
+#include "error.h"
+
+namespace retort {
+
+size_t Tensor::nbytes() const {
+  size_t n = elsize();
+  for (int d = 0; d < kMaxDims; ++d) n += size_t(ne[d] - 1) * nb[d];
+  return n;
+}
+
+int Tensor::n_dims() const {
+  for (int d = kMaxDims - 1; d > 0; --d)
+    if (ne[d] > 1) return d + 1;
+  return 1;
+}
+
+Shape Tensor::shape() const {
+  Shape s;
+  for (int d = n_dims() - 1; d >= 0; --d) s.push_back(ne[d]);
+  return s;
+}
+
+bool Tensor::is_contiguous() const {
+  size_t expect = elsize();
+  for (int d = 0; d < kMaxDims; ++d) {
+    if (ne[d] != 1 && nb[d] != expect) return false;
+    expect *= size_t(ne[d]);
+  }
+  return true;
+}
+
+Backend& Tensor::backend() const {
+  RT_ASSERT(ctx != nullptr);
+  return ctx->backend();
+}
+
+std::string shape_str(const int64_t ne[kMaxDims]) {
+  int n = 1;
+  for (int d = kMaxDims - 1; d > 0; --d)
+    if (ne[d] > 1) {
+      n = d + 1;
+      break;
+    }
+  std::ostringstream os;
+  os << "[";
+  for (int d = n - 1; d >= 0; --d) os << ne[d] << (d ? ", " : "");
+  os << "]";
+  return os.str();
+}
+
+std::string Tensor::describe() const {
+  std::ostringstream os;
+  if (!name.empty()) os << "'" << name << "' ";
+  os << dtype_name(dtype) << shape_str(ne);
+  return os.str();
+}
+
+bool same_shape(const Tensor* a, const Tensor* b) {
+  for (int d = 0; d < kMaxDims; ++d)
+    if (a->ne[d] != b->ne[d]) return false;
+  return true;
+}
+
+bool can_broadcast(const Tensor* b, const Tensor* a) {
+  for (int d = 0; d < kMaxDims; ++d)
+    if (b->ne[d] != 1 && b->ne[d] != a->ne[d]) return false;
+  return true;
+}
+
+void shape_to_ne(const Shape& shape, int64_t ne[kMaxDims], const char* what) {
+  RT_CHECK(!shape.empty() && shape.size() <= size_t(kMaxDims), what, ": a shape needs 1 to 4 dims, got ",
+           shape.size());
+  for (int d = 0; d < kMaxDims; ++d) ne[d] = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    int64_t v = shape[shape.size() - 1 - i];
+    RT_CHECK(v >= 1, what, ": every dim must be >= 1, got ", v, " at position ", shape.size() - 1 - i);
+    ne[i] = v;
+  }
+}
+
+void set_contiguous_strides(Tensor* t) {
+  t->nb[0] = t->elsize();
+  for (int d = 1; d < kMaxDims; ++d) t->nb[d] = t->nb[d - 1] * size_t(t->ne[d - 1]);
+}
+
+}  // namespace retort

@@ -1,0 +1,85 @@
+// The tensor record: dtype, up to 4 dims in ggml order (ne[0] innermost), byte strides, and for graph nodes the
+// op, its parameters and sources. Storage is a backend buffer (leaves) or a slot the planner assigns (nodes).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtype.h"
+#include "op.h"
+
+namespace retort {
+
+class Backend;
+class Buffer;
+class Context;
+
+inline constexpr int kMaxDims = 4;
+inline constexpr int kMaxSrc = 10;
+inline constexpr int kMaxParams = 12;
+
+// Shapes in the public API are written outermost first, like NumPy: {rows, cols}.
+using Shape = std::vector<int64_t>;
+
+enum TensorFlags : uint32_t {
+  kParam = 1u << 0,   // trainable: backward() gives it a gradient accumulator
+  kInput = 1u << 1,   // filled by the caller before each run
+  kOutput = 1u << 2,  // read by the caller after a run: the planner never reuses its memory
+  kLoss = 1u << 3,    // the graph's loss (set by backward)
+};
+
+struct Tensor {
+  DType dtype = DType::F32;
+  int64_t ne[kMaxDims] = {1, 1, 1, 1};  // elements per dim, ne[0] innermost
+  size_t nb[kMaxDims] = {0, 0, 0, 0};   // byte strides
+
+  Op op = Op::None;
+  std::array<Tensor*, kMaxSrc> src{};
+  std::array<int64_t, kMaxParams> ip{};  // integer op parameters
+  std::array<float, kMaxParams> fp{};    // float op parameters
+  uint32_t flags = 0;
+  // Extra outputs this node writes (each an Op::AuxOutput node whose src[0] is this node).
+  std::array<Tensor*, 4> aux{};
+
+  // Views alias view_src (never itself a view) at byte offset view_offs.
+  Tensor* view_src = nullptr;
+  size_t view_offs = 0;
+
+  void* data = nullptr;             // host or device address, set for leaves at creation, for nodes at run
+  std::shared_ptr<Buffer> buffer;   // owning storage of a leaf
+  Context* ctx = nullptr;
+  std::string name;
+
+  // Queries.
+  int64_t nelements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+  int64_t nrows() const { return ne[1] * ne[2] * ne[3]; }
+  size_t elsize() const { return dtype_size(dtype); }
+  size_t nbytes() const;  // bytes spanned by the elements, from the first to past the last
+  int n_dims() const;     // 1 + index of the outermost dim with ne > 1 (at least 1)
+  Shape shape() const;    // outermost first, n_dims() entries
+  bool is_contiguous() const;
+  bool is_leaf() const { return op == Op::None; }
+  bool is_view() const { return op == Op::View || op == Op::Accumulate; }
+  bool has(TensorFlags f) const { return (flags & f) != 0; }
+  Backend& backend() const;
+  // "name f32[4, 8]" for error messages.
+  std::string describe() const;
+  // Address of element (i0, i1, i2, i3).
+  void* ptr(int64_t i0, int64_t i1 = 0, int64_t i2 = 0, int64_t i3 = 0) const {
+    return static_cast<char*>(data) + i0 * nb[0] + i1 * nb[1] + i2 * nb[2] + i3 * nb[3];
+  }
+};
+
+// Shape helpers shared by the op constructors.
+bool same_shape(const Tensor* a, const Tensor* b);
+// True when b can be broadcast over a (each dim of b is 1 or equal to a's).
+bool can_broadcast(const Tensor* b, const Tensor* a);
+std::string shape_str(const int64_t ne[kMaxDims]);  // "[rows, cols]" outermost first
+// Fills ne (ggml order) from a public shape; throws if it has more than 4 dims or a size < 1.
+void shape_to_ne(const Shape& shape, int64_t ne[kMaxDims], const char* what);
+void set_contiguous_strides(Tensor* t);
+
+}  // namespace retort

@@ -1,0 +1,59 @@
+// Optimizers (SGD with momentum, AdamW), global-norm gradient clipping and the cosine learning-rate schedule.
+// Updates run on the backend that holds the parameters.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "../core/context.h"
+#include "../core/graph.h"
+
+namespace retort {
+
+struct AdamWConfig {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
+};
+
+// AdamW with decoupled weight decay and bias correction; m and v are f32 on the parameters' backend.
+class AdamW {
+ public:
+  // Throws retort::Error on a bad option (lr < 0, betas outside [0, 1), eps <= 0, weight_decay < 0).
+  AdamW(const std::vector<Tensor*>& params, const AdamWConfig& config);
+  // One update of every parameter from graph.grad(p). lr < 0 means config.lr.
+  void step(const Graph& graph, float lr = -1.0f);
+  int64_t steps() const { return step_; }
+  const AdamWConfig& config() const { return config_; }
+  // Optimizer state, for checkpoints: m and v per parameter, in the order given.
+  const std::vector<Tensor*>& m() const { return m_; }
+  const std::vector<Tensor*>& v() const { return v_; }
+  void set_steps(int64_t s) { step_ = s; }
+
+ private:
+  std::vector<Tensor*> params_, m_, v_;
+  std::unique_ptr<Context> state_;
+  AdamWConfig config_;
+  int64_t step_ = 0;
+};
+
+struct SgdConfig {
+  float lr = 1e-2f, momentum = 0.0f, weight_decay = 0.0f;
+};
+
+class Sgd {
+ public:
+  // Throws retort::Error on a bad option (lr < 0, momentum outside [0, 1), weight_decay < 0).
+  Sgd(const std::vector<Tensor*>& params, const SgdConfig& config);
+  void step(const Graph& graph, float lr = -1.0f);
+
+ private:
+  std::vector<Tensor*> params_, buf_;
+  std::unique_ptr<Context> state_;
+  SgdConfig config_;
+};
+
+// Scales every parameter gradient so their global L2 norm is at most max_norm; returns the norm before.
+double clip_grad_norm(const Graph& graph, double max_norm);
+
+// Linear warmup from 0 to lr_max over warmup steps, then cosine decay to lr_min at total steps.
+float cosine_lr(int64_t step, int64_t warmup, int64_t total, float lr_max, float lr_min = 0.0f);
+
+}  // namespace retort

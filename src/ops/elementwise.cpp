@@ -1,0 +1,214 @@
+// Elementwise ops: binary with broadcasting of the second operand, and unary maps. f32 math; any float dtype
+// in storage; strided inputs welcome.
+#include <cmath>
+
+#include "../core/error.h"
+#include "../core/op_table.h"
+#include "cpu_util.h"
+#include "ops.h"
+
+namespace retort {
+
+namespace {
+
+Tensor* binary(Context& ctx, Op op, const char* name, Tensor* a, Tensor* b) {
+  RT_CHECK(a && b, name, ": null operand");
+  RT_CHECK(is_float(a->dtype) && is_float(b->dtype), name, ": operands must be float tensors, got ",
+           a->describe(), " and ", b->describe());
+  RT_CHECK(can_broadcast(b, a), name, ": cannot broadcast ", b->describe(), " over ", a->describe(),
+           " (each dim of the second operand must be 1 or equal to the first's)");
+  Tensor* t = ctx.node(op, a->dtype, a->ne);
+  t->src[0] = a;
+  t->src[1] = b;
+  return t;
+}
+
+Tensor* unary(Context& ctx, Op op, const char* name, Tensor* x) {
+  RT_CHECK(x != nullptr, name, ": null operand");
+  RT_CHECK(is_float(x->dtype), name, ": operand must be a float tensor, got ", x->describe());
+  Tensor* t = ctx.node(op, x->dtype, x->ne);
+  t->src[0] = x;
+  return t;
+}
+
+// Gradient-of-activation nodes: src[0] = upstream gradient, src[1] = the activation's input.
+Tensor* act_back(Context& ctx, Op op, Tensor* g, Tensor* x) {
+  Tensor* t = ctx.node(op, DType::F32, x->ne);
+  t->src[0] = g;
+  t->src[1] = x;
+  return t;
+}
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluC = 0.044715f;
+
+inline float gelu_f(float x) { return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kGeluC * x * x * x))); }
+inline float gelu_grad(float x) {
+  float u = kSqrt2OverPi * (x + kGeluC * x * x * x);
+  float th = std::tanh(u);
+  return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * x * x);
+}
+inline float sigmoid_f(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+template <typename F>
+void binary_kernel(Tensor* t, ThreadPool& pool, F f) {
+  const Tensor* a = t->src[0];
+  const Tensor* b = t->src[1];
+  const int64_t n = t->ne[0];
+  cpu::for_rows(pool, t->nrows(), n, 2, [&](int64_t r, float* buf) {
+    float* bb = buf + n;
+    cpu::load_row(a, r, buf);
+    const char* brow = cpu::broadcast_row_ptr(b, a, r);
+    if (b->ne[0] == n) {
+      cpu::load_row(b, brow, bb);
+      for (int64_t i = 0; i < n; ++i) buf[i] = f(buf[i], bb[i]);
+    } else {  // b->ne[0] == 1: one value for the whole row
+      float v = load_f32(brow, b->dtype, 0);
+      for (int64_t i = 0; i < n; ++i) buf[i] = f(buf[i], v);
+    }
+    cpu::store_row(t, r, buf);
+  });
+}
+
+template <typename F>
+void unary_kernel(Tensor* t, ThreadPool& pool, F f) {
+  const Tensor* x = t->src[0];
+  const int64_t n = t->ne[0];
+  cpu::for_rows(pool, t->nrows(), n, 1, [&](int64_t r, float* buf) {
+    cpu::load_row(x, r, buf);
+    for (int64_t i = 0; i < n; ++i) buf[i] = f(buf[i]);
+    cpu::store_row(t, r, buf);
+  });
+}
+
+// f(g, x) over two same-shaped tensors (activation backward).
+template <typename F>
+void act_back_kernel(Tensor* t, ThreadPool& pool, F f) {
+  const Tensor* g = t->src[0];
+  const Tensor* x = t->src[1];
+  const int64_t n = t->ne[0];
+  cpu::for_rows(pool, t->nrows(), n, 2, [&](int64_t r, float* buf) {
+    float* xb = buf + n;
+    cpu::load_row(g, r, buf);
+    cpu::load_row(x, r, xb);
+    for (int64_t i = 0; i < n; ++i) buf[i] = f(buf[i], xb[i]);
+    cpu::store_row(t, r, buf);
+  });
+}
+
+void cpu_add(Tensor* t, ThreadPool& p) { binary_kernel(t, p, [](float a, float b) { return a + b; }); }
+void cpu_sub(Tensor* t, ThreadPool& p) { binary_kernel(t, p, [](float a, float b) { return a - b; }); }
+void cpu_mul(Tensor* t, ThreadPool& p) { binary_kernel(t, p, [](float a, float b) { return a * b; }); }
+void cpu_div(Tensor* t, ThreadPool& p) { binary_kernel(t, p, [](float a, float b) { return a / b; }); }
+void cpu_scale(Tensor* t, ThreadPool& p) {
+  float s = t->fp[0];
+  unary_kernel(t, p, [s](float x) { return x * s; });
+}
+void cpu_neg(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return -x; }); }
+void cpu_exp(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return std::exp(x); }); }
+void cpu_log(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return std::log(x); }); }
+void cpu_sqrt(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return std::sqrt(x); }); }
+void cpu_rsqrt(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return 1.0f / std::sqrt(x); }); }
+void cpu_tanh(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return std::tanh(x); }); }
+void cpu_relu(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return x > 0 ? x : 0.0f; }); }
+void cpu_gelu(Tensor* t, ThreadPool& p) { unary_kernel(t, p, gelu_f); }
+void cpu_silu(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return x * sigmoid_f(x); }); }
+void cpu_relu_back(Tensor* t, ThreadPool& p) {
+  act_back_kernel(t, p, [](float g, float x) { return x > 0 ? g : 0.0f; });
+}
+void cpu_gelu_back(Tensor* t, ThreadPool& p) {
+  act_back_kernel(t, p, [](float g, float x) { return g * gelu_grad(x); });
+}
+void cpu_silu_back(Tensor* t, ThreadPool& p) {
+  act_back_kernel(t, p, [](float g, float x) {
+    float s = sigmoid_f(x);
+    return g * s * (1.0f + x * (1.0f - s));
+  });
+}
+
+// The gradient for a broadcast operand sums over the dims it was broadcast along.
+Tensor* unbroadcast(Context& ctx, Tensor* g, const Tensor* like) {
+  return same_shape(g, like) ? g : reduce_to(ctx, g, like->ne);
+}
+
+void back_add(BackwardCtx& bc, Tensor* t, Tensor* g) {
+  bc.add(t->src[0], g);
+  if (bc.needs(t->src[1])) bc.add(t->src[1], unbroadcast(bc.ctx, g, t->src[1]));
+}
+void back_sub(BackwardCtx& bc, Tensor* t, Tensor* g) {
+  bc.add(t->src[0], g);
+  if (bc.needs(t->src[1])) bc.add(t->src[1], unbroadcast(bc.ctx, neg(bc.ctx, g), t->src[1]));
+}
+void back_mul(BackwardCtx& bc, Tensor* t, Tensor* g) {
+  Tensor *a = t->src[0], *b = t->src[1];
+  if (bc.needs(a)) bc.add(a, mul(bc.ctx, g, b));
+  if (bc.needs(b)) bc.add(b, unbroadcast(bc.ctx, mul(bc.ctx, g, a), b));
+}
+void back_div(BackwardCtx& bc, Tensor* t, Tensor* g) {
+  Tensor *a = t->src[0], *b = t->src[1];
+  if (bc.needs(a)) bc.add(a, div(bc.ctx, g, b));
+  // d(a/b)/db = -(a/b)/b = -t/b
+  if (bc.needs(b)) bc.add(b, unbroadcast(bc.ctx, neg(bc.ctx, div(bc.ctx, mul(bc.ctx, g, t), b)), b));
+}
+void back_scale(BackwardCtx& bc, Tensor* t, Tensor* g) { bc.add(t->src[0], scale(bc.ctx, g, t->fp[0])); }
+void back_neg(BackwardCtx& bc, Tensor* t, Tensor* g) { bc.add(t->src[0], neg(bc.ctx, g)); }
+void back_exp(BackwardCtx& bc, Tensor* t, Tensor* g) { bc.add(t->src[0], mul(bc.ctx, g, t)); }
+void back_log(BackwardCtx& bc, Tensor* t, Tensor* g) { bc.add(t->src[0], div(bc.ctx, g, t->src[0])); }
+void back_sqrt(BackwardCtx& bc, Tensor* t, Tensor* g) {
+  bc.add(t->src[0], div(bc.ctx, scale(bc.ctx, g, 0.5f), t));
+}
+void back_rsqrt(BackwardCtx& bc, Tensor* t, Tensor* g) {
+  // d(x^-1/2)/dx = -1/2 x^-3/2 = -1/2 y^3
+  Tensor* y3 = mul(bc.ctx, mul(bc.ctx, t, t), t);
+  bc.add(t->src[0], mul(bc.ctx, scale(bc.ctx, g, -0.5f), y3));
+}
+void back_tanh(BackwardCtx& bc, Tensor* t, Tensor* g) {
+  // 1 - y^2, written as g - g*y*y
+  bc.add(t->src[0], sub(bc.ctx, g, mul(bc.ctx, mul(bc.ctx, g, t), t)));
+}
+void back_relu(BackwardCtx& bc, Tensor* t, Tensor* g) { bc.add(t->src[0], act_back(bc.ctx, Op::ReluBack, g, t->src[0])); }
+void back_gelu(BackwardCtx& bc, Tensor* t, Tensor* g) { bc.add(t->src[0], act_back(bc.ctx, Op::GeluBack, g, t->src[0])); }
+void back_silu(BackwardCtx& bc, Tensor* t, Tensor* g) { bc.add(t->src[0], act_back(bc.ctx, Op::SiluBack, g, t->src[0])); }
+
+}  // namespace
+
+Tensor* add(Context& ctx, Tensor* a, Tensor* b) { return binary(ctx, Op::Add, "add", a, b); }
+Tensor* sub(Context& ctx, Tensor* a, Tensor* b) { return binary(ctx, Op::Sub, "sub", a, b); }
+Tensor* mul(Context& ctx, Tensor* a, Tensor* b) { return binary(ctx, Op::Mul, "mul", a, b); }
+Tensor* div(Context& ctx, Tensor* a, Tensor* b) { return binary(ctx, Op::Div, "div", a, b); }
+Tensor* scale(Context& ctx, Tensor* x, float s) {
+  Tensor* t = unary(ctx, Op::Scale, "scale", x);
+  t->fp[0] = s;
+  return t;
+}
+Tensor* neg(Context& ctx, Tensor* x) { return unary(ctx, Op::Neg, "neg", x); }
+Tensor* exp(Context& ctx, Tensor* x) { return unary(ctx, Op::Exp, "exp", x); }
+Tensor* log(Context& ctx, Tensor* x) { return unary(ctx, Op::Log, "log", x); }
+Tensor* sqrt(Context& ctx, Tensor* x) { return unary(ctx, Op::Sqrt, "sqrt", x); }
+Tensor* rsqrt(Context& ctx, Tensor* x) { return unary(ctx, Op::Rsqrt, "rsqrt", x); }
+Tensor* tanh(Context& ctx, Tensor* x) { return unary(ctx, Op::Tanh, "tanh", x); }
+Tensor* relu(Context& ctx, Tensor* x) { return unary(ctx, Op::Relu, "relu", x); }
+Tensor* gelu(Context& ctx, Tensor* x) { return unary(ctx, Op::Gelu, "gelu", x); }
+Tensor* silu(Context& ctx, Tensor* x) { return unary(ctx, Op::Silu, "silu", x); }
+
+void register_elementwise_ops(OpTable& t) {
+  t[size_t(Op::Add)] = {"add", cpu_add, back_add, true};
+  t[size_t(Op::Sub)] = {"sub", cpu_sub, back_sub, true};
+  t[size_t(Op::Mul)] = {"mul", cpu_mul, back_mul, true};
+  t[size_t(Op::Div)] = {"div", cpu_div, back_div, true};
+  t[size_t(Op::Scale)] = {"scale", cpu_scale, back_scale, true};
+  t[size_t(Op::Neg)] = {"neg", cpu_neg, back_neg, true};
+  t[size_t(Op::Exp)] = {"exp", cpu_exp, back_exp, true};
+  t[size_t(Op::Log)] = {"log", cpu_log, back_log, true};
+  t[size_t(Op::Sqrt)] = {"sqrt", cpu_sqrt, back_sqrt, true};
+  t[size_t(Op::Rsqrt)] = {"rsqrt", cpu_rsqrt, back_rsqrt, true};
+  t[size_t(Op::Tanh)] = {"tanh", cpu_tanh, back_tanh, true};
+  t[size_t(Op::Relu)] = {"relu", cpu_relu, back_relu, true};
+  t[size_t(Op::Gelu)] = {"gelu", cpu_gelu, back_gelu, true};
+  t[size_t(Op::Silu)] = {"silu", cpu_silu, back_silu, true};
+  t[size_t(Op::ReluBack)] = {"relu_back", cpu_relu_back, nullptr, false};
+  t[size_t(Op::GeluBack)] = {"gelu_back", cpu_gelu_back, nullptr, false};
+  t[size_t(Op::SiluBack)] = {"silu_back", cpu_silu_back, nullptr, false};
+}
+
+}  // namespace retort

@@ -1,0 +1,7 @@
+// TODO(helper): implement this op family (constructors from ops.h, CPU kernels, backward rules).
+#include "../core/op_table.h"
+#include "ops.h"
+
+namespace retort {
+void register_matmul_ops(OpTable&) {}
+}  // namespace retort

@@ -1,0 +1,1 @@
+// matmul CPU micro-kernel (filled in by the matmul work)

@@ -1,0 +1,92 @@
+// Graph op constructors. Each checks shapes and dtypes (throwing retort::Error that names the op, the shapes
+// and what was expected) and returns a new node in ctx; nothing is computed until Graph::compute().
+// Shapes follow ggml: dim 0 is the innermost (a row); "rows" are everything else.
+#pragma once
+#include <cstdint>
+
+#include "../core/context.h"
+#include "../core/tensor.h"
+
+namespace retort {
+
+// ---- views (share storage; no copy) and copies ----------------------------------------------------------
+// Same elements, new shape (outermost first). Throws unless x is contiguous and the element counts match.
+Tensor* reshape(Context& ctx, Tensor* x, const Shape& shape);
+// Reorders dims: axes[i] (ggml order) says which dim of the result dim i of x becomes. Like ggml_permute.
+Tensor* permute(Context& ctx, Tensor* x, int a0, int a1, int a2, int a3);
+// Swaps dims 0 and 1 (ggml order).
+Tensor* transpose(Context& ctx, Tensor* x);
+// The window [start, start + len) of dim `dim` (ggml order). Throws if it runs past the end.
+Tensor* slice(Context& ctx, Tensor* x, int dim, int64_t start, int64_t len);
+// A contiguous copy of x, converted to dtype (default: x's dtype).
+Tensor* contiguous(Context& ctx, Tensor* x);
+Tensor* cast(Context& ctx, Tensor* x, DType dtype);
+// Joins a and b along dim (ggml order); other dims must match.
+Tensor* concat(Context& ctx, Tensor* a, Tensor* b, int dim);
+// A node filled with value, shaped like ne (ggml order).
+Tensor* fill(Context& ctx, DType dtype, const int64_t ne[kMaxDims], float value);
+
+// ---- elementwise ------------------------------------------------------------------------------------------
+// b is broadcast over a: each dim of b is 1 or equal to a's. The result has a's shape and dtype.
+Tensor* add(Context& ctx, Tensor* a, Tensor* b);
+Tensor* sub(Context& ctx, Tensor* a, Tensor* b);
+Tensor* mul(Context& ctx, Tensor* a, Tensor* b);
+Tensor* div(Context& ctx, Tensor* a, Tensor* b);
+Tensor* scale(Context& ctx, Tensor* x, float s);
+Tensor* neg(Context& ctx, Tensor* x);
+Tensor* exp(Context& ctx, Tensor* x);
+Tensor* log(Context& ctx, Tensor* x);
+Tensor* sqrt(Context& ctx, Tensor* x);
+Tensor* rsqrt(Context& ctx, Tensor* x);
+Tensor* tanh(Context& ctx, Tensor* x);
+Tensor* relu(Context& ctx, Tensor* x);
+Tensor* gelu(Context& ctx, Tensor* x);  // tanh approximation
+Tensor* silu(Context& ctx, Tensor* x);
+
+// ---- reductions -------------------------------------------------------------------------------------------
+// Over dim 0 (each row to one value, ne[0] becomes 1), or over all elements (one value, f32).
+Tensor* sum_rows(Context& ctx, Tensor* x);
+Tensor* mean_rows(Context& ctx, Tensor* x);
+Tensor* max_rows(Context& ctx, Tensor* x);
+Tensor* sum(Context& ctx, Tensor* x);
+Tensor* mean(Context& ctx, Tensor* x);
+Tensor* max(Context& ctx, Tensor* x);
+// Broadcasts x to the shape ne (ggml order); each dim of x must be 1 or equal.
+Tensor* repeat(Context& ctx, Tensor* x, const int64_t ne[kMaxDims]);
+// Sums x down to the broadcast-compatible shape ne (the gradient of repeat).
+Tensor* reduce_to(Context& ctx, Tensor* x, const int64_t ne[kMaxDims]);
+
+// ---- linear algebra ---------------------------------------------------------------------------------------
+// C = op(A) op(B), batched over dims 2 and 3 (B's batch dims may be 1 and broadcast). With A as [.., M, K]
+// (rows M, row length K) and B as [.., K, N], C is [.., M, N]; transpose_a / transpose_b read A as [K, M] or
+// B as [N, K] (so matmul(x, W, false, true) is x Wᵀ for W [out, in]). The result is f32.
+Tensor* matmul(Context& ctx, Tensor* a, Tensor* b, bool transpose_a = false, bool transpose_b = false);
+
+// ---- indexing ---------------------------------------------------------------------------------------------
+// Rows of table [R, D] at integer ids [N] (i32 or i64) -> [N, D]. Ids outside [0, R) throw at run time.
+Tensor* get_rows(Context& ctx, Tensor* table, Tensor* ids);
+
+// ---- softmax family (over dim 0) --------------------------------------------------------------------------
+Tensor* softmax(Context& ctx, Tensor* x);
+Tensor* log_softmax(Context& ctx, Tensor* x);
+// Attention scores x [batch*heads, T_q, T_k] (rows are queries): softmax(x * scale) with key j hidden from
+// query i when j > i + n_past.
+Tensor* causal_softmax(Context& ctx, Tensor* x, float scale, int64_t n_past = 0);
+
+// ---- normalization over dim 0 (no affine part: multiply by a weight with mul) ------------------------------
+Tensor* rms_norm(Context& ctx, Tensor* x, float eps = 1e-6f);
+Tensor* layer_norm(Context& ctx, Tensor* x, float eps = 1e-5f);
+
+// ---- rotary position embedding ----------------------------------------------------------------------------
+enum class RopeMode : int64_t { Normal = 0, Neox = 2 };
+// x is [B, T, heads, d] (ggml: ne0 = d, ne1 = heads, ne2 = T); positions are i32 [T]. Normal rotates pairs
+// (2i, 2i+1); Neox rotates (i, i + d/2). d must be even.
+Tensor* rope(Context& ctx, Tensor* x, Tensor* positions, RopeMode mode = RopeMode::Normal,
+             float theta = 10000.0f);
+
+// ---- plain cross-entropy ----------------------------------------------------------------------------------
+// Mean over rows whose label != ignore_index of -log softmax(logits)[label]; logits [N, V], labels int [N].
+// Labels outside [0, V) other than ignore_index throw at run time. All rows ignored gives 0.
+Tensor* cross_entropy(Context& ctx, Tensor* logits, Tensor* labels, int64_t ignore_index = -100);
+
+}  // namespace retort
