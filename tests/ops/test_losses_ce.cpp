@@ -19,16 +19,6 @@ CrossEntropyOptions opts_of(const CeRef& r) {
   return o;
 }
 
-Tensor* pick(const LossOutputs& o, Out what) {
-  switch (what) {
-    case Out::PerRow: return o.per_row;
-    case Out::Lse: return o.lse;
-    case Out::Hard: return o.hard;
-    case Out::Soft: return o.soft;
-    default: return o.loss;
-  }
-}
-
 // Logits [n, v] (random in [lo, hi)) and labels in [-1, v) with ignore_index -1, so some rows are ignored.
 OpCase ce_case(const std::string& name, int64_t n, int64_t v, CeRef r, DType dt = DType::F32, double lo = -3,
                double hi = 3, Out what = Out::Loss) {
@@ -48,8 +38,6 @@ OpCase ce_case(const std::string& name, int64_t n, int64_t v, CeRef r, DType dt 
   c.check_grad = what == Out::Loss;
   return c;
 }
-
-const char* red_name(Reduction r) { return r == Reduction::Mean ? "mean" : r == Reduction::Sum ? "sum" : "none"; }
 
 TEST(CrossEntropyLoss, OptionsGrid) {
   for (double eps : {0.0, 0.1})

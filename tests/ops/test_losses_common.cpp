@@ -59,6 +59,18 @@ Vec finish(const std::vector<RowVals>& rows, int64_t valid, Reduction red, Out w
 
 }  // namespace
 
+Tensor* pick(const LossOutputs& o, Out what) {
+  switch (what) {
+    case Out::PerRow: return o.per_row;
+    case Out::Lse: return o.lse;
+    case Out::Hard: return o.hard;
+    case Out::Soft: return o.soft;
+    default: return o.loss;
+  }
+}
+
+const char* red_name(Reduction r) { return r == Reduction::Mean ? "mean" : r == Reduction::Sum ? "sum" : "none"; }
+
 Mat mat(const Ref& r) {
   Mat m;
   m.rows = r.ne[1];
@@ -317,6 +329,22 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
 }  // namespace retort::test
 
 namespace retort::test {
+
+OpCase to_op_case(const LossCase& c) {
+  OpCase o;
+  o.name = c.name;
+  for (const LossInput& in : c.inputs) {
+    EXPECT_TRUE(in.values.empty()) << c.name << ": run_case draws its own values";
+    o.inputs.push_back({in.shape, in.dtype, in.param, in.lo, in.hi});
+  }
+  o.build = c.build;
+  o.reference = c.reference;
+  o.fwd_tol = c.fwd_tol;
+  o.grad_tol = c.grad_tol;
+  o.fd_step = c.fd_step;
+  o.check_grad = c.check_grad;
+  return o;
+}
 
 void check_single_pass(const LossCase& c) {
   SCOPED_TRACE(c.name + " (single pass)");

@@ -26,6 +26,9 @@ Mat mat_t(const Ref& r);
 std::vector<int64_t> ints(const Ref& r);
 
 enum class Out { Loss, PerRow, Lse, Hard, Soft };
+// The output of a loss a test looks at.
+Tensor* pick(const LossOutputs& o, Out what);
+const char* red_name(Reduction r);
 
 // Log-sum-exp of x[0..n) / t, computed stably in double.
 double lse_ref(const double* x, int64_t n, double t = 1.0);
@@ -88,6 +91,9 @@ struct LossCase {
 // Runs the case on the CPU: forward vs reference (nmse), every output and gradient finite, gradients of the
 // param inputs vs central differences of the reference. EXPECTs inside; returns false on any failure.
 bool run_loss_case(const LossCase& c);
+
+// The same case for the harness's run_case (random inputs only; non-param float inputs are not differentiated).
+OpCase to_op_case(const LossCase& c);
 
 // The single-pass gradient (backward on the loss itself: no multiply by the upstream in the graph) matches
 // finite differences and equals a third of the gradient of 3·loss. The case's output must be a scalar.
