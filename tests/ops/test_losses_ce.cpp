@@ -62,8 +62,10 @@ TEST(CrossEntropyLoss, PerRowAndLse) {
   for (Reduction red : {Reduction::Mean, Reduction::None}) {
     r.red = red;
     // lse is written for ignored rows too; per-row loss is 0 there.
-    EXPECT_TRUE(run_case(ce_case(std::string("ce_rows_") + red_name(red), 7, 9, r, DType::F32, -3, 3, Out::PerRow)));
-    EXPECT_TRUE(run_case(ce_case(std::string("ce_lse_") + red_name(red), 7, 9, r, DType::F32, -3, 3, Out::Lse)));
+    EXPECT_TRUE(
+        run_case(ce_case(std::string("ce_rows_") + red_name(red), 7, 9, r, DType::F32, -3, 3, Out::PerRow)));
+    EXPECT_TRUE(
+        run_case(ce_case(std::string("ce_lse_") + red_name(red), 7, 9, r, DType::F32, -3, 3, Out::Lse)));
   }
 }
 
@@ -76,7 +78,9 @@ TEST(CrossEntropyLoss, Bf16AndF16Logits) {
     LossCase c;
     c.name = std::string("ce_single_") + dtype_name(dt);
     c.inputs = {{Shape{4, 10}, dt, true, -3, 3}, {Shape{4}, DType::I64, false, 0, 10}};
-    c.build = [](Context& ctx, const std::vector<Tensor*>& in) { return cross_entropy_loss(ctx, in[0], in[1]).loss; };
+    c.build = [](Context& ctx, const std::vector<Tensor*>& in) {
+      return cross_entropy_loss(ctx, in[0], in[1]).loss;
+    };
     c.reference = [](const std::vector<Ref>& in) { return ce_ref(mat(in[0]), ints(in[1]), CeRef{}); };
     check_single_pass(c);
   }
@@ -185,7 +189,8 @@ TEST(CrossEntropyLoss, GradientFlowsOnThroughTheGraph) {
   for (bool unit : {false, true}) {
     LossCase c;
     c.name = unit ? "ce_after_mul_unit" : "ce_after_mul";
-    c.inputs = {{Shape{4, 6}, DType::F32, true, -2, 2}, {Shape{4, 6}, DType::F32, true, 0.5, 2},
+    c.inputs = {{Shape{4, 6}, DType::F32, true, -2, 2},
+                {Shape{4, 6}, DType::F32, true, 0.5, 2},
                 {Shape{4}, DType::I32, false, 0, 6}};
     c.build = [](Context& ctx, const std::vector<Tensor*>& in) {
       return cross_entropy_loss(ctx, mul(ctx, in[0], in[1]), in[2]).loss;
@@ -204,11 +209,20 @@ TEST(CrossEntropyLoss, BadInputThrows) {
   Context ctx(default_cpu_backend());
   Tensor* x = ctx.tensor(DType::F32, {4, 6}, "logits");
   Tensor* y = ctx.tensor(DType::I32, {4}, "labels");
-  expect_error([&] { cross_entropy_loss(ctx, x, ctx.tensor(DType::I32, {5})); }, {"cross_entropy_loss", "[5]", "[4, 6]"});
-  expect_error([&] { cross_entropy_loss(ctx, x, ctx.tensor(DType::F32, {4})); }, {"cross_entropy_loss", "labels"});
-  expect_error([&] { cross_entropy_loss(ctx, ctx.tensor(DType::F32, {2, 4, 6}), y); },
-               {"cross_entropy_loss", "[2, 4, 6]"});
-  expect_error([&] { cross_entropy_loss(ctx, ctx.tensor(DType::I32, {4, 6}), y); }, {"cross_entropy_loss", "i32[4, 6]"});
+  expect_error([&] { cross_entropy_loss(ctx, x, ctx.tensor(DType::I32, {5})); },
+               {"cross_entropy_loss", "[5]", "[4, 6]"});
+  expect_error([&] { cross_entropy_loss(ctx, x, ctx.tensor(DType::F32, {4})); },
+               {"cross_entropy_loss", "labels"});
+  expect_error(
+      [&] {
+        cross_entropy_loss(ctx, ctx.tensor(DType::F32, {2, 4, 6}), y);
+      },
+      {"cross_entropy_loss", "[2, 4, 6]"});
+  expect_error(
+      [&] {
+        cross_entropy_loss(ctx, ctx.tensor(DType::I32, {4, 6}), y);
+      },
+      {"cross_entropy_loss", "i32[4, 6]"});
   CrossEntropyOptions o;
   o.label_smoothing = 1.5f;
   expect_error([&] { cross_entropy_loss(ctx, x, y, o); }, {"cross_entropy_loss", "label_smoothing"});
@@ -225,7 +239,8 @@ TEST(CrossEntropyLoss, BadInputThrows) {
     Tensor* loss = cross_entropy_loss(ctx, x, y).loss;
     Graph g(ctx);
     g.forward(loss);
-    expect_error([&] { g.compute(); }, {"cross_entropy_loss", "[4, 6]", "label " + std::to_string(bad), "row 2"});
+    expect_error([&] { g.compute(); },
+                 {"cross_entropy_loss", "[4, 6]", "label " + std::to_string(bad), "row 2"});
   }
 }
 

@@ -44,10 +44,18 @@ Vec finish(const std::vector<RowVals>& rows, int64_t valid, Reduction red, Out w
   for (const RowVals& r : rows) {
     switch (what) {
       case Out::Loss:
-      case Out::PerRow: v.push_back(r.loss); break;
-      case Out::Lse: v.push_back(r.lse); break;
-      case Out::Hard: v.push_back(r.hard); break;
-      case Out::Soft: v.push_back(r.soft); break;
+      case Out::PerRow:
+        v.push_back(r.loss);
+        break;
+      case Out::Lse:
+        v.push_back(r.lse);
+        break;
+      case Out::Hard:
+        v.push_back(r.hard);
+        break;
+      case Out::Soft:
+        v.push_back(r.soft);
+        break;
     }
   }
   if (what == Out::Lse || what == Out::PerRow || red == Reduction::None) return v;
@@ -61,15 +69,22 @@ Vec finish(const std::vector<RowVals>& rows, int64_t valid, Reduction red, Out w
 
 Tensor* pick(const LossOutputs& o, Out what) {
   switch (what) {
-    case Out::PerRow: return o.per_row;
-    case Out::Lse: return o.lse;
-    case Out::Hard: return o.hard;
-    case Out::Soft: return o.soft;
-    default: return o.loss;
+    case Out::PerRow:
+      return o.per_row;
+    case Out::Lse:
+      return o.lse;
+    case Out::Hard:
+      return o.hard;
+    case Out::Soft:
+      return o.soft;
+    default:
+      return o.loss;
   }
 }
 
-const char* red_name(Reduction r) { return r == Reduction::Mean ? "mean" : r == Reduction::Sum ? "sum" : "none"; }
+const char* red_name(Reduction r) {
+  return r == Reduction::Mean ? "mean" : r == Reduction::Sum ? "sum" : "none";
+}
 
 Mat mat(const Ref& r) {
   Mat m;
@@ -229,7 +244,8 @@ void make_inputs(Context& ctx, const LossCase& c, std::vector<Tensor*>& ins, std
   for (size_t i = 0; i < c.inputs.size(); ++i) {
     const LossInput& in = c.inputs[i];
     std::string nm = "in" + std::to_string(i);
-    Tensor* t = in.param && c.check_grad ? ctx.param(in.dtype, in.shape, nm) : ctx.input(in.dtype, in.shape, nm);
+    Tensor* t =
+        in.param && c.check_grad ? ctx.param(in.dtype, in.shape, nm) : ctx.input(in.dtype, in.shape, nm);
     Ref r;
     for (int d = 0; d < 4; ++d) r.ne[d] = t->ne[d];
     if (is_float(in.dtype)) {
@@ -322,7 +338,8 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
     ADD_FAILURE() << "expected retort::Error";
   } catch (const Error& e) {
     std::string m = e.what();
-    for (const std::string& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' not in: " << m;
+    for (const std::string& p : parts)
+      EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' not in: " << m;
   }
 }
 

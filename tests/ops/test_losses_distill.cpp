@@ -1,5 +1,5 @@
-// distill (full-vocabulary KL / JSD) and entropy: against float64 references with finite-difference gradients,
-// extra outputs, edge cases, storage dtypes, strided views, the single pass, and bad input.
+// distill (full-vocabulary KL / JSD) and entropy: against float64 references with finite-difference
+// gradients, extra outputs, edge cases, storage dtypes, strided views, the single pass, and bad input.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -37,7 +37,8 @@ LossCase distill_case(const std::string& name, DistillCfg cfg) {
   LossCase c;
   c.name = name;
   Shape xs = cfg.transposed ? Shape{cfg.v, cfg.n} : Shape{cfg.n, cfg.v};
-  c.inputs = {LossInput(xs, cfg.dt, true, cfg.lo, cfg.hi), LossInput({cfg.n, cfg.v}, cfg.teacher_dt, false, cfg.lo, cfg.hi),
+  c.inputs = {LossInput(xs, cfg.dt, true, cfg.lo, cfg.hi),
+              LossInput({cfg.n, cfg.v}, cfg.teacher_dt, false, cfg.lo, cfg.hi),
               LossInput({cfg.n}, DType::I32, false, -1, double(cfg.v))};
   c.build = [cfg](Context& ctx, const std::vector<Tensor*>& in) {
     DistillOptions o = opts_of(cfg.r);
@@ -86,7 +87,8 @@ TEST(Distill, ExtraOutputs) {
       cfg.r.w_hard = 0.4;
       cfg.r.red = red;
       cfg.what = what;
-      EXPECT_TRUE(run_case(to_op_case(distill_case(std::string("distill_out") + std::to_string(int(what)) + red_name(red), cfg))));
+      EXPECT_TRUE(run_case(to_op_case(
+          distill_case(std::string("distill_out") + std::to_string(int(what)) + red_name(red), cfg))));
     }
 }
 
@@ -206,17 +208,20 @@ TEST(Distill, BadInputThrows) {
   expect_error([&] { g2.backward(distill(ctx, sp, tp, nullptr).loss); }, {"distill", "teacher", "constant"});
   // ... and so does one computed from a parameter.
   Graph g3(ctx);
-  expect_error([&] { g3.backward(distill(ctx, sp, scale(ctx, sp, 2.0f), nullptr).loss); }, {"distill", "teacher"});
+  expect_error([&] { g3.backward(distill(ctx, sp, scale(ctx, sp, 2.0f), nullptr).loss); },
+               {"distill", "teacher"});
 }
 
 // ---- entropy ------------------------------------------------------------------------------------------
 
-LossCase entropy_case(const std::string& name, double t, Reduction red, int64_t n, int64_t v, DType dt = DType::F32,
-                      double lo = -3, double hi = 3) {
+LossCase entropy_case(const std::string& name, double t, Reduction red, int64_t n, int64_t v,
+                      DType dt = DType::F32, double lo = -3, double hi = 3) {
   LossCase c;
   c.name = name;
   c.inputs = {LossInput({n, v}, dt, true, lo, hi)};
-  c.build = [t, red](Context& ctx, const std::vector<Tensor*>& in) { return entropy(ctx, in[0], float(t), red); };
+  c.build = [t, red](Context& ctx, const std::vector<Tensor*>& in) {
+    return entropy(ctx, in[0], float(t), red);
+  };
   c.reference = [t, red](const std::vector<Ref>& in) { return entropy_ref(mat(in[0]), t, red); };
   return c;
 }
@@ -224,14 +229,17 @@ LossCase entropy_case(const std::string& name, double t, Reduction red, int64_t 
 TEST(Entropy, MatchesReference) {
   for (double t : {1.0, 2.0, 0.5})
     for (Reduction red : {Reduction::None, Reduction::Mean, Reduction::Sum})
-      EXPECT_TRUE(run_case(to_op_case(entropy_case("entropy_t" + std::to_string(t) + red_name(red), t, red, 5, 9))));
+      EXPECT_TRUE(
+          run_case(to_op_case(entropy_case("entropy_t" + std::to_string(t) + red_name(red), t, red, 5, 9))));
   for (int64_t v = 1; v <= 7; ++v)
-    EXPECT_TRUE(run_case(to_op_case(entropy_case("entropy_v" + std::to_string(v), 1.5, Reduction::None, 3, v))));
+    EXPECT_TRUE(
+        run_case(to_op_case(entropy_case("entropy_v" + std::to_string(v), 1.5, Reduction::None, 3, v))));
   // 1000 entries span several blocks of the online pass, with the maximum rising mid-row.
   LossCase big = entropy_case("entropy_v1000", 1.0, Reduction::Mean, 2, 1000, DType::F32, -6, 6);
   EXPECT_TRUE(run_case(to_op_case(big)));
   for (DType dt : {DType::BF16, DType::F16})
-    EXPECT_TRUE(run_case(to_op_case(entropy_case(std::string("entropy_") + dtype_name(dt), 2, Reduction::None, 4, 11, dt))));
+    EXPECT_TRUE(run_case(
+        to_op_case(entropy_case(std::string("entropy_") + dtype_name(dt), 2, Reduction::None, 4, 11, dt))));
 }
 
 TEST(Entropy, RisingMaximumAcrossBlocks) {
@@ -261,7 +269,9 @@ TEST(Entropy, HugeLogitsStridedAndSinglePass) {
   LossCase t;
   t.name = "entropy_transposed";
   t.inputs = {LossInput({7, 4}, DType::F32, true, -3, 3)};
-  t.build = [](Context& ctx, const std::vector<Tensor*>& in) { return entropy(ctx, transpose(ctx, in[0]), 1.5f); };
+  t.build = [](Context& ctx, const std::vector<Tensor*>& in) {
+    return entropy(ctx, transpose(ctx, in[0]), 1.5f);
+  };
   t.reference = [](const std::vector<Ref>& in) { return entropy_ref(mat_t(in[0]), 1.5, Reduction::None); };
   EXPECT_TRUE(run_loss_case(t));
   check_single_pass(entropy_case("entropy_single", 2, Reduction::Mean, 4, 9));

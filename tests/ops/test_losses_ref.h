@@ -1,6 +1,7 @@
 // Float64 references for the row losses (straight from the formulas, sharing nothing with the kernels) and a
-// case runner for what the harness's run_case cannot express: explicit input values (−inf padding, fully masked
-// rows, all rows ignored), and a backward seeded with the graph's own constant 1 (the single-pass path).
+// case runner for what the harness's run_case cannot express: explicit input values (−inf padding, fully
+// masked rows, all rows ignored), and a backward seeded with the graph's own constant 1 (the single-pass
+// path).
 #pragma once
 #include <gtest/gtest.h>
 
@@ -92,7 +93,8 @@ struct LossCase {
 // param inputs vs central differences of the reference. EXPECTs inside; returns false on any failure.
 bool run_loss_case(const LossCase& c);
 
-// The same case for the harness's run_case (random inputs only; non-param float inputs are not differentiated).
+// The same case for the harness's run_case (random inputs only; non-param float inputs are not
+// differentiated).
 OpCase to_op_case(const LossCase& c);
 
 // The single-pass gradient (backward on the loss itself: no multiply by the upstream in the graph) matches

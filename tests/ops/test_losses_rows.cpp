@@ -11,7 +11,9 @@
 namespace retort::test {
 namespace {
 
-ThreadPool& pool() { return default_cpu_backend().pool(); }
+ThreadPool& pool() {
+  return default_cpu_backend().pool();
+}
 
 struct Data {
   int64_t n = 7, v = 37, k = 5;

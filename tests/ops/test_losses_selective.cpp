@@ -12,7 +12,9 @@ OpCase selective_case(const std::string& name, int64_t n, int64_t v, int64_t k, 
   OpCase c;
   c.name = name;
   c.inputs = {{Shape{n, v}, dt, true, lo, hi}, {Shape{n, k}, DType::I32, false, 0, double(v)}};
-  c.build = [](Context& ctx, const std::vector<Tensor*>& in) { return selective_log_softmax(ctx, in[0], in[1]); };
+  c.build = [](Context& ctx, const std::vector<Tensor*>& in) {
+    return selective_log_softmax(ctx, in[0], in[1]);
+  };
   c.reference = [k](const std::vector<Ref>& in) { return selective_ref(mat(in[0]), ints(in[1]), k); };
   return c;
 }
@@ -21,7 +23,8 @@ TEST(SelectiveLogSoftmax, MatchesReference) {
   EXPECT_TRUE(run_case(selective_case("sel_basic", 5, 9, 3)));
   EXPECT_TRUE(run_case(selective_case("sel_k1", 4, 7, 1)));
   EXPECT_TRUE(run_case(selective_case("sel_k_gt_v", 3, 4, 9)));  // ids repeat: the scatter adds them
-  for (int64_t v = 1; v <= 7; ++v) EXPECT_TRUE(run_case(selective_case("sel_v" + std::to_string(v), 3, v, 2)));
+  for (int64_t v = 1; v <= 7; ++v)
+    EXPECT_TRUE(run_case(selective_case("sel_v" + std::to_string(v), 3, v, 2)));
   EXPECT_TRUE(run_case(selective_case("sel_v1000", 2, 1000, 5)));
   for (DType dt : {DType::BF16, DType::F16})
     EXPECT_TRUE(run_case(selective_case(std::string("sel_") + dtype_name(dt), 4, 10, 3, dt)));
@@ -75,16 +78,23 @@ TEST(SelectiveLogSoftmax, BadInputThrows) {
   Context ctx(default_cpu_backend());
   Tensor* x = ctx.tensor(DType::F32, {4, 6}, "logits");
   Tensor* ids = ctx.tensor(DType::I32, {4, 2}, "ids");
-  expect_error([&] { selective_log_softmax(ctx, x, ctx.tensor(DType::I32, {3, 2})); },
-               {"selective_log_softmax", "[3, 2]", "[4, 6]"});
-  expect_error([&] { selective_log_softmax(ctx, x, ctx.tensor(DType::F32, {4, 2})); },
-               {"selective_log_softmax", "ids", "f32[4, 2]"});
+  expect_error(
+      [&] {
+        selective_log_softmax(ctx, x, ctx.tensor(DType::I32, {3, 2}));
+      },
+      {"selective_log_softmax", "[3, 2]", "[4, 6]"});
+  expect_error(
+      [&] {
+        selective_log_softmax(ctx, x, ctx.tensor(DType::F32, {4, 2}));
+      },
+      {"selective_log_softmax", "ids", "f32[4, 2]"});
   for (int64_t bad : {6, -1}) {
     set_data_int(ids, {0, 1, 2, 3, bad, 5, 0, 0});
     Tensor* out = selective_log_softmax(ctx, x, ids);
     Graph g(ctx);
     g.forward(out);
-    expect_error([&] { g.compute(); }, {"selective_log_softmax", "id " + std::to_string(bad), "row 2", "[4, 6]"});
+    expect_error([&] { g.compute(); },
+                 {"selective_log_softmax", "id " + std::to_string(bad), "row 2", "[4, 6]"});
   }
 }
 

@@ -37,8 +37,8 @@ TopKDistillOptions opts_of(const TopKRef& r) {
   return o;
 }
 
-// Inputs: logits [n, v], ids [n, k] in [0, v), logprobs [n, k] in [-4, -0.1), mask [n, k] in {0, 1}, labels [n]
-// in [-1, v) with ignore_index -1. Missing optional inputs stay in the list but are passed as null.
+// Inputs: logits [n, v], ids [n, k] in [0, v), logprobs [n, k] in [-4, -0.1), mask [n, k] in {0, 1}, labels
+// [n] in [-1, v) with ignore_index -1. Missing optional inputs stay in the list but are passed as null.
 LossCase topk_case(const std::string& name, TopKCfg cfg) {
   cfg.r.ignore = -1;
   LossCase c;
@@ -59,8 +59,9 @@ LossCase topk_case(const std::string& name, TopKCfg cfg) {
                 cfg.what);
   };
   c.reference = [cfg](const std::vector<Ref>& in) {
-    return topk_ref(cfg.transposed ? mat_t(in[0]) : mat(in[0]), ints(in[1]), mat(in[2]), cfg.mask ? in[3].v : Vec{},
-                    cfg.labels ? ints(in[4]) : std::vector<int64_t>{}, cfg.r, cfg.what);
+    return topk_ref(cfg.transposed ? mat_t(in[0]) : mat(in[0]), ints(in[1]), mat(in[2]),
+                    cfg.mask ? in[3].v : Vec{}, cfg.labels ? ints(in[4]) : std::vector<int64_t>{}, cfg.r,
+                    cfg.what);
   };
   c.fwd_tol = 1e-10;
   c.grad_tol = 1e-8;
@@ -69,8 +70,9 @@ LossCase topk_case(const std::string& name, TopKCfg cfg) {
 }
 
 std::string cfg_name(const TopKRef& r, bool labels) {
-  return "topk_b" + std::to_string(int(r.beta * 10)) + "_t" + std::to_string(int(r.t)) + (r.normalize ? "_norm" : "") +
-         (r.w_hard > 0 ? "_hard" : "") + (labels ? "_labels" : "") + "_" + red_name(r.red);
+  return "topk_b" + std::to_string(int(r.beta * 10)) + "_t" + std::to_string(int(r.t)) +
+         (r.normalize ? "_norm" : "") + (r.w_hard > 0 ? "_hard" : "") + (labels ? "_labels" : "") + "_" +
+         red_name(r.red);
 }
 
 TEST(TopKDistill, Grid) {
@@ -111,7 +113,8 @@ TEST(TopKDistill, ExtraOutputs) {
       cfg.r.w_hard = 0.3;
       cfg.r.red = red;
       cfg.what = what;
-      EXPECT_TRUE(run_case(to_op_case(topk_case(std::string("topk_out") + std::to_string(int(what)) + red_name(red), cfg))));
+      EXPECT_TRUE(run_case(
+          to_op_case(topk_case(std::string("topk_out") + std::to_string(int(what)) + red_name(red), cfg))));
     }
   // The hard part is reported even with w_hard = 0, and the normalize_topk fast path still gives the lse.
   TopKCfg cfg;
@@ -230,7 +233,8 @@ TEST(TopKDistill, PaddingAndFullyMaskedRows) {
         r.t = t;
         r.normalize = norm;
         r.w_hard = 0.4;
-        std::string nm = "topk_pad_" + std::to_string(int(beta * 10)) + std::to_string(int(t)) + (norm ? "n" : "");
+        std::string nm =
+            "topk_pad_" + std::to_string(int(beta * 10)) + std::to_string(int(t)) + (norm ? "n" : "");
         EXPECT_TRUE(run_loss_case(padded_case(nm, r, true)));
         r.w_hard = 0;
         r.red = Reduction::None;
@@ -277,9 +281,11 @@ TEST(TopKDistill, SinglePassGradient) {
 
 // ---- topk_kl_gathered ---------------------------------------------------------------------------------
 
-// The float mask is random in [0, 1); the op sees mask != 0, so the build thresholds it at 0.4 first (an explicit
-// 0 / 1 mask is unchanged in meaning).
-Tensor* threshold(Context& ctx, Tensor* m) { return relu(ctx, sub(ctx, m, fill(ctx, DType::F32, m->ne, 0.4f))); }
+// The float mask is random in [0, 1); the op sees mask != 0, so the build thresholds it at 0.4 first (an
+// explicit 0 / 1 mask is unchanged in meaning).
+Tensor* threshold(Context& ctx, Tensor* m) {
+  return relu(ctx, sub(ctx, m, fill(ctx, DType::F32, m->ne, 0.4f)));
+}
 
 LossCase gathered_case(const std::string& name, double t, Reduction red, bool use_mask, Out what = Out::Loss,
                        DType dt = DType::F32) {
@@ -312,15 +318,17 @@ TEST(TopKKLGathered, Grid) {
   for (double t : {1.0, 2.0})
     for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
       for (bool use_mask : {false, true}) {
-        LossCase c = gathered_case("gathered_t" + std::to_string(int(t)) + red_name(red) + (use_mask ? "_mask" : ""),
-                                   t, red, use_mask);
+        LossCase c =
+            gathered_case("gathered_t" + std::to_string(int(t)) + red_name(red) + (use_mask ? "_mask" : ""),
+                          t, red, use_mask);
         EXPECT_TRUE(run_case(to_op_case(c)));
       }
   for (Out what : {Out::PerRow, Out::Lse}) {
     LossCase c = gathered_case("gathered_out" + std::to_string(int(what)), 2, Reduction::Mean, false, what);
     EXPECT_TRUE(run_case(to_op_case(c)));
   }
-  EXPECT_TRUE(run_case(to_op_case(gathered_case("gathered_bf16", 2, Reduction::Mean, false, Out::Loss, DType::BF16))));
+  EXPECT_TRUE(run_case(
+      to_op_case(gathered_case("gathered_bf16", 2, Reduction::Mean, false, Out::Loss, DType::BF16))));
 }
 
 TEST(TopKKLGathered, IsTopKDistillNormalizedOnGatheredLogits) {
@@ -384,15 +392,31 @@ TEST(TopKDistill, BadInputThrows) {
   expect_error([&] { call(o); }, {"topk_kd", "w_soft"});
   o = {};
   o.w_hard = 0.5f;
-  expect_error([&] { topk_kd(ctx, x, ids, lp, nullptr, nullptr, o); }, {"topk_kd", "w_hard", "labels", "[4, 6]"});
+  expect_error([&] { topk_kd(ctx, x, ids, lp, nullptr, nullptr, o); },
+               {"topk_kd", "w_hard", "labels", "[4, 6]"});
   Tensor* ids8 = ctx.tensor(DType::I32, {4, 8});
-  expect_error([&] { topk_kd(ctx, x, ids8, ctx.tensor(DType::F32, {4, 8}), nullptr, y); },
-               {"topk_kd", "K = 8", "V = 6", "[4, 8]", "[4, 6]"});
-  expect_error([&] { topk_kd(ctx, x, ctx.tensor(DType::I32, {5, 3}), ctx.tensor(DType::F32, {5, 3}), nullptr, y); },
-               {"topk_kd", "[5, 3]", "[4, 6]"});
-  expect_error([&] { topk_kd(ctx, x, ids, ctx.tensor(DType::F32, {4, 2}), nullptr, y); }, {"topk_kd", "[4, 2]", "[4, 3]"});
-  expect_error([&] { topk_kd(ctx, x, ids, lp, ctx.tensor(DType::I32, {4, 2}), y); }, {"topk_kd", "mask", "[4, 2]"});
-  expect_error([&] { topk_kd(ctx, x, ids, lp, nullptr, ctx.tensor(DType::I32, {3})); }, {"topk_kd", "labels", "[3]"});
+  expect_error(
+      [&] {
+        topk_kd(ctx, x, ids8, ctx.tensor(DType::F32, {4, 8}), nullptr, y);
+      },
+      {"topk_kd", "K = 8", "V = 6", "[4, 8]", "[4, 6]"});
+  expect_error(
+      [&] {
+        topk_kd(ctx, x, ctx.tensor(DType::I32, {5, 3}), ctx.tensor(DType::F32, {5, 3}), nullptr, y);
+      },
+      {"topk_kd", "[5, 3]", "[4, 6]"});
+  expect_error(
+      [&] {
+        topk_kd(ctx, x, ids, ctx.tensor(DType::F32, {4, 2}), nullptr, y);
+      },
+      {"topk_kd", "[4, 2]", "[4, 3]"});
+  expect_error(
+      [&] {
+        topk_kd(ctx, x, ids, lp, ctx.tensor(DType::I32, {4, 2}), y);
+      },
+      {"topk_kd", "mask", "[4, 2]"});
+  expect_error([&] { topk_kd(ctx, x, ids, lp, nullptr, ctx.tensor(DType::I32, {3})); },
+               {"topk_kd", "labels", "[3]"});
   expect_error([&] { topk_kd(ctx, x, lp, lp, nullptr, y); }, {"topk_kd", "teacher_ids", "f32[4, 3]"});
   expect_error([&] { topk_kd(ctx, x, ids, ids, nullptr, y); }, {"topk_kd", "teacher_logprobs", "i32[4, 3]"});
 
@@ -431,9 +455,16 @@ TEST(TopKKLGathered, BadInputThrows) {
   TopKKLOptions o;
   o.temperature = -2;
   expect_error([&] { topk_kl_gathered(ctx, s, lp, nullptr, o); }, {"topk_kl_gathered", "temperature"});
-  expect_error([&] { topk_kl_gathered(ctx, s, ctx.tensor(DType::F32, {4, 2}), nullptr); },
-               {"topk_kl_gathered", "[4, 2]", "[4, 3]"});
-  expect_error([&] { topk_kl_gathered(ctx, s, lp, ctx.tensor(DType::F32, {3, 3})); }, {"topk_kl_gathered", "[3, 3]"});
+  expect_error(
+      [&] {
+        topk_kl_gathered(ctx, s, ctx.tensor(DType::F32, {4, 2}), nullptr);
+      },
+      {"topk_kl_gathered", "[4, 2]", "[4, 3]"});
+  expect_error(
+      [&] {
+        topk_kl_gathered(ctx, s, lp, ctx.tensor(DType::F32, {3, 3}));
+      },
+      {"topk_kl_gathered", "[3, 3]"});
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// Row losses as graph nodes: constructors (shape and option checks), CPU node kernels (validate the side data,
-// then call the row kernels of row_kernels.h and reduce), and backward rules.
+// Row losses as graph nodes: constructors (shape and option checks), CPU node kernels (validate the side
+// data, then call the row kernels of row_kernels.h and reduce), and backward rules.
 //
 // How the single pass works: a loss node's backward rule does not emit a gradient computation. It sets
 // ip[kIpGrad] on the forward node and hangs an f32 [N, V] AuxOutput on it (aux[kAuxGrad]); the forward kernel
@@ -38,11 +38,16 @@ const char* const* roles(Op op) {
   static const char* const dist[] = {"student", "teacher", "labels"};
   static const char* const ids[] = {"logits", "ids", "grad", "lse"};
   switch (op) {
-    case Op::CrossEntropyLoss: return ce;
-    case Op::TopKDistill: return topk;
-    case Op::TopKKLGathered: return gathered;
-    case Op::Distill: return dist;
-    default: return ids;  // Entropy uses the first only
+    case Op::CrossEntropyLoss:
+      return ce;
+    case Op::TopKDistill:
+      return topk;
+    case Op::TopKKLGathered:
+      return gathered;
+    case Op::Distill:
+      return dist;
+    default:
+      return ids;  // Entropy uses the first only
   }
 }
 
@@ -85,8 +90,8 @@ void check_labels(const char* op, const Tensor* labels, const Tensor* logits) {
 }
 
 void check_same_slots(const char* op, const char* role, const Tensor* t, const Tensor* like) {
-  RT_CHECK(t->ne[2] == 1 && t->ne[3] == 1 && t->ne[0] == like->ne[0] && t->ne[1] == like->ne[1], op, ": ", role,
-           " ", t->describe(), " must be [N, K] like ", like->describe());
+  RT_CHECK(t->ne[2] == 1 && t->ne[3] == 1 && t->ne[0] == like->ne[0] && t->ne[1] == like->ne[1], op, ": ",
+           role, " ", t->describe(), " must be [N, K] like ", like->describe());
 }
 
 void check_temperature(const char* op, float t) {
@@ -94,7 +99,8 @@ void check_temperature(const char* op, float t) {
 }
 
 void check_beta(const char* op, float beta) {
-  RT_CHECK(beta >= 0.0f && beta <= 1.0f, op, ": beta must be in [0, 1] (0 forward KL, 1 reverse KL), got ", beta);
+  RT_CHECK(beta >= 0.0f && beta <= 1.0f, op, ": beta must be in [0, 1] (0 forward KL, 1 reverse KL), got ",
+           beta);
 }
 
 void check_weight(const char* op, const char* name, float w) {
@@ -155,7 +161,9 @@ loss::Block column(const Tensor* t) {  // a 1-D [N] tensor as N rows of one elem
   if (!t) return {};
   return {t->data, t->dtype, t->ne[0], 1, t->nb[0], t->nb[0]};
 }
-float* f32(const Tensor* t) { return t ? static_cast<float*>(t->data) : nullptr; }
+float* f32(const Tensor* t) {
+  return t ? static_cast<float*>(t->data) : nullptr;
+}
 
 // Wires the node's outputs into a RowOut, lets run() fill it, then reduces. valid is the number of rows that
 // count (the mean's divisor, and the gradient's scale 1/valid under Mean).
@@ -215,7 +223,8 @@ void cpu_cross_entropy_loss(Tensor* node, ThreadPool& pool) {
   side.z_loss = node->fp[kFpZLoss];
   side.softcap = node->fp[kFpCap];
   const int64_t valid = loss::check_cross_entropy(side, x->ne[0], what(node));
-  run_loss(node, valid, [&](const loss::RowOut& out) { loss::cross_entropy_rows(matrix(x), side, out, pool); });
+  run_loss(node, valid,
+           [&](const loss::RowOut& out) { loss::cross_entropy_rows(matrix(x), side, out, pool); });
 }
 
 // Top-K distillation and its gathered form share the kernel: the gathered node has no ids (src[1] is null).
@@ -260,20 +269,24 @@ void cpu_selective(Tensor* node, ThreadPool& pool) {
   const Tensor* x = node->src[0];
   const loss::Block ids = matrix(node->src[1]);
   loss::check_ids(ids, x->ne[0], what(node));
-  loss::selective_log_softmax_rows(matrix(x), ids, loss::Block::dense(node->data, DType::F32, ids.rows, ids.cols),
+  loss::selective_log_softmax_rows(matrix(x), ids,
+                                   loss::Block::dense(node->data, DType::F32, ids.rows, ids.cols),
                                    f32(node->aux[kAuxLse]), pool);
 }
 
 void cpu_selective_back(Tensor* node, ThreadPool& pool) {
   const Tensor* x = node->src[0];
   // The ids were checked by the forward node, which ran first.
-  loss::selective_log_softmax_back_rows(matrix(x), matrix(node->src[1]), matrix(node->src[2]), f32(node->src[3]),
+  loss::selective_log_softmax_back_rows(matrix(x), matrix(node->src[1]), matrix(node->src[2]),
+                                        f32(node->src[3]),
                                         loss::Block::dense(node->data, DType::F32, x->ne[1], x->ne[0]), pool);
 }
 
 // ---- backward -----------------------------------------------------------------------------------------
 
-bool is_unit_fill(const Tensor* g) { return g->op == Op::Fill && g->fp[0] == 1.0f; }
+bool is_unit_fill(const Tensor* g) {
+  return g->op == Op::Fill && g->fp[0] == 1.0f;
+}
 
 void back_loss(BackwardCtx& bc, Tensor* node, Tensor* grad) {
   const char* const* r = roles(node->op);
@@ -331,8 +344,8 @@ LossOutputs cross_entropy_loss(Context& ctx, Tensor* logits, Tensor* labels, con
   RT_CHECK(labels != nullptr, op, ": labels are null");
   check_labels(op, labels, logits);
   check_reduction(op, o.reduction);
-  RT_CHECK(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f, op, ": label_smoothing must be in [0, 1], got ",
-           o.label_smoothing);
+  RT_CHECK(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f, op,
+           ": label_smoothing must be in [0, 1], got ", o.label_smoothing);
   check_weight(op, "z_loss", o.z_loss);
   check_weight(op, "softcap", o.softcap);
   Tensor* t = loss_node(ctx, Op::CrossEntropyLoss, logits, o.reduction);
@@ -352,9 +365,9 @@ LossOutputs topk_kd(Context& ctx, Tensor* logits, Tensor* teacher_ids, Tensor* t
   check_matrix(op, "teacher_logprobs", teacher_logprobs, true);
   check_rows(op, "teacher_ids", teacher_ids, logits);
   check_same_slots(op, "teacher_logprobs", teacher_logprobs, teacher_ids);
-  RT_CHECK(teacher_ids->ne[0] <= logits->ne[0], op, ": teacher_ids ", teacher_ids->describe(), " has K = ",
-           teacher_ids->ne[0], " slots but logits ", logits->describe(), " has only V = ", logits->ne[0],
-           " entries (K must be <= V)");
+  RT_CHECK(teacher_ids->ne[0] <= logits->ne[0], op, ": teacher_ids ", teacher_ids->describe(),
+           " has K = ", teacher_ids->ne[0], " slots but logits ", logits->describe(),
+           " has only V = ", logits->ne[0], " entries (K must be <= V)");
   if (mask) check_same_slots(op, "mask", mask, teacher_ids);
   if (labels) check_labels(op, labels, logits);
   check_reduction(op, o.reduction);
@@ -402,8 +415,8 @@ LossOutputs distill(Context& ctx, Tensor* student, Tensor* teacher, Tensor* labe
   const char* op = "distill";
   check_matrix(op, "student", student, true);
   check_matrix(op, "teacher", teacher, true);
-  RT_CHECK(same_shape(student, teacher), op, ": teacher ", teacher->describe(), " must have the shape of student ",
-           student->describe());
+  RT_CHECK(same_shape(student, teacher), op, ": teacher ", teacher->describe(),
+           " must have the shape of student ", student->describe());
   if (labels) check_labels(op, labels, student);
   check_reduction(op, o.reduction);
   check_temperature(op, o.temperature);

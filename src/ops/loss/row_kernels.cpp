@@ -1,6 +1,6 @@
 // CPU row kernels of the loss backend (the contract is in row_kernels.h). Each worker copies a row to f32
-// scratch once, takes its softmax statistics in one online pass, and writes the gradient row from the scratch,
-// which is why the gradient may alias the logits.
+// scratch once, takes its softmax statistics in one online pass, and writes the gradient row from the
+// scratch, which is why the gradient may alias the logits.
 #include "row_kernels.h"
 
 #include <algorithm>
@@ -66,7 +66,9 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // the inner loop is a plain sum of exponentials.
 constexpr int64_t kBlock = 256;
 
-float get_f(const Block& b, int64_t r, int64_t c) { return load_f32(b.row(r) + size_t(c) * b.col_stride, b.dtype, 0); }
+float get_f(const Block& b, int64_t r, int64_t c) {
+  return load_f32(b.row(r) + size_t(c) * b.col_stride, b.dtype, 0);
+}
 int64_t get_i(const Block& b, int64_t r, int64_t c) {
   return load_i64(b.row(r) + size_t(c) * b.col_stride, b.dtype, 0);
 }
@@ -185,7 +187,8 @@ void check_label(int64_t y, int64_t r, int64_t v, int64_t ignore_index, const st
 }
 
 // Counts rows with label != ignore_index (all rows without labels), checking the others are in [0, v).
-int64_t count_valid(const Block& labels, int64_t rows, int64_t v, int64_t ignore_index, const std::string& what) {
+int64_t count_valid(const Block& labels, int64_t rows, int64_t v, int64_t ignore_index,
+                    const std::string& what) {
   if (labels.empty()) return rows;
   int64_t valid = 0;
   for (int64_t r = 0; r < rows; ++r) {
@@ -246,7 +249,8 @@ void cross_entropy_rows(const Block& logits, const CrossEntropySide& side, const
       if (zl != 0) loss += zl * lse * lse;
       if (out.loss) out.loss[r] = loss;
       if (!want_grad) continue;
-      // d/ds_j = q_j (1 + 2·z_loss·lse) − eps/V − (1 − eps)[j = y], then times ds/dz = 1 − (s/c)² under the cap.
+      // d/ds_j = q_j (1 + 2·z_loss·lse) − eps/V − (1 − eps)[j = y], then times ds/dz = 1 − (s/c)² under the
+      // cap.
       const float sc = out.grad_scale;
       const float a = sc * (1.0f + 2.0f * zl * lse);
       const float c = sc * eps / float(v);
@@ -281,8 +285,8 @@ int64_t check_topk(const TopKSide& side, int64_t rows, int64_t v, const std::str
     for (int64_t k = 0; k < side.ids.cols; ++k) {
       if (!slot_valid(side, r, k)) continue;
       const int64_t id = get_i(side.ids, r, k);
-      RT_CHECK(id >= 0 && id < v, what, ": teacher id ", id, " at row ", r, " slot ", k, " is outside [0, ", v,
-               ") (padding slots need mask 0 or logprob -inf)");
+      RT_CHECK(id >= 0 && id < v, what, ": teacher id ", id, " at row ", r, " slot ", k, " is outside [0, ",
+               v, ") (padding slots need mask 0 or logprob -inf)");
     }
   return valid;
 }
@@ -363,7 +367,8 @@ void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, Thr
       if (out.hard) out.hard[r] = hard;
       if (out.soft) out.soft[r] = soft;
       if (out.loss)
-        out.loss[r] = (hard_on ? side.w_hard * hard : 0.0f) + (side.w_soft != 0.0f ? side.w_soft * soft : 0.0f);
+        out.loss[r] =
+            (hard_on ? side.w_hard * hard : 0.0f) + (side.w_soft != 0.0f ? side.w_soft * soft : 0.0f);
       if (!want_grad) continue;
 
       // d(T²·D)/dz_j = T·(Σ_{k: id_k = j} G_k − π_j·Σ_k G_k), π the softmax Q is normalized over; plus the
@@ -461,7 +466,8 @@ void distill_rows(const Block& logits, const DistillSide& side, const RowOut& ou
       if (out.hard) out.hard[r] = hard;
       if (out.soft) out.soft[r] = soft;
       if (out.loss)
-        out.loss[r] = (hard_on ? side.w_hard * hard : 0.0f) + (side.w_soft != 0.0f ? side.w_soft * soft : 0.0f);
+        out.loss[r] =
+            (hard_on ? side.w_hard * hard : 0.0f) + (side.w_soft != 0.0f ? side.w_soft * soft : 0.0f);
       if (!want_grad) continue;
       if (ch != 0.0f) z[y] -= ch;
       store_row(out.grad, r, z);
@@ -526,7 +532,8 @@ void check_ids(const Block& ids, int64_t v, const std::string& what) {
   for (int64_t r = 0; r < ids.rows; ++r)
     for (int64_t k = 0; k < ids.cols; ++k) {
       const int64_t id = get_i(ids, r, k);
-      RT_CHECK(id >= 0 && id < v, what, ": id ", id, " at row ", r, " position ", k, " is outside [0, ", v, ")");
+      RT_CHECK(id >= 0 && id < v, what, ": id ", id, " at row ", r, " position ", k, " is outside [0, ", v,
+               ")");
     }
 }
 

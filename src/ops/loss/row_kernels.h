@@ -1,8 +1,8 @@
 // Row losses: the one contract every loss kernel follows — the CPU kernels here, the CUDA kernels, and the
 // chunked fused-linear scheduler, which calls the same kernels on a chunk of rows at a time.
 //
-// Contract. A row kernel gets a block of logits [rows, V] (f32, bf16 or f16; rows and elements may be strided)
-// and the per-row side data of its loss, and for every row writes
+// Contract. A row kernel gets a block of logits [rows, V] (f32, bf16 or f16; rows and elements may be
+// strided) and the per-row side data of its loss, and for every row writes
 //   - the per-row loss (f32) into out.loss (the weighted total: w_hard·hard + w_soft·soft for distillation),
 //   - the per-row log-sum-exp (f32) into out.lse: LSE_j(z_j / T) of the student row at the loss's temperature
 //     (T = 1 and after the softcap for cross-entropy; over the valid slots for the gathered top-K loss),
@@ -75,7 +75,8 @@ struct CrossEntropySide {
 };
 // what: the op and shapes for messages. Returns the number of rows whose label != ignore_index.
 int64_t check_cross_entropy(const CrossEntropySide& side, int64_t v, const std::string& what);
-void cross_entropy_rows(const Block& logits, const CrossEntropySide& side, const RowOut& out, ThreadPool& pool);
+void cross_entropy_rows(const Block& logits, const CrossEntropySide& side, const RowOut& out,
+                        ThreadPool& pool);
 
 // ---- top-K distillation -------------------------------------------------------------------------------
 // Slot k of a row is valid when mask[k] != 0 (or no mask) and logprob[k] != −inf; other slots are padding and
