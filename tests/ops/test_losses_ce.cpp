@@ -225,13 +225,14 @@ TEST(CrossEntropyLoss, BadInputThrows) {
       {"cross_entropy_loss", "i32[4, 6]"});
   CrossEntropyOptions o;
   o.label_smoothing = 1.5f;
-  expect_error([&] { cross_entropy_loss(ctx, x, y, o); }, {"cross_entropy_loss", "label_smoothing"});
+  expect_error([&] { cross_entropy_loss(ctx, x, y, o); },
+               {"cross_entropy_loss", "label_smoothing", "[4, 6]"});
   o = {};
   o.softcap = -1;
-  expect_error([&] { cross_entropy_loss(ctx, x, y, o); }, {"cross_entropy_loss", "softcap"});
+  expect_error([&] { cross_entropy_loss(ctx, x, y, o); }, {"cross_entropy_loss", "softcap", "[4, 6]"});
   o = {};
   o.z_loss = -1;
-  expect_error([&] { cross_entropy_loss(ctx, x, y, o); }, {"cross_entropy_loss", "z_loss"});
+  expect_error([&] { cross_entropy_loss(ctx, x, y, o); }, {"cross_entropy_loss", "z_loss", "[4, 6]"});
 
   // Labels out of range throw when the graph runs, naming the op, the shapes and the label.
   for (int64_t bad : {6, -1, -101}) {

@@ -379,17 +379,17 @@ TEST(TopKDistill, BadInputThrows) {
   TopKDistillOptions o;
   auto call = [&](const TopKDistillOptions& opts) { topk_kd(ctx, x, ids, lp, nullptr, y, opts); };
   o.temperature = -1;
-  expect_error([&] { call(o); }, {"topk_kd", "temperature", "-1"});
+  expect_error([&] { call(o); }, {"topk_kd", "temperature", "-1", "[4, 6]"});
   o.temperature = 0;
-  expect_error([&] { call(o); }, {"topk_kd", "temperature"});
+  expect_error([&] { call(o); }, {"topk_kd", "temperature", "[4, 6]"});
   o = {};
   o.beta = -0.1f;
-  expect_error([&] { call(o); }, {"topk_kd", "beta"});
+  expect_error([&] { call(o); }, {"topk_kd", "beta", "[4, 6]"});
   o.beta = 1.5f;
-  expect_error([&] { call(o); }, {"topk_kd", "beta", "1.5"});
+  expect_error([&] { call(o); }, {"topk_kd", "beta", "1.5", "[4, 6]"});
   o = {};
   o.w_soft = -1;
-  expect_error([&] { call(o); }, {"topk_kd", "w_soft"});
+  expect_error([&] { call(o); }, {"topk_kd", "w_soft", "[4, 6]"});
   o = {};
   o.w_hard = 0.5f;
   expect_error([&] { topk_kd(ctx, x, ids, lp, nullptr, nullptr, o); },
@@ -454,7 +454,8 @@ TEST(TopKKLGathered, BadInputThrows) {
   Tensor* lp = ctx.tensor(DType::F32, {4, 3});
   TopKKLOptions o;
   o.temperature = -2;
-  expect_error([&] { topk_kl_gathered(ctx, s, lp, nullptr, o); }, {"topk_kl_gathered", "temperature"});
+  expect_error([&] { topk_kl_gathered(ctx, s, lp, nullptr, o); },
+               {"topk_kl_gathered", "temperature", "[4, 3]"});
   expect_error(
       [&] {
         topk_kl_gathered(ctx, s, ctx.tensor(DType::F32, {4, 2}), nullptr);

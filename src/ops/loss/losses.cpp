@@ -94,22 +94,26 @@ void check_same_slots(const char* op, const char* role, const Tensor* t, const T
            role, " ", t->describe(), " must be [N, K] like ", like->describe());
 }
 
-void check_temperature(const char* op, float t) {
-  RT_CHECK(std::isfinite(t) && t > 0.0f, op, ": temperature must be a finite number > 0, got ", t);
+// Option checks name the op and the student's shape: "topk_kd: beta must be in [0, 1] ..., got 1.5 (logits
+// f32[4, 6])".
+void check_temperature(const char* op, float t, const Tensor* x) {
+  RT_CHECK(std::isfinite(t) && t > 0.0f, op, ": temperature must be a finite number > 0, got ", t,
+           " (logits ", x->describe(), ")");
 }
 
-void check_beta(const char* op, float beta) {
+void check_beta(const char* op, float beta, const Tensor* x) {
   RT_CHECK(beta >= 0.0f && beta <= 1.0f, op, ": beta must be in [0, 1] (0 forward KL, 1 reverse KL), got ",
-           beta);
+           beta, " (logits ", x->describe(), ")");
 }
 
-void check_weight(const char* op, const char* name, float w) {
-  RT_CHECK(std::isfinite(w) && w >= 0.0f, op, ": ", name, " must be a finite number >= 0, got ", w);
+void check_weight(const char* op, const char* name, float w, const Tensor* x) {
+  RT_CHECK(std::isfinite(w) && w >= 0.0f, op, ": ", name, " must be a finite number >= 0, got ", w,
+           " (logits ", x->describe(), ")");
 }
 
-void check_reduction(const char* op, Reduction r) {
+void check_reduction(const char* op, Reduction r, const Tensor* x) {
   RT_CHECK(r == Reduction::Mean || r == Reduction::Sum || r == Reduction::None, op, ": unknown reduction ",
-           int64_t(r));
+           int64_t(r), " (logits ", x->describe(), ")");
 }
 
 // ---- node and outputs ---------------------------------------------------------------------------------
@@ -343,11 +347,12 @@ LossOutputs cross_entropy_loss(Context& ctx, Tensor* logits, Tensor* labels, con
   check_matrix(op, "logits", logits, true);
   RT_CHECK(labels != nullptr, op, ": labels are null");
   check_labels(op, labels, logits);
-  check_reduction(op, o.reduction);
+  check_reduction(op, o.reduction, logits);
   RT_CHECK(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f, op,
-           ": label_smoothing must be in [0, 1], got ", o.label_smoothing);
-  check_weight(op, "z_loss", o.z_loss);
-  check_weight(op, "softcap", o.softcap);
+           ": label_smoothing must be in [0, 1], got ", o.label_smoothing, " (logits ", logits->describe(),
+           ")");
+  check_weight(op, "z_loss", o.z_loss, logits);
+  check_weight(op, "softcap", o.softcap, logits);
   Tensor* t = loss_node(ctx, Op::CrossEntropyLoss, logits, o.reduction);
   t->src[1] = labels;
   t->ip[kIpIgnore] = o.ignore_index;
@@ -370,11 +375,11 @@ LossOutputs topk_kd(Context& ctx, Tensor* logits, Tensor* teacher_ids, Tensor* t
            " has only V = ", logits->ne[0], " entries (K must be <= V)");
   if (mask) check_same_slots(op, "mask", mask, teacher_ids);
   if (labels) check_labels(op, labels, logits);
-  check_reduction(op, o.reduction);
-  check_temperature(op, o.temperature);
-  check_beta(op, o.beta);
-  check_weight(op, "w_hard", o.w_hard);
-  check_weight(op, "w_soft", o.w_soft);
+  check_reduction(op, o.reduction, logits);
+  check_temperature(op, o.temperature, logits);
+  check_beta(op, o.beta, logits);
+  check_weight(op, "w_hard", o.w_hard, logits);
+  check_weight(op, "w_soft", o.w_soft, logits);
   RT_CHECK(o.w_hard == 0.0f || labels, op, ": w_hard = ", o.w_hard, " needs labels, got none (logits ",
            logits->describe(), ")");
   Tensor* t = loss_node(ctx, Op::TopKDistill, logits, o.reduction);
@@ -398,8 +403,8 @@ LossOutputs topk_kl_gathered(Context& ctx, Tensor* student_gathered, Tensor* tea
   check_matrix(op, "teacher_logprobs", teacher_logprobs, true);
   check_same_slots(op, "teacher_logprobs", teacher_logprobs, student_gathered);
   if (mask) check_same_slots(op, "mask", mask, student_gathered);
-  check_reduction(op, o.reduction);
-  check_temperature(op, o.temperature);
+  check_reduction(op, o.reduction, student_gathered);
+  check_temperature(op, o.temperature, student_gathered);
   Tensor* t = loss_node(ctx, Op::TopKKLGathered, student_gathered, o.reduction);
   t->src[2] = teacher_logprobs;
   t->src[3] = mask;
@@ -418,11 +423,11 @@ LossOutputs distill(Context& ctx, Tensor* student, Tensor* teacher, Tensor* labe
   RT_CHECK(same_shape(student, teacher), op, ": teacher ", teacher->describe(),
            " must have the shape of student ", student->describe());
   if (labels) check_labels(op, labels, student);
-  check_reduction(op, o.reduction);
-  check_temperature(op, o.temperature);
-  check_beta(op, o.beta);
-  check_weight(op, "w_hard", o.w_hard);
-  check_weight(op, "w_soft", o.w_soft);
+  check_reduction(op, o.reduction, student);
+  check_temperature(op, o.temperature, student);
+  check_beta(op, o.beta, student);
+  check_weight(op, "w_hard", o.w_hard, student);
+  check_weight(op, "w_soft", o.w_soft, student);
   RT_CHECK(o.w_hard == 0.0f || labels, op, ": w_hard = ", o.w_hard, " needs labels, got none (student ",
            student->describe(), ")");
   Tensor* t = loss_node(ctx, Op::Distill, student, o.reduction);
@@ -439,8 +444,8 @@ LossOutputs distill(Context& ctx, Tensor* student, Tensor* teacher, Tensor* labe
 Tensor* entropy(Context& ctx, Tensor* logits, float temperature, Reduction reduction) {
   const char* op = "entropy";
   check_matrix(op, "logits", logits, true);
-  check_reduction(op, reduction);
-  check_temperature(op, temperature);
+  check_reduction(op, reduction, logits);
+  check_temperature(op, temperature, logits);
   Tensor* t = loss_node(ctx, Op::Entropy, logits, reduction);
   t->fp[kFpTemp] = temperature;
   return t;
