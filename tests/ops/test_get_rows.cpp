@@ -36,7 +36,8 @@ std::string error_of(F&& f) {
 }
 
 void expect_mentions(const std::string& msg, std::initializer_list<const char*> parts) {
-  for (const char* p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' missing from: " << msg;
+  for (const char* p : parts)
+    EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' missing from: " << msg;
 }
 
 OpCase plain_case(const std::string& name, int64_t rows, int64_t d, Shape ids_shape, DType ids_type) {
@@ -59,7 +60,9 @@ TEST(GetRows, MatchesReferenceAndGradients) {
   EXPECT_TRUE(run_case(plain_case("get_rows_one_id", 6, 5, {1}, DType::I32)));
 }
 
-TEST(GetRows, I64Ids) { EXPECT_TRUE(run_case(plain_case("get_rows_i64", 9, 6, {11}, DType::I64))); }
+TEST(GetRows, I64Ids) {
+  EXPECT_TRUE(run_case(plain_case("get_rows_i64", 9, 6, {11}, DType::I64)));
+}
 
 TEST(GetRows, TwoDimIdsGiveBatchTimeRows) {
   OpCase c = plain_case("get_rows_bt", 7, 5, {3, 4}, DType::I32);

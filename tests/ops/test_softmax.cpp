@@ -71,7 +71,8 @@ std::string error_of(F&& f) {
 }
 
 void expect_mentions(const std::string& msg, std::initializer_list<const char*> parts) {
-  for (const char* p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' missing from: " << msg;
+  for (const char* p : parts)
+    EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' missing from: " << msg;
 }
 
 struct Family {
@@ -79,7 +80,8 @@ struct Family {
   Build build;
   void (*ref)(const double*, double*, int64_t);
 };
-const Family kFamilies[] = {{"softmax", softmax, ref_softmax_row}, {"log_softmax", log_softmax, ref_log_softmax_row}};
+const Family kFamilies[] = {{"softmax", softmax, ref_softmax_row},
+                            {"log_softmax", log_softmax, ref_log_softmax_row}};
 
 class SoftmaxFamily : public ::testing::TestWithParam<Family> {};
 
@@ -103,7 +105,8 @@ TEST_P(SoftmaxFamily, MatchesFloat64AndFiniteDifferences) {
 }
 
 TEST_P(SoftmaxFamily, RowLengthsNotAMultipleOfEight) {
-  for (int64_t n : {1, 3, 13, 67}) EXPECT_TRUE(run_case(row_case(GetParam(), std::string("n").append(std::to_string(n)), {4, n})));
+  for (int64_t n : {1, 3, 13, 67})
+    EXPECT_TRUE(run_case(row_case(GetParam(), std::string("n").append(std::to_string(n)), {4, n})));
   OpCase wide = row_case(GetParam(), "n1003", {3, 1003}, -8, 8);
   EXPECT_TRUE(run_case(wide));
 }
@@ -117,7 +120,9 @@ TEST_P(SoftmaxFamily, RowOfOneElement) {
 TEST_P(SoftmaxFamily, TransposedInput) {
   const Family f = GetParam();
   OpCase c = row_case(f, "transposed", {6, 5});
-  c.build = [b = f.build](Context& ctx, const std::vector<Tensor*>& in) { return b(ctx, transpose(ctx, in[0])); };
+  c.build = [b = f.build](Context& ctx, const std::vector<Tensor*>& in) {
+    return b(ctx, transpose(ctx, in[0]));
+  };
   c.reference = [ref = f.ref](const std::vector<Ref>& in) { return per_row(transposed(in[0]), ref); };
   EXPECT_TRUE(run_case(c));
 }
@@ -168,8 +173,8 @@ TEST_P(SoftmaxFamily, LargeLogitsStayFinite) {
   const double p2 = 1.0 / (3.0 * std::exp(-1.0) + 1.0);
   const double p_rest = std::exp(-1.0) * p2;
   const double probs[8] = {0.5, 0, 0, 0.5, p_rest, p_rest, p2, p_rest};
-  const double logs[8] = {-std::log(2.0), -2e4 - std::log(2.0), -1e4 - std::log(2.0), -std::log(2.0),
-                          std::log(p_rest), std::log(p_rest), std::log(p2), std::log(p_rest)};
+  const double logs[8] = {-std::log(2.0),   -2e4 - std::log(2.0), -1e4 - std::log(2.0), -std::log(2.0),
+                          std::log(p_rest), std::log(p_rest),     std::log(p2),         std::log(p_rest)};
   for (int i = 0; i < 8; ++i) {
     EXPECT_TRUE(std::isfinite(v[size_t(i)])) << i << ": " << v[size_t(i)];
     if (is_log) {
