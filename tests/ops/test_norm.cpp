@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 
 #include "harness.h"
 
@@ -66,6 +67,10 @@ struct Norm {
   Build build;
   void (*ref)(const double*, double*, int64_t, double);
 };
+// Names the case in gtest's failure lines instead of dumping the struct's bytes.
+std::ostream& operator<<(std::ostream& os, const Norm& p) {
+  return os << p.name;
+}
 const Norm kNorms[] = {{"rms_norm", rms_norm, ref_rms}, {"layer_norm", layer_norm, ref_layer}};
 
 class NormOps : public ::testing::TestWithParam<Norm> {};

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 
 #include "harness.h"
 
@@ -61,6 +62,10 @@ struct ModeParam {
   const char* name;
   RopeMode mode;
 };
+// Names the case in gtest's failure lines instead of dumping the struct's bytes.
+std::ostream& operator<<(std::ostream& os, const ModeParam& p) {
+  return os << p.name;
+}
 const ModeParam kModes[] = {{"normal", RopeMode::Normal}, {"neox", RopeMode::Neox}};
 
 class RopeModes : public ::testing::TestWithParam<ModeParam> {};

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 
 #include "harness.h"
 
@@ -80,6 +81,10 @@ struct Family {
   Build build;
   void (*ref)(const double*, double*, int64_t);
 };
+// Names the case in gtest's failure lines instead of dumping the struct's bytes.
+std::ostream& operator<<(std::ostream& os, const Family& p) {
+  return os << p.name;
+}
 const Family kFamilies[] = {{"softmax", softmax, ref_softmax_row},
                             {"log_softmax", log_softmax, ref_log_softmax_row}};
 
