@@ -26,11 +26,10 @@ std::string errno_text() {
   return std::strerror(errno);
 }
 
-// ---- CRC-32 tables, built at compile time
-// ------------------------------------------------------------------ Slice-by-8: table[k][b] is the CRC of
-// byte b followed by k zero bytes, so eight input bytes are folded per step with eight independent lookups
-// instead of eight dependent ones (about 1-2 GB/s instead of ~400 MB/s; checksums run over whole teacher
-// caches).
+// ---- CRC-32 tables, built at compile time ---------------------------------------------------------------
+// Slice-by-8: table[k][b] is the CRC of byte b followed by k zero bytes, so eight input bytes are folded per
+// step with eight independent lookups instead of eight dependent ones (about 1-2 GB/s instead of ~400 MB/s;
+// checksums run over whole teacher caches).
 using CrcTables = std::array<std::array<uint32_t, 256>, 8>;
 
 constexpr CrcTables make_crc_tables() {
@@ -83,8 +82,7 @@ void append_bytes(std::vector<uint8_t>& out, const void* p, size_t n) {
   out.insert(out.end(), b, b + n);
 }
 
-// ---- reading
-// -----------------------------------------------------------------------------------------------
+// ---- reading --------------------------------------------------------------------------------------------
 
 namespace {
 
@@ -221,8 +219,7 @@ void ByteReader::expect_magic(std::string_view magic, const char* kind) {
        ", got ", show(got), " (not a ", kind, " file)");
 }
 
-// ---- writing
-// -----------------------------------------------------------------------------------------------
+// ---- writing --------------------------------------------------------------------------------------------
 
 namespace {
 constexpr size_t kWriteBuffer = size_t(1) << 20;

@@ -17,9 +17,8 @@
 
 namespace retort::io {
 
-// ---- little-endian scalars
-// --------------------------------------------------------------------------------- Byte by byte, so they are
-// correct on any host and at any alignment.
+// ---- little-endian scalars ------------------------------------------------------------------------------
+// Byte by byte, so they are correct on any host and at any alignment.
 inline uint16_t load_le16(const void* p) {
   const auto* b = static_cast<const uint8_t*>(p);
   return uint16_t(b[0] | (b[1] << 8));
@@ -51,13 +50,11 @@ void append_le32(std::vector<uint8_t>& out, uint32_t v);
 void append_le64(std::vector<uint8_t>& out, uint64_t v);
 void append_bytes(std::vector<uint8_t>& out, const void* p, size_t n);
 
-// Bulk arrays (token ids, logprobs, tensor data) are stored as raw little-endian arrays and read through
-// memcpy or a map; this is only correct on a little-endian host, which is every host retort builds for.
-inline constexpr bool kHostLittleEndian = true;
+// Bulk arrays (tensor data in checkpoints) are copied as raw little-endian bytes, which is only correct on a
+// little-endian host: file.cpp refuses to build anywhere else.
 
-// ---- CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320)
-// -------------------------------------------------- crc32("123456789") == 0xCBF43926. Streaming: crc =
-// crc32_update(crc, ...) starting from 0.
+// ---- CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320) -----------------------------------------------
+// crc32("123456789") == 0xCBF43926. Streaming: crc = crc32_update(crc, ...) starting from 0.
 uint32_t crc32_update(uint32_t crc, const void* data, size_t n);
 inline uint32_t crc32(const void* data, size_t n) {
   return crc32_update(0, data, n);
@@ -66,9 +63,8 @@ inline uint32_t crc32(std::span<const uint8_t> s) {
   return crc32_update(0, s.data(), s.size());
 }
 
-// ---- reading
-// ----------------------------------------------------------------------------------------------- The whole
-// file in memory. Throws retort::Error "<path>: cannot open: <reason>" and the like.
+// ---- reading --------------------------------------------------------------------------------------------
+// The whole file in memory. Throws retort::Error "<path>: cannot open: <reason>" and the like.
 std::vector<uint8_t> read_file(const std::string& path);
 // The whole file as a string (text formats).
 std::string read_text_file(const std::string& path);
@@ -140,11 +136,10 @@ void ByteReader::fail(const Args&... parts) const {
   file_error(path_, detail::concat(parts...));
 }
 
-// ---- writing
-// ----------------------------------------------------------------------------------------------- Buffered
-// sequential writer into an AtomicFile's temporary file. write() appends; write_at() overwrites bytes already
-// written (for a header whose checksum is known only at the end). Errors throw retort::Error naming the final
-// path.
+// ---- writing --------------------------------------------------------------------------------------------
+// Buffered sequential writer into an AtomicFile's temporary file. write() appends; write_at() overwrites
+// bytes already written (for a header whose checksum is known only at the end). Errors throw retort::Error
+// naming the final path.
 class FileWriter {
  public:
   // Only an AtomicFile can make the key, so only an AtomicFile makes writers.

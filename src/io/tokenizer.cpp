@@ -74,8 +74,7 @@ std::array<uint32_t, 256> Tokenizer::gpt2_byte_to_unicode() {
   return map;
 }
 
-// ---- building and checking the tables
-// ----------------------------------------------------------------------
+// ---- building and checking the tables -------------------------------------------------------------------
 
 void Tokenizer::build(const std::string& source) {
   auto fail = [&](const std::string& what) { file_error(source, what); };
@@ -130,8 +129,7 @@ void Tokenizer::build(const std::string& source) {
   cache_->pieces.clear();
 }
 
-// ---- GPT-2's files
-// -----------------------------------------------------------------------------------------
+// ---- GPT-2's files --------------------------------------------------------------------------------------
 
 Tokenizer Tokenizer::load_gpt2(const std::string& encoder_json_path, const std::string& vocab_bpe_path) {
   std::array<uint32_t, 256> to_unicode = gpt2_byte_to_unicode();
@@ -211,12 +209,11 @@ Tokenizer Tokenizer::load_gpt2(const std::string& encoder_json_path, const std::
                  where() + ": the merge or one of its halves is not a token of " + encoder_json_path);
     tok.merges_.push_back({ia->second, ib->second, ir->second});
   }
-  tok.build(vocab_bpe_path);
+  tok.build(encoder_json_path + " + " + vocab_bpe_path);
   return tok;
 }
 
-// ---- encoding
-// ----------------------------------------------------------------------------------------------
+// ---- encoding -------------------------------------------------------------------------------------------
 
 std::vector<int32_t> Tokenizer::bpe(std::string_view piece) const {
   // Merges fire lowest rank first and, within a rank, left to right (GPT-2's loop merges every occurrence of
@@ -347,9 +344,8 @@ int32_t Tokenizer::special_id(std::string_view name) const {
   return -1;
 }
 
-// ---- own file format
-// --------------------------------------------------------------------------------------- header (40 bytes):
-// "RTBPETOK", u32 version, u32 pre-tokenizer (1 = GPT-2), u32 tokens, u32 merges,
+// ---- own file format ------------------------------------------------------------------------------------
+// header (40 bytes): "RTBPETOK", u32 version, u32 pre-tokenizer (1 = GPT-2), u32 tokens, u32 merges,
 //   u32 specials, u64 payload bytes, u32 CRC-32 of header bytes 0..36 followed by the payload
 // payload: per token u32 length + bytes; per merge u32 left, right, result; per special u32 id.
 void Tokenizer::save(const std::string& path) const {

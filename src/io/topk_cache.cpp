@@ -47,8 +47,7 @@ bool exists(const std::string& p) {
 
 }  // namespace
 
-// ---- writer
-// ------------------------------------------------------------------------------------------------
+// ---- writer ---------------------------------------------------------------------------------------------
 
 TopKCacheWriter::TopKCacheWriter(std::string prefix, const TopKCacheSpec& spec)
     : prefix_(std::move(prefix)), spec_(spec) {
@@ -152,8 +151,7 @@ std::vector<std::string> TopKCacheWriter::finish() {
   return paths_;
 }
 
-// ---- reader
-// ------------------------------------------------------------------------------------------------
+// ---- reader ---------------------------------------------------------------------------------------------
 
 struct TopKCache::Shard {
   io::MappedFile map;

@@ -21,8 +21,7 @@ std::vector<int32_t> ramp(int64_t n, int64_t vocab, int64_t offset = 0) {
   return v;
 }
 
-// ---- the shard file
-// ----------------------------------------------------------------------------------------
+// ---- the shard file -------------------------------------------------------------------------------------
 
 TEST(TokenShard, RoundTripsU16AndU32) {
   ScratchDir dir;
@@ -114,8 +113,7 @@ TEST_F(TokenShardFile, ReservedFieldMustBeZero) {
   expect_error([&] { TokenShard s(path); }, {path, "reserved"});
 }
 
-// ---- corpus -> shards
-// --------------------------------------------------------------------------------------
+// ---- corpus -> shards -----------------------------------------------------------------------------------
 
 TEST(WriteShards, SplitsTailAsValidationAndChunks) {
   ScratchDir dir;
@@ -171,8 +169,7 @@ TEST(WriteShards, TokenizeToShardsRoundTripsText) {
   EXPECT_EQ(tok.decode(ids), text);
 }
 
-// ---- batch loader
-// ------------------------------------------------------------------------------------------
+// ---- batch loader ---------------------------------------------------------------------------------------
 
 class Loader : public ::testing::Test {
  protected:
