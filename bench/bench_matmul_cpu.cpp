@@ -35,9 +35,11 @@ void usage(const char* prog) {
   std::printf(
       "usage: %s [--threads N] [--size S | --mnk M N K] [--reps R] [--warmup W] [--rounds X]\n"
       "\n"
-      "Times C = A B in f32 (A [M, K], B [K, N], all row-major) with retort's CPU matmul and, when built with\n"
+      "Times C = A B in f32 (A [M, K], B [K, N], all row-major) with retort's CPU matmul and, when built "
+      "with\n"
       "OpenBLAS, with cblas_sgemm on the same number of threads. Each round runs W untimed and R timed\n"
-      "multiplications of retort, then the same for OpenBLAS; the GFLOP/s printed are medians over all timed\n"
+      "multiplications of retort, then the same for OpenBLAS; the GFLOP/s printed are medians over all "
+      "timed\n"
       "runs, and the ratio is retort / OpenBLAS.\n"
       "\n"
       "  --threads N   threads for both libraries (default 2)\n"
@@ -142,8 +144,9 @@ int main(int argc, char** argv) {
                 int(o.k), hb.data(), int(o.n), 0.0f, hc.data(), int(o.n));
   };
 #else
-  std::printf("OpenBLAS: not found at build time, timing retort alone (install libopenblas-dev and "
-              "reconfigure, or run bench/run_cpu_matmul.sh)\n");
+  std::printf(
+      "OpenBLAS: not found at build time, timing retort alone (install libopenblas-dev and "
+      "reconfigure, or run bench/run_cpu_matmul.sh)\n");
 #endif
 
   std::vector<double> t_retort, t_blas;

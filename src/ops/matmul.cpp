@@ -93,8 +93,9 @@ void back_matmul(BackwardCtx& bc, Tensor* t, Tensor* g) {
 
 Tensor* matmul(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b) {
   RT_CHECK(a && b, "matmul: null operand");
-  RT_CHECK(is_float(a->dtype) && is_float(b->dtype), "matmul: operands must be float tensors (f32, bf16, f16), ",
-           "got A ", a->describe(), " and B ", b->describe());
+  RT_CHECK(is_float(a->dtype) && is_float(b->dtype),
+           "matmul: operands must be float tensors (f32, bf16, f16), ", "got A ", a->describe(), " and B ",
+           b->describe());
   const int64_t m = transpose_a ? a->ne[0] : a->ne[1];
   const int64_t ka = transpose_a ? a->ne[1] : a->ne[0];
   const int64_t kb = transpose_b ? b->ne[0] : b->ne[1];
@@ -116,6 +117,8 @@ Tensor* matmul(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transp
   return t;
 }
 
-void register_matmul_ops(OpTable& t) { t[size_t(Op::Matmul)] = {"matmul", cpu_matmul, back_matmul, true}; }
+void register_matmul_ops(OpTable& t) {
+  t[size_t(Op::Matmul)] = {"matmul", cpu_matmul, back_matmul, true};
+}
 
 }  // namespace retort

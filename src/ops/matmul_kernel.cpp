@@ -32,8 +32,12 @@ constexpr int64_t kNC = 3072;
 // Below this many flops per thread, waking another thread costs more than it saves.
 constexpr double kMinFlopsPerThread = 4.0e6;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+int64_t round_up(int64_t a, int64_t b) {
+  return ceil_div(a, b) * b;
+}
 
 // Splits `total` into ceil(total / max_block) nearly equal blocks, each a multiple of `unit` (but the last):
 // equal blocks avoid a thin tail block that would stream a whole B panel for a few rows.
@@ -54,7 +58,8 @@ AlignedFloats alloc_floats(int64_t n) {
   return AlignedFloats(p);
 }
 
-// ---- packing ------------------------------------------------------------------------------------------------
+// ---- packing
+// ------------------------------------------------------------------------------------------------
 
 struct LoadF32 {
   float operator()(const char* p) const {
@@ -112,10 +117,17 @@ void pack_panel(const Operand& x, const char* base, int64_t si, int64_t sk, int 
     }
   }
   switch (x.dtype) {
-    case DType::F32: pack_panel_generic<W>(base, si, sk, w, kc, d, LoadF32{}); break;
-    case DType::BF16: pack_panel_generic<W>(base, si, sk, w, kc, d, LoadBF16{}); break;
-    case DType::F16: pack_panel_generic<W>(base, si, sk, w, kc, d, LoadF16{}); break;
-    default: RT_ASSERT(false && "matmul: integer operand reached the kernel");
+    case DType::F32:
+      pack_panel_generic<W>(base, si, sk, w, kc, d, LoadF32{});
+      break;
+    case DType::BF16:
+      pack_panel_generic<W>(base, si, sk, w, kc, d, LoadBF16{});
+      break;
+    case DType::F16:
+      pack_panel_generic<W>(base, si, sk, w, kc, d, LoadF16{});
+      break;
+    default:
+      RT_ASSERT(false && "matmul: integer operand reached the kernel");
   }
 }
 
@@ -138,9 +150,11 @@ void pack_b(const Operand& b, int64_t j0, int64_t nc, int64_t p0, int64_t kc, in
   }
 }
 
-// ---- micro-kernels --------------------------------------------------------------------------------------------
-// c[MR x NR] (row stride ldc) = (accumulate ? c : 0) + sum over k of a[k * MR + i] * b[k * NR + j].
-using MicroKernel = void (*)(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate);
+// ---- micro-kernels
+// -------------------------------------------------------------------------------------------- c[MR x NR]
+// (row stride ldc) = (accumulate ? c : 0) + sum over k of a[k * MR + i] * b[k * NR + j].
+using MicroKernel = void (*)(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
+                             bool accumulate);
 
 void ukernel_portable(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
   float acc[kMR][kNR] = {};
@@ -153,7 +167,7 @@ void ukernel_portable(int64_t kc, const float* a, const float* b, float* c, int6
 
 // (A lambda would not inherit the target attribute, hence a helper.)
 __attribute__((target("avx2,fma"), always_inline)) inline void store_row_avx2(float* r, __m256 lo, __m256 hi,
-                                                                               bool accumulate) {
+                                                                              bool accumulate) {
   if (accumulate) {
     lo = _mm256_add_ps(lo, _mm256_loadu_ps(r));
     hi = _mm256_add_ps(hi, _mm256_loadu_ps(r + 8));
@@ -205,8 +219,8 @@ __attribute__((target("avx2,fma"))) void ukernel_avx2(int64_t kc, const float* a
 }
 
 // One packed A block (mc rows) times the packed B panels [jp0, jp1) of a block nc columns wide, into C.
-void macro_kernel(MicroKernel uk, int64_t mc, int64_t nc, int64_t kc, int64_t jp0, int64_t jp1, const float* ap,
-                  const float* bp, float* c, int64_t ldc, bool accumulate) {
+void macro_kernel(MicroKernel uk, int64_t mc, int64_t nc, int64_t kc, int64_t jp0, int64_t jp1,
+                  const float* ap, const float* bp, float* c, int64_t ldc, bool accumulate) {
   alignas(64) float tile[kMR * kNR];
   for (int64_t jp = jp0; jp < jp1; ++jp) {
     const int64_t nr = std::min<int64_t>(kNR, nc - jp * kNR);
@@ -237,9 +251,15 @@ bool cpu_has_avx2_fma() {
 
 }  // namespace
 
-bool kernel_available(Kernel k) { return k == Kernel::Portable || cpu_has_avx2_fma(); }
-Kernel best_kernel() { return cpu_has_avx2_fma() ? Kernel::Avx2 : Kernel::Portable; }
-const char* kernel_name(Kernel k) { return k == Kernel::Avx2 ? "avx2+fma" : "portable"; }
+bool kernel_available(Kernel k) {
+  return k == Kernel::Portable || cpu_has_avx2_fma();
+}
+Kernel best_kernel() {
+  return cpu_has_avx2_fma() ? Kernel::Avx2 : Kernel::Portable;
+}
+const char* kernel_name(Kernel k) {
+  return k == Kernel::Avx2 ? "avx2+fma" : "portable";
+}
 
 void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c, int64_t ldc,
            ThreadPool* pool, Kernel kernel) {

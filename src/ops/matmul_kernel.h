@@ -1,6 +1,6 @@
-// The CPU GEMM behind matmul: C = A B with A [M, K] and B [K, N] read through byte strides in any float dtype,
-// C f32 row-major. Cache-blocked with packed panels (the packing step absorbs strides, transposes and dtypes)
-// and a register-blocked micro-kernel; AVX2+FMA when the CPU has it, a portable one otherwise.
+// The CPU GEMM behind matmul: C = A B with A [M, K] and B [K, N] read through byte strides in any float
+// dtype, C f32 row-major. Cache-blocked with packed panels (the packing step absorbs strides, transposes and
+// dtypes) and a register-blocked micro-kernel; AVX2+FMA when the CPU has it, a portable one otherwise.
 // Private to src/ops (and the tests); the op itself is matmul() in ops.h.
 #pragma once
 #include <cstdint>
