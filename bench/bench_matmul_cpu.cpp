@@ -27,8 +27,8 @@ struct Options {
   int threads = 2;
   int64_t m = 1024, n = 1024, k = 1024;
   int warmup = 3;
-  int reps = 15;
-  int rounds = 2;
+  int reps = 10;
+  int rounds = 3;
 };
 
 void usage(const char* prog) {
@@ -45,9 +45,9 @@ void usage(const char* prog) {
       "  --threads N   threads for both libraries (default 2)\n"
       "  --size S      M = N = K = S (default 1024)\n"
       "  --mnk M N K   a rectangular problem\n"
-      "  --reps R      timed runs per round (default 15)\n"
+      "  --reps R      timed runs per round (default 10)\n"
       "  --warmup W    untimed runs per round (default 3)\n"
-      "  --rounds X    alternating rounds (default 2)\n",
+      "  --rounds X    alternating rounds (default 3)\n",
       prog);
 }
 
@@ -88,6 +88,16 @@ bool parse(int argc, char** argv, Options& o) {
     return false;
   }
   return true;
+}
+
+// The 1-minute load average: other processes on the machine skew a wall-clock benchmark, so it is printed.
+double load_average() {
+  double l = -1;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
+    std::fclose(f);
+  }
+  return l;
 }
 
 double median(std::vector<double> v) {
@@ -150,6 +160,7 @@ int main(int argc, char** argv) {
 #endif
 
   std::vector<double> t_retort, t_blas;
+  const double load_before = load_average();
   for (int r = 0; r < o.rounds; ++r) {
     time_runs([&] { graph.compute(); }, o.warmup, o.reps, t_retort);
 #ifdef RETORT_HAVE_OPENBLAS
@@ -160,13 +171,17 @@ int main(int argc, char** argv) {
 #endif
   }
 
+  std::printf("load average %.2f before, %.2f after (a busy machine skews both figures)\n", load_before,
+              load_average());
   const double g_retort = flops / median(t_retort) * 1e-9;
-  std::printf("retort   : %8.2f GFLOP/s  (median %.3f ms over %zu runs)\n", g_retort, median(t_retort) * 1e3,
-              t_retort.size());
+  std::printf("retort   : %8.2f GFLOP/s  (median %.3f ms over %zu runs; best %.2f GFLOP/s)\n", g_retort,
+              median(t_retort) * 1e3, t_retort.size(),
+              flops / *std::min_element(t_retort.begin(), t_retort.end()) * 1e-9);
 #ifdef RETORT_HAVE_OPENBLAS
   const double g_blas = flops / median(t_blas) * 1e-9;
-  std::printf("OpenBLAS : %8.2f GFLOP/s  (median %.3f ms over %zu runs)\n", g_blas, median(t_blas) * 1e3,
-              t_blas.size());
+  std::printf("OpenBLAS : %8.2f GFLOP/s  (median %.3f ms over %zu runs; best %.2f GFLOP/s)\n", g_blas,
+              median(t_blas) * 1e3, t_blas.size(),
+              flops / *std::min_element(t_blas.begin(), t_blas.end()) * 1e-9);
   // The two results must agree, or the timing means nothing.
   std::vector<float> mine = get_data(c);
   double num = 0, den = 0;

@@ -186,6 +186,7 @@ __attribute__((target("avx2,fma"))) void ukernel_avx2(int64_t kc, const float* a
   __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
   // Warm the C tile while the loop runs, so the final load/store does not stall on memory.
   for (int i = 0; i < kMR; ++i) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+#pragma GCC unroll 4
   for (int64_t k = 0; k < kc; ++k) {
     const __m256 b0 = _mm256_load_ps(b);
     const __m256 b1 = _mm256_load_ps(b + 8);
