@@ -5,9 +5,14 @@
 // ever sees contiguous, aligned f32 panels.
 #include "matmul_kernel.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#define RETORT_GEMM_X86 1
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -31,6 +36,38 @@ constexpr int64_t kMC = 168;
 constexpr int64_t kNC = 3072;
 // Below this many flops per thread, waking another thread costs more than it saves.
 constexpr double kMinFlopsPerThread = 4.0e6;
+
+// A barrier for the threads of one GEMM, which are all running: spinning keeps them on their cores between
+// blocks (a sleeping thread takes a scheduler round trip to wake), and yielding after a while keeps a
+// descheduled partner from being starved by the spinner on a busy machine.
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(int n) : n_(n) {}
+  void wait() {
+    const int gen = generation_.load(std::memory_order_acquire);
+    if (count_.fetch_add(1, std::memory_order_acq_rel) == n_ - 1) {
+      count_.store(0, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; generation_.load(std::memory_order_acquire) == gen; ++spins) {
+      if (spins < 20000)
+        cpu_relax();
+      else
+        std::this_thread::yield();
+    }
+  }
+
+ private:
+  static void cpu_relax() {
+#ifdef RETORT_GEMM_X86
+    _mm_pause();
+#endif
+  }
+  const int n_;
+  std::atomic<int> count_{0};
+  std::atomic<int> generation_{0};
+};
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -165,6 +202,7 @@ void ukernel_portable(int64_t kc, const float* a, const float* b, float* c, int6
     for (int j = 0; j < kNR; ++j) c[i * ldc + j] = (accumulate ? c[i * ldc + j] : 0.0f) + acc[i][j];
 }
 
+#ifdef RETORT_GEMM_X86
 // (A lambda would not inherit the target attribute, hence a helper.)
 __attribute__((target("avx2,fma"), always_inline)) inline void store_row_avx2(float* r, __m256 lo, __m256 hi,
                                                                               bool accumulate) {
@@ -218,6 +256,7 @@ __attribute__((target("avx2,fma"))) void ukernel_avx2(int64_t kc, const float* a
   store_row_avx2(c + 4 * ldc, c40, c41, accumulate);
   store_row_avx2(c + 5 * ldc, c50, c51, accumulate);
 }
+#endif
 
 // One packed A block (mc rows) times the packed B panels [jp0, jp1) of a block nc columns wide, into C.
 void macro_kernel(MicroKernel uk, int64_t mc, int64_t nc, int64_t kc, int64_t jp0, int64_t jp1,
@@ -243,11 +282,23 @@ void macro_kernel(MicroKernel uk, int64_t mc, int64_t nc, int64_t kc, int64_t jp
 }
 
 bool cpu_has_avx2_fma() {
+#ifdef RETORT_GEMM_X86
   static const bool has = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   }();
   return has;
+#else
+  return false;
+#endif
+}
+
+MicroKernel avx2_kernel() {
+#ifdef RETORT_GEMM_X86
+  return ukernel_avx2;
+#else
+  return ukernel_portable;  // unreachable: kernel_available(Avx2) is false off x86
+#endif
 }
 
 }  // namespace
@@ -266,7 +317,7 @@ void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, 
            ThreadPool* pool, Kernel kernel) {
   RT_ASSERT(m > 0 && n > 0 && k > 0);
   RT_ASSERT(kernel_available(kernel));
-  const MicroKernel uk = kernel == Kernel::Avx2 ? ukernel_avx2 : ukernel_portable;
+  const MicroKernel uk = kernel == Kernel::Avx2 ? avx2_kernel() : ukernel_portable;
 
   int threads = 1;
   if (pool && pool->size() > 1) {
@@ -280,55 +331,62 @@ void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, 
 
   const int64_t kc_max = balanced_block(k, kKC, 1);
   const int64_t nc_max = balanced_block(n, kNC, kNR);
-  AlignedFloats bbuf = alloc_floats(round_up(nc_max, kNR) * kc_max);
+  const int64_t b_floats = round_up(nc_max, kNR) * kc_max;
+  // Split rows share each packed B block; two buffers let a thread pack the next block while a slower one
+  // still reads the current block, so one barrier per block suffices.
+  AlignedFloats bbufs[2] = {alloc_floats(b_floats), alloc_floats(split_rows && threads > 1 ? b_floats : 1)};
   std::vector<AlignedFloats> abufs;
   for (int t = 0; t < threads; ++t) abufs.push_back(alloc_floats(round_up(std::min(m, kMC), kMR) * kc_max));
+  SpinBarrier barrier(threads);
 
-  for (int64_t jc = 0; jc < n; jc += nc_max) {
-    const int64_t nc = std::min(nc_max, n - jc);
-    const int64_t n_panels = ceil_div(nc, kNR);
-    for (int64_t pc = 0; pc < k; pc += kc_max) {
-      const int64_t kc = std::min(kc_max, k - pc);
-      const bool accumulate = pc > 0;
-      float* bp = bbuf.get();
-
-      // Thread t's share of the block: rows [m0, m1) and B panels [jp0, jp1).
-      auto work = [&](int t, bool pack_own_b) {
-        int64_t m0 = 0, m1 = m, jp0 = 0, jp1 = n_panels;
+  // Everything thread t of nthreads does. One parallel region per GEMM: waking the pool's threads per block
+  // costs tens of microseconds each, and far more when the machine is busy.
+  auto run = [&](int t, int nthreads) {
+    float* ap = abufs[size_t(t)].get();
+    int step = 0;
+    for (int64_t jc = 0; jc < n; jc += nc_max) {
+      const int64_t nc = std::min(nc_max, n - jc);
+      const int64_t n_panels = ceil_div(nc, kNR);
+      for (int64_t pc = 0; pc < k; pc += kc_max, ++step) {
+        const int64_t kc = std::min(kc_max, k - pc);
+        // This thread's share: rows [m0, m1) and B panels [jp0, jp1); with split rows it packs panels
+        // [pp0, pp1) of the block for everyone.
+        int64_t m0 = 0, m1 = m, jp0 = 0, jp1 = n_panels, pp0, pp1;
+        float* bp = bbufs[nthreads > 1 && split_rows ? step % 2 : 0].get();
         if (split_rows) {
-          m0 = std::min(m, m_panels * t / threads * kMR);
-          m1 = std::min(m, m_panels * (t + 1) / threads * kMR);
+          m0 = std::min(m, m_panels * t / nthreads * kMR);
+          m1 = std::min(m, m_panels * (t + 1) / nthreads * kMR);
+          pp0 = n_panels * t / nthreads;
+          pp1 = n_panels * (t + 1) / nthreads;
         } else {
-          jp0 = n_panels * t / threads;
-          jp1 = n_panels * (t + 1) / threads;
+          jp0 = pp0 = n_panels * t / nthreads;
+          jp1 = pp1 = n_panels * (t + 1) / nthreads;
         }
-        if (m0 >= m1 || jp0 >= jp1) return;
-        if (pack_own_b) pack_b(b, jc, nc, pc, kc, jp0, jp1, bp);
+        pack_b(b, jc, nc, pc, kc, pp0, pp1, bp);
+        if (split_rows && nthreads > 1) barrier.wait();  // the whole B block is packed
+        if (m0 >= m1 || jp0 >= jp1) continue;
         const int64_t mc_max = balanced_block(m1 - m0, kMC, kMR);
-        float* ap = abufs[size_t(t)].get();
         for (int64_t ic = m0; ic < m1; ic += mc_max) {
           const int64_t mc = std::min(mc_max, m1 - ic);
           pack_a(a, ic, mc, pc, kc, ap);
-          macro_kernel(uk, mc, nc, kc, jp0, jp1, ap, bp, c + ic * ldc + jc, ldc, accumulate);
+          macro_kernel(uk, mc, nc, kc, jp0, jp1, ap, bp, c + ic * ldc + jc, ldc, pc > 0);
         }
-      };
-
-      if (threads == 1) {
-        pack_b(b, jc, nc, pc, kc, 0, n_panels, bp);
-        work(0, false);
-      } else if (split_rows) {
-        // Every thread reads all of the B block, so it is packed (in parallel) before anyone computes.
-        pool->parallel_for(n_panels, [&](int64_t p0, int64_t p1) { pack_b(b, jc, nc, pc, kc, p0, p1, bp); });
-        pool->parallel_for(threads, [&](int64_t t0, int64_t t1) {
-          for (int64_t t = t0; t < t1; ++t) work(int(t), false);
-        });
-      } else {
-        pool->parallel_for(threads, [&](int64_t t0, int64_t t1) {
-          for (int64_t t = t0; t < t1; ++t) work(int(t), true);
-        });
       }
     }
+  };
+
+  if (threads == 1) {
+    run(0, 1);
+    return;
   }
+  pool->parallel_for(threads, [&](int64_t t0, int64_t t1) {
+    // parallel_for gives each of `threads` shares one index, unless it runs the whole range inline (a nested
+    // call): then this thread does everything alone.
+    if (t1 - t0 == 1)
+      run(int(t0), threads);
+    else
+      run(0, 1);
+  });
 }
 
 }  // namespace retort::gemm
