@@ -139,10 +139,11 @@ double clip_grad_norm(const Graph& graph, double max_norm) {
 
 float cosine_lr(int64_t step, int64_t warmup, int64_t total, float lr_max, float lr_min) {
   RT_CHECK(step >= 0, "cosine_lr: step = ", step, " must be >= 0");
-  RT_CHECK(warmup >= 0 && total >= 1 && warmup <= total, "cosine_lr: need 0 <= warmup <= total and total >= 1, ",
-           "got warmup = ", warmup, ", total = ", total);
-  RT_CHECK(lr_min >= 0 && lr_max >= lr_min && std::isfinite(lr_max), "cosine_lr: need 0 <= lr_min <= lr_max, ",
-           "got lr_min = ", lr_min, ", lr_max = ", lr_max);
+  RT_CHECK(warmup >= 0 && total >= 1 && warmup <= total,
+           "cosine_lr: need 0 <= warmup <= total and total >= 1, ", "got warmup = ", warmup,
+           ", total = ", total);
+  RT_CHECK(lr_min >= 0 && lr_max >= lr_min && std::isfinite(lr_max),
+           "cosine_lr: need 0 <= lr_min <= lr_max, ", "got lr_min = ", lr_min, ", lr_max = ", lr_max);
   if (step < warmup) return float(double(lr_max) * double(step) / double(warmup));
   if (step >= total) return lr_min;
   const double progress = double(step - warmup) / double(total - warmup);

@@ -17,7 +17,8 @@ struct AdamWConfig {
 class AdamW {
  public:
   // Throws retort::Error on a bad option (lr < 0, betas outside [0, 1), eps <= 0, weight_decay < 0, NaN), on
-  // an empty list, and on a tensor that is not a contiguous float parameter (Context::param) or is listed twice.
+  // an empty list, and on a tensor that is not a contiguous float parameter (Context::param) or is listed
+  // twice.
   AdamW(const std::vector<Tensor*>& params, const AdamWConfig& config);
   // One update of every parameter from graph.grad(p). lr < 0 means config.lr. A parameter with no gradient
   // in graph (it does not reach the loss) is left unchanged, as in PyTorch; the step count advances once.

@@ -151,8 +151,10 @@ void cpu_concat(Tensor* t, ThreadPool& pool) {
       cpu::load_row(a, ra, buf);
       cpu::load_row(b, ra, buf + a->ne[0]);
     } else {
-      const Tensor* s = i[dim] < a->ne[dim] ? a : b;
-      if (s == b) i[dim] -= a->ne[dim];
+      // Decide by index, not by comparing pointers: concat(x, x) has a == b.
+      const bool from_b = i[dim] >= a->ne[dim];
+      const Tensor* s = from_b ? b : a;
+      if (from_b) i[dim] -= a->ne[dim];
       cpu::load_row(s, static_cast<const char*>(s->ptr(0, i[1], i[2], i[3])), buf);
     }
     cpu::store_row(t, r, buf);
