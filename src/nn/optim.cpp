@@ -29,8 +29,8 @@ void check_params(const std::vector<Tensor*>& params, const char* who) {
              " must be a contiguous float tensor");
     RT_CHECK(seen.insert(p).second, who, ": parameter ", p->describe(), " is listed twice");
     Backend* b = &p->backend();
-    RT_CHECK(!backend || b == backend, who, ": parameter ", p->describe(), " lives on backend ", b->name(),
-             " but parameter 0 lives on ", backend->name(), "; one optimizer updates one backend");
+    RT_CHECK(!backend || b == backend, who, ": parameter ", p->describe(), " is on another ", b->name(),
+             " backend than parameter 0; one optimizer updates the parameters of one backend");
     backend = b;
   }
 }
