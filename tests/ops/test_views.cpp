@@ -369,6 +369,27 @@ TEST(ViewOps, ConcatWithItselfAlongEveryDim) {
   }
 }
 
+TEST(ViewOps, ConcatOfLargeIntegersIsExact) {
+  for (DType dt : {DType::I32, DType::I64})
+    for (int dim = 0; dim < 2; ++dim) {
+      Context ctx(default_cpu_backend());
+      Tensor* a = ctx.input(dt, {2, 2}, "a");
+      Tensor* b = ctx.input(dt, {2, 2}, "b");
+      const int64_t big = dt == DType::I64 ? (int64_t(1) << 40) : (int64_t(1) << 30);
+      set_data_int(a, {big + 1, -big - 3, 16777217, 5});
+      set_data_int(b, {7, big + 11, -16777219, big - 1});
+      Tensor* c = concat(ctx, a, transpose(ctx, b), dim);
+      c->flags |= kOutput;
+      Graph g(ctx);
+      g.forward(c);
+      g.compute();
+      std::vector<int64_t> want =
+          dim == 0 ? std::vector<int64_t>{big + 1, -big - 3, 7, -16777219, 16777217, 5, big + 11, big - 1}
+                   : std::vector<int64_t>{big + 1, -big - 3, 16777217, 5, 7, -16777219, big + 11, big - 1};
+      EXPECT_EQ(get_data_int(c), want) << dtype_name(dt) << " dim " << dim;
+    }
+}
+
 // ---- fill -------------------------------------------------------------------------------------------------
 
 TEST(ViewOps, FillEveryDType) {
