@@ -236,7 +236,9 @@ __device__ __forceinline__ MaxSum block_maxsum(MaxSum v, MaxSum* sh) {
 // -----------------------------------------------------------------------------------------
 inline constexpr int kBlock = 256;
 
-// Threads per block for a kernel that gives one block to each row of n elements.
+// Threads per block for a kernel that gives one block to each row of n elements. Such kernels (and every
+// kernel launched with 1024 threads) are declared __launch_bounds__(1024), so the compiler keeps their
+// register use low enough for the largest block.
 inline int row_block(int64_t n) {
   if (n >= 8192) return 1024;
   if (n >= 2048) return 512;

@@ -65,8 +65,8 @@ __global__ void row_keys_kernel(TDesc out, TDesc grad, TDesc ids, DeviceError* e
 }
 
 // One block per segment of equal keys: sums the gradient rows of the segment in ascending position order.
-__global__ void segment_sum_kernel(TDesc out, TDesc grad, const uint32_t* keys, const int32_t* pos,
-                                   uint32_t sentinel, int64_t n) {
+__global__ __launch_bounds__(1024) void segment_sum_kernel(TDesc out, TDesc grad, const uint32_t* keys,
+                                                           const int32_t* pos, uint32_t sentinel, int64_t n) {
   const int64_t D = out.ne[0];
   for (int64_t b = blockIdx.x; b < n; b += gridDim.x) {
     const uint32_t key = keys[b];

@@ -31,8 +31,8 @@ __device__ __forceinline__ long long checked_label(const TDesc& labels, int64_t 
 }
 
 // Per row: loss[r] = (m - x[y]) + log(sum exp(x - m)) and valid[r] = 1, or 0 and 0 for an ignored row.
-__global__ void ce_rows_kernel(TDesc logits, TDesc labels, long long ignore, DeviceError* err, float* loss,
-                               float* valid) {
+__global__ __launch_bounds__(1024) void ce_rows_kernel(TDesc logits, TDesc labels, long long ignore,
+                                                       DeviceError* err, float* loss, float* valid) {
   __shared__ MaxSum sh[32];
   const int64_t rows = nrows(logits), V = logits.ne[0];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -55,7 +55,8 @@ __global__ void ce_rows_kernel(TDesc logits, TDesc labels, long long ignore, Dev
 }
 
 // One block: the mean of the valid rows' losses (0 when none is valid).
-__global__ void ce_mean_kernel(TDesc out, const float* loss, const float* valid, int64_t rows) {
+__global__ __launch_bounds__(1024) void ce_mean_kernel(TDesc out, const float* loss, const float* valid,
+                                                       int64_t rows) {
   __shared__ double sh[32];
   double s = 0.0, c = 0.0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
@@ -68,8 +69,8 @@ __global__ void ce_mean_kernel(TDesc out, const float* loss, const float* valid,
 }
 
 // One block: coef = grad / (number of valid rows), or 0 when none is valid.
-__global__ void ce_coef_kernel(TDesc labels, TDesc grad, long long ignore, int64_t V, int64_t rows,
-                               DeviceError* err, float* coef) {
+__global__ __launch_bounds__(1024) void ce_coef_kernel(TDesc labels, TDesc grad, long long ignore, int64_t V,
+                                                       int64_t rows, DeviceError* err, float* coef) {
   __shared__ double sh[32];
   double c = 0.0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x)
@@ -79,7 +80,8 @@ __global__ void ce_coef_kernel(TDesc labels, TDesc grad, long long ignore, int64
 }
 
 // d/dlogits = (softmax(row) - onehot(label)) * coef for valid rows, 0 for ignored (or bad) ones.
-__global__ void ce_back_kernel(TDesc out, TDesc logits, TDesc labels, long long ignore, const float* coef_p) {
+__global__ __launch_bounds__(1024) void ce_back_kernel(TDesc out, TDesc logits, TDesc labels,
+                                                       long long ignore, const float* coef_p) {
   __shared__ MaxSum sh[32];
   const int64_t rows = nrows(logits), V = logits.ne[0];
   const float coef = *coef_p;

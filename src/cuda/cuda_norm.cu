@@ -16,7 +16,7 @@ __device__ __forceinline__ float row_sum(const char* p, const TDesc& t, float* s
 }
 
 // y = x / sqrt(mean(x^2) + eps)
-__global__ void rms_norm_kernel(TDesc out, TDesc x, float eps) {
+__global__ __launch_bounds__(1024) void rms_norm_kernel(TDesc out, TDesc x, float eps) {
   __shared__ float sh[32];
   const int64_t rows = nrows(x), n = x.ne[0];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -35,7 +35,7 @@ __global__ void rms_norm_kernel(TDesc out, TDesc x, float eps) {
 }
 
 // dx = r g - r^3 x mean(g x), r = 1 / sqrt(mean(x^2) + eps)
-__global__ void rms_norm_back_kernel(TDesc out, TDesc g, TDesc x, float eps) {
+__global__ __launch_bounds__(1024) void rms_norm_back_kernel(TDesc out, TDesc g, TDesc x, float eps) {
   __shared__ float sh[32];
   const int64_t rows = nrows(out), n = out.ne[0];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -74,7 +74,7 @@ __device__ __forceinline__ void row_moments(const char* xp, const TDesc& x, floa
   inv = 1.0f / sqrtf(ss / float(n) + eps);
 }
 
-__global__ void layer_norm_kernel(TDesc out, TDesc x, float eps) {
+__global__ __launch_bounds__(1024) void layer_norm_kernel(TDesc out, TDesc x, float eps) {
   __shared__ float sh[32];
   const int64_t rows = nrows(x), n = x.ne[0];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -88,7 +88,7 @@ __global__ void layer_norm_kernel(TDesc out, TDesc x, float eps) {
 }
 
 // With xh = (x - mean) r: dx = r (g - mean(g) - xh mean(g xh)).
-__global__ void layer_norm_back_kernel(TDesc out, TDesc g, TDesc x, float eps) {
+__global__ __launch_bounds__(1024) void layer_norm_back_kernel(TDesc out, TDesc g, TDesc x, float eps) {
   __shared__ float sh[32];
   const int64_t rows = nrows(out), n = out.ne[0];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -116,8 +116,8 @@ __global__ void layer_norm_back_kernel(TDesc out, TDesc g, TDesc x, float eps) {
 
 // Rope: x [B, T, heads, d] (ne0 = d, ne1 = heads, ne2 = T, ne3 = B), positions i32 [T]. One thread per pair:
 // pair i of (head, step, batch) is (2i, 2i + 1) in Normal mode and (i, i + d/2) in Neox mode, rotated by
-// p * theta^(-2i/d) (negated when inverse). Like the CPU, the angle is an f32 product of the f32 position and
-// frequency, and its cos / sin are taken in double, so large angles lose no further bits.
+// p * theta^(-2i/d) (negated when inverse). Like the CPU, the angle and its cos / sin are computed in double:
+// angles reach thousands of radians, where an f32 angle would already be off by 1e-4.
 __global__ void rope_kernel(TDesc out, TDesc x, TDesc pos, bool neox, bool inverse, double theta, int64_t n) {
   const int64_t d = x.ne[0], half = d / 2;
   RT_GRID_LOOP(k, n) {
@@ -126,10 +126,9 @@ __global__ void rope_kernel(TDesc out, TDesc x, TDesc pos, bool neox, bool inver
     const int64_t head = r % x.ne[1], q = r / x.ne[1];
     const int64_t step = q % x.ne[2], batch = q / x.ne[2];
     const double p = double(load_i(pos.data + step * pos.nb[0], pos.dtype));
-    const float freq = float(pow(theta, -2.0 * double(i) / double(d)));
-    const float a = float(inverse ? -p : p) * freq;
+    const double a = (inverse ? -p : p) * pow(theta, -2.0 * double(i) / double(d));
     double sd, cd;
-    sincos(double(a), &sd, &cd);
+    sincos(a, &sd, &cd);
     const float c = float(cd), s = float(sd);
     const int64_t j0 = neox ? i : 2 * i, j1 = neox ? i + half : 2 * i + 1;
     const int64_t c_in[4] = {0, head, step, batch};

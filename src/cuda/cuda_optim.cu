@@ -50,7 +50,7 @@ __global__ void sum_squares_stage1(const float* x, int64_t n, double* part) {
   if (threadIdx.x == 0) part[blockIdx.x] = acc;
 }
 
-__global__ void sum_squares_stage2(const double* part, int nparts, double* out) {
+__global__ __launch_bounds__(1024) void sum_squares_stage2(const double* part, int nparts, double* out) {
   __shared__ double sh[32];
   double acc = 0.0;
   for (int i = threadIdx.x; i < nparts; i += blockDim.x) acc += part[i];

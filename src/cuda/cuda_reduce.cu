@@ -21,7 +21,7 @@ __device__ __forceinline__ float block_finish(int kind, float acc, float* sh) {
 }
 
 // One block per row of x; out has one element per row.
-__global__ void row_reduce_kernel(TDesc out, TDesc x, int kind) {
+__global__ __launch_bounds__(1024) void row_reduce_kernel(TDesc out, TDesc x, int kind) {
   __shared__ float sh[32];
   const int64_t rows = nrows(x), n = x.ne[0];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -50,7 +50,8 @@ __global__ void all_reduce_stage1(TDesc x, int kind, float* part) {
 }
 
 // Stage 2: one block folds the partials and writes the single result.
-__global__ void all_reduce_stage2(TDesc out, const float* part, int nparts, int kind, int64_t n) {
+__global__ __launch_bounds__(1024) void all_reduce_stage2(TDesc out, const float* part, int nparts, int kind,
+                                                          int64_t n) {
   __shared__ float sh[32];
   float acc = kind == kMax ? -INFINITY : 0.0f;
   for (int i = threadIdx.x; i < nparts; i += blockDim.x) acc = reduce_step(kind, acc, part[i]);
@@ -110,7 +111,7 @@ __global__ void reduce_to_warp_kernel(TDesc out, TDesc x, ReduceShape s, int64_t
 }
 
 // max_back over rows: the row's gradient goes to the first element equal to the row's max.
-__global__ void max_back_rows_kernel(TDesc out, TDesc g, TDesc x, TDesc y) {
+__global__ __launch_bounds__(1024) void max_back_rows_kernel(TDesc out, TDesc g, TDesc x, TDesc y) {
   __shared__ long long sh[32];
   const int64_t rows = nrows(x), n = x.ne[0];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {

@@ -11,7 +11,8 @@ enum SoftmaxMode : int { kSoftmax = 0, kLogSoftmax = 1, kCausal = 2 };
 
 // Causal mode: x is [.., T_q, T_k] with rows = queries; row r's query index is r mod ne1 and it sees keys
 // j <= i + n_past. The input is scaled by `scale` first; hidden keys get probability 0.
-__global__ void softmax_kernel(TDesc out, TDesc x, int mode, float scale, int64_t n_past) {
+__global__ __launch_bounds__(1024) void softmax_kernel(TDesc out, TDesc x, int mode, float scale,
+                                                       int64_t n_past) {
   __shared__ MaxSum sh[32];
   const int64_t rows = nrows(x), n = x.ne[0];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -43,7 +44,7 @@ __global__ void softmax_kernel(TDesc out, TDesc x, int mode, float scale, int64_
 }
 
 // softmax_back: dx = y * (g - sum(g * y)). log_softmax_back: dx = g - exp(y) * sum(g).
-__global__ void softmax_back_kernel(TDesc out, TDesc g, TDesc y, bool log_mode) {
+__global__ __launch_bounds__(1024) void softmax_back_kernel(TDesc out, TDesc g, TDesc y, bool log_mode) {
   __shared__ float sh[32];
   const int64_t rows = nrows(out), n = out.ne[0];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {

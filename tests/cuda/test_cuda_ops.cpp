@@ -441,10 +441,7 @@ TEST_F(CudaOps, RopeMatchesFloat64AndFiniteDifferences) {
         for (int64_t t = 0; t < x.ne[2]; ++t)
           for (int64_t h = 0; h < x.ne[1]; ++h)
             for (int64_t i = 0; i < half; ++i) {
-              // The engine forms the angle as an f32 product (see cuda_norm.cu); mirror it, then go to
-              // double.
-              const float fr = float(std::pow(10000.0, -2.0 * double(i) / double(d)));
-              const double a = double(float(in[1].v[size_t(t)]) * fr);
+              const double a = in[1].v[size_t(t)] * std::pow(10000.0, -2.0 * double(i) / double(d));
               const int64_t j = neox ? i : 2 * i, k = neox ? i + half : 2 * i + 1;
               const double x0 = x.at(j, h, t, b), x1 = x.at(k, h, t, b);
               out.at(j, h, t, b) = x0 * std::cos(a) - x1 * std::sin(a);
