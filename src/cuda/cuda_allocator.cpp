@@ -56,13 +56,17 @@ CudaAllocator::~CudaAllocator() {
 void CudaAllocator::free_cached_locked() {
   if (free_.empty()) return;
   DeviceScope scope(device_);
-  // cudaFree synchronizes the device, so no queued work still uses these blocks.
-  for (auto& [size, p] : free_) {
-    RT_CUDA_CHECK(cudaFree(p));
+  // cudaFree synchronizes the device, so no queued work still uses these blocks. Each entry leaves the list
+  // before it is freed, so a failure part-way never frees a block twice.
+  while (!free_.empty()) {
+    auto it = free_.begin();
+    const size_t size = it->first;
+    void* p = it->second;
+    free_.erase(it);
     st_.bytes_cached -= size;
     st_.bytes_reserved -= size;
+    RT_CUDA_CHECK(cudaFree(p));
   }
-  free_.clear();
 }
 
 void* CudaAllocator::allocate(size_t bytes, size_t* block_bytes) {
