@@ -142,7 +142,7 @@ TEST_F(CudaVsCpu, IndexingRopeCrossEntropyAndStructure) {
     {  // cross-entropy over a vocabulary that is not a multiple of any block size, through a strided view
       CompareCase c;
       c.name = "cmp_ce" + std::to_string(k++);
-      c.inputs = {{Shape{2, 7, 1013}, dt, true, -6, 6}, {Shape{2, 7}, DType::I32, false, 0, 1013}};
+      c.inputs = {{Shape{2, 7, 1013}, dt, true, -6, 6}, {Shape{2, 7}, DType::I32, false, 0, 1001}};
       c.build = [](Context& ctx, const std::vector<Tensor*>& in) {
         return cross_entropy(ctx, slice(ctx, in[0], 0, 0, 1001), in[1], 17);
       };
