@@ -12,3 +12,4 @@
 #include "cuda/cuda_backend.h"
 #include "nn/optim.h"
 #include "ops/ops.h"
+#include "ops/loss/losses.h"
