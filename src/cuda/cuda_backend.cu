@@ -156,6 +156,8 @@ class CudaBackend final : public Backend {
 
   void run(Tensor* node) override {
     if (node->op == Op::None || node->op == Op::View || node->op == Op::AuxOutput) return;
+    RT_CHECK(size_t(node->op) < size_t(kOpCount), "cuda backend: node ", node->describe(), " has unknown op ",
+             int(node->op));
     CudaLauncher f = launcher_table()[size_t(node->op)];
     RT_CHECK(f != nullptr, "cuda backend: op ", op_name(node->op), " (node ", node->describe(),
              ") has no CUDA kernel");
