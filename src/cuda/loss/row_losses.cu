@@ -23,7 +23,14 @@ namespace {
 using namespace rowk;
 
 constexpr int kThreads = 512;
-constexpr int kClusterThreads = 1024;
+// Threads per cluster CTA: 1024 (one CTA per SM) or 512 (two per SM, so one streams while the other computes).
+int cluster_threads() {
+  static int v = [] {
+    const char* e = std::getenv("RETORT_CLUSTER_THREADS");
+    return e && std::atoi(e) == 512 ? 512 : 1024;
+  }();
+  return v;
+}
 // Shared memory for one row segment of a cluster CTA (it holds two: RETORT_SEGMENT_KB overrides, for tuning).
 int64_t segment_bytes() {
   static int64_t v = [] {
@@ -118,8 +125,8 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 constexpr int kMaxBuffers = 3;
 
-template <class P, typename T, typename G>
-__global__ void __launch_bounds__(kClusterThreads) rows_cluster_kernel(RowBlock b, P p, int64_t seg, int nbuf,
+template <class P, typename T, typename G, int kCT>
+__global__ void __launch_bounds__(kCT) rows_cluster_kernel(RowBlock b, P p, int64_t seg, int nbuf,
                                                                       bool gvec) {
 #ifdef RT_HAS_CLUSTERS
   extern __shared__ uint4 dyn_smem[];
@@ -554,9 +561,10 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       // Segments are whole 8-element vectors so every CTA's slice stays 16-byte aligned.
       const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
       // Three buffers when they fit (two rows streaming in while one is used), else two.
-      const int nbuf = 3 * seg * int64_t(sizeof(T)) <= kSmemBudget ? 3 : 2;
+      const int64_t budget = kSmemBudget * cluster_threads() / 1024;  // two 512-thread CTAs share an SM
+      const int nbuf = 3 * seg * int64_t(sizeof(T)) <= budget ? 3 : 2;
       const size_t smem = size_t(nbuf) * size_t(seg) * sizeof(T);
-      auto kernel = rows_cluster_kernel<P, T, G>;
+      auto kernel = cluster_threads() == 512 ? rows_cluster_kernel<P, T, G, 512> : rows_cluster_kernel<P, T, G, 1024>;
       check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
             "cudaFuncSetAttribute(max dynamic shared memory)");
       cudaLaunchConfig_t cfg = {};
@@ -565,7 +573,7 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       attr[0].val.clusterDim.x = cs;
       attr[0].val.clusterDim.y = 1;
       attr[0].val.clusterDim.z = 1;
-      cfg.blockDim = dim3(kClusterThreads);
+      cfg.blockDim = dim3(cluster_threads());
       cfg.dynamicSmemBytes = smem;
       cfg.stream = s;
       cfg.attrs = attr;
@@ -576,8 +584,8 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       clusters = int(std::max<int64_t>(1, std::min<int64_t>(b.rows, clusters > 0 ? clusters : sms / cs)));
       cfg.gridDim = dim3(clusters * cs);
       if (std::getenv("RETORT_ROWLOSS_DEBUG"))
-        std::fprintf(stderr, "%s: cluster path, %d CTAs per row, segment %lld elements, %d buffers, %d clusters\n",
-                     what, cs, (long long)seg, nbuf, clusters);
+        std::fprintf(stderr, "%s: cluster path, %d CTAs per row, segment %lld elements, %d buffers, %d clusters, %d threads\n",
+                     what, cs, (long long)seg, nbuf, clusters, cluster_threads());
       int64_t seg_arg = seg;
       int nbuf_arg = nbuf;
       bool gvec_arg = gvec;
