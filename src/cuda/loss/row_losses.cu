@@ -35,7 +35,7 @@ int cluster_threads() {
 int64_t segment_bytes() {
   static int64_t v = [] {
     const char* e = std::getenv("RETORT_SEGMENT_KB");
-    int64_t kb = e ? std::atoll(e) : 72;
+    int64_t kb = e ? std::atoll(e) : 100;
     return std::max<int64_t>(16, std::min<int64_t>(kb, 110)) * 1024;
   }();
   return v;
