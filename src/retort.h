@@ -11,4 +11,5 @@
 #include "core/tensor.h"
 #include "cuda/cuda_backend.h"
 #include "nn/optim.h"
+#include "nn/transformer.h"
 #include "ops/ops.h"
