@@ -115,23 +115,26 @@ def pytest_tally(path):
 
 
 def list_skips(path):
+    """Prints the skipped cases grouped by reason: one line per reason, with the suites it covers."""
     root = read_junit(path)
     if root is None:
         return
-    skips = []
-    for s in root.iter("testsuite"):
-        for c in s.findall("testcase"):
-            sk = c.find("skipped")
-            if sk is not None:
-                why = (sk.get("message") or sk.text or "").strip().splitlines()
-                why = why[-1] if why else "no reason given"
-                skips.append(f"  skipped {c.get('classname')}.{c.get('name')}: {why}")
-    if skips:
-        print(f"{len(skips)} test case(s) skipped:")
-        for line in skips[:20]:
-            print(line[:200])
-        if len(skips) > 20:
-            print(f"  ... and {len(skips) - 20} more")
+    by_reason = {}
+    for c in root.iter("testcase"):
+        sk = c.find("skipped")
+        if sk is None:
+            continue
+        why = (sk.get("message") or sk.text or "").strip().splitlines()
+        why = why[-1].strip() if why else "no reason given"
+        by_reason.setdefault(why, []).append(f"{c.get('classname')}.{c.get('name')}")
+    total = sum(len(v) for v in by_reason.values())
+    if not total:
+        return
+    print(f"{total} test case(s) skipped:")
+    for why, cases in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        suites = sorted({n.split(".")[0] for n in cases})
+        names = ", ".join(suites[:6]) + (f", ... ({len(suites)} suites)" if len(suites) > 6 else "")
+        print(f"  {len(cases)} in {names}: {why[:160]}")
 
 
 def main():
