@@ -11,5 +11,6 @@
 #include "core/tensor.h"
 #include "cuda/cuda_backend.h"
 #include "nn/optim.h"
+#include "nn/transformer.h"
 #include "ops/ops.h"
 #include "ops/loss/losses.h"
