@@ -16,5 +16,6 @@
 #include "io/tokenizer.h"
 #include "io/topk_cache.h"
 #include "nn/optim.h"
+#include "nn/transformer.h"
 #include "ops/ops.h"
 #include "ops/loss/losses.h"
