@@ -90,9 +90,8 @@ std::string expect_error(const std::function<void()>& fn, const std::vector<std:
 namespace {
 
 std::vector<std::string> data_roots() {
-  std::vector<std::string> roots;
-  if (const char* env = std::getenv("RETORT_DATA_DIR"); env != nullptr && *env != '\0') roots.push_back(env);
-  roots.push_back("/work/shared/data");
+  if (const char* env = std::getenv("RETORT_DATA_DIR"); env != nullptr && *env != '\0') return {env};
+  std::vector<std::string> roots = {"/work/shared/data"};
 #ifdef RETORT_TEST_DATA_DIR
   roots.push_back(RETORT_TEST_DATA_DIR);
 #endif
