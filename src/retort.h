@@ -12,4 +12,5 @@
 #include "cuda/cuda_backend.h"
 #include "nn/optim.h"
 #include "ops/ops.h"
+#include "ops/loss/fused_linear.h"
 #include "ops/loss/losses.h"
