@@ -38,9 +38,9 @@ OpCase ce_case(const std::string& name, int64_t n, int64_t h, int64_t v, CeRef r
     CrossEntropyOptions o = opts_of(r);
     o.return_per_row = what == Out::PerRow;
     o.return_lse = what == Out::Lse;
-    return pick(fused_linear_cross_entropy(ctx, in[0], in[1], bias ? in[2] : nullptr, in.back(), o,
-                                           chunked(chunk)),
-                what);
+    return pick(
+        fused_linear_cross_entropy(ctx, in[0], in[1], bias ? in[2] : nullptr, in.back(), o, chunked(chunk)),
+        what);
   };
   c.reference = [=](const std::vector<Ref>& in) {
     return ce_ref(head_ref(in[0], in[1], bias ? &in[2] : nullptr), ints(in.back()), r, what);
@@ -76,8 +76,8 @@ TEST(FusedLinearCE, PerRowAndLse) {
   for (Reduction red : {Reduction::Mean, Reduction::None}) {
     r.red = red;
     for (Out what : {Out::PerRow, Out::Lse})
-      EXPECT_TRUE(run_case(ce_case(std::string("flce_out_") + red_name(red) + std::to_string(int(what)), 7, 4, 9,
-                                   r, true, 2, DType::F32, what)));
+      EXPECT_TRUE(run_case(ce_case(std::string("flce_out_") + red_name(red) + std::to_string(int(what)), 7, 4,
+                                   9, r, true, 2, DType::F32, what)));
   }
 }
 
@@ -98,7 +98,9 @@ TEST(FusedLinearCE, Bf16AndF16Inputs) {
   c.build = [](Context& ctx, const std::vector<Tensor*>& in) {
     return fused_linear_cross_entropy(ctx, in[0], in[1], in[2], in[3], {}, chunked(2)).loss;
   };
-  c.reference = [](const std::vector<Ref>& in) { return ce_ref(head_ref(in[0], in[1], &in[2]), ints(in[3]), {}); };
+  c.reference = [](const std::vector<Ref>& in) {
+    return ce_ref(head_ref(in[0], in[1], &in[2]), ints(in[3]), {});
+  };
   EXPECT_TRUE(run_case(to_op_case(c)));
   check_single_pass(c);
 }
@@ -110,7 +112,8 @@ TEST(FusedLinearCE, StridedInputs) {
   // hidden: a column window of a wider tensor; weight: the transpose of a stored [H, V].
   LossCase c;
   c.name = "flce_views";
-  c.inputs = {hidden_in(6, 9), LossInput(Shape{5, 11}, DType::F32, true), LossInput(Shape{6}, DType::I32, false, -1, 11)};
+  c.inputs = {hidden_in(6, 9), LossInput(Shape{5, 11}, DType::F32, true),
+              LossInput(Shape{6}, DType::I32, false, -1, 11)};
   c.build = [r](Context& ctx, const std::vector<Tensor*>& in) {
     return fused_linear_cross_entropy(ctx, slice(ctx, in[0], 0, 3, 5), transpose(ctx, in[1]), nullptr, in[2],
                                       opts_of(r), chunked(4))
@@ -143,7 +146,9 @@ TEST(FusedLinearCE, SinglePassGradient) {
   c.build = [r](Context& ctx, const std::vector<Tensor*>& in) {
     return fused_linear_cross_entropy(ctx, in[0], in[1], in[2], in[3], opts_of(r), chunked(3)).loss;
   };
-  c.reference = [r](const std::vector<Ref>& in) { return ce_ref(head_ref(in[0], in[1], &in[2]), ints(in[3]), r); };
+  c.reference = [r](const std::vector<Ref>& in) {
+    return ce_ref(head_ref(in[0], in[1], &in[2]), ints(in[3]), r);
+  };
   check_single_pass(c);
 }
 
@@ -187,16 +192,18 @@ TEST(FusedLinearCE, EqualsUnfusedComposition) {
 // The memory budget sets the chunk rows: the same results for budgets of one row, a few rows and all rows.
 TEST(FusedLinearCE, BudgetSetsChunkRows) {
   const int64_t n = 19, h = 6, v = 130;  // Vp = 256
-  std::vector<LossInput> in = {hidden_in(n, h), weight_in(v, h), LossInput(Shape{n}, DType::I32, false, 0, double(v))};
+  std::vector<LossInput> in = {hidden_in(n, h), weight_in(v, h),
+                               LossInput(Shape{n}, DType::I32, false, 0, double(v))};
   const std::vector<Vec> vals = draw_values("flce_budget", in);
   auto run = [&](size_t budget) {
-    return run_graph(in, vals,
-                     [budget](Context& ctx, const std::vector<Tensor*>& x) {
-                       FusedLinearOptions f;
-                       f.memory_budget = budget;
-                       return std::vector<Tensor*>{fused_linear_cross_entropy(ctx, x[0], x[1], nullptr, x[2], {}, f).loss};
-                     },
-                     Seed::Unit);
+    return run_graph(
+        in, vals,
+        [budget](Context& ctx, const std::vector<Tensor*>& x) {
+          FusedLinearOptions f;
+          f.memory_budget = budget;
+          return std::vector<Tensor*>{fused_linear_cross_entropy(ctx, x[0], x[1], nullptr, x[2], {}, f).loss};
+        },
+        Seed::Unit);
   };
   const GraphResult whole = run(kFusedLinearDefaultBudget);
   for (size_t budget : {size_t(1), size_t(256 * 4), size_t(256 * 4 * 5 + 17), size_t(256 * 4 * 19)})
@@ -287,7 +294,8 @@ TEST(FusedLinearCE, AllRowsIgnored) {
         [red](Context& ctx, const std::vector<Tensor*>& x) {
           CrossEntropyOptions o;
           o.reduction = red;
-          return std::vector<Tensor*>{fused_linear_cross_entropy(ctx, x[0], x[1], x[2], x[3], o, chunked(2)).loss};
+          return std::vector<Tensor*>{
+              fused_linear_cross_entropy(ctx, x[0], x[1], x[2], x[3], o, chunked(2)).loss};
         },
         Seed::Unit);
     EXPECT_EQ(g.outs[0], Vec{0.0});
@@ -301,18 +309,27 @@ TEST(FusedLinearCE, BadInputThrows) {
   Tensor* h = ctx.tensor(DType::F32, {4, 6});
   Tensor* w = ctx.tensor(DType::F32, {10, 6});
   Tensor* y = ctx.tensor(DType::I32, {4});
-  expect_error([&] { fused_linear_cross_entropy(ctx, h, ctx.tensor(DType::F32, {10, 5}), nullptr, y); },
-               {"fused_linear_cross_entropy", "weight", "[10, 5]", "H = 6"});
+  expect_error(
+      [&] {
+        fused_linear_cross_entropy(ctx, h, ctx.tensor(DType::F32, {10, 5}), nullptr, y);
+      },
+      {"fused_linear_cross_entropy", "weight", "[10, 5]", "H = 6"});
   expect_error([&] { fused_linear_cross_entropy(ctx, h, w, ctx.tensor(DType::F32, {9}), y); },
                {"fused_linear_cross_entropy", "bias", "[9]", "V = 10"});
   expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, ctx.tensor(DType::I32, {5})); },
                {"fused_linear_cross_entropy", "labels", "[5]", "N = 4"});
   expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, ctx.tensor(DType::F32, {4})); },
                {"fused_linear_cross_entropy", "labels", "i32"});
-  expect_error([&] { fused_linear_cross_entropy(ctx, ctx.tensor(DType::I32, {4, 6}), w, nullptr, y); },
-               {"fused_linear_cross_entropy", "hidden", "f32"});
-  expect_error([&] { fused_linear_cross_entropy(ctx, ctx.tensor(DType::F32, {2, 4, 6}), w, nullptr, y); },
-               {"fused_linear_cross_entropy", "hidden", "2-D"});
+  expect_error(
+      [&] {
+        fused_linear_cross_entropy(ctx, ctx.tensor(DType::I32, {4, 6}), w, nullptr, y);
+      },
+      {"fused_linear_cross_entropy", "hidden", "f32"});
+  expect_error(
+      [&] {
+        fused_linear_cross_entropy(ctx, ctx.tensor(DType::F32, {2, 4, 6}), w, nullptr, y);
+      },
+      {"fused_linear_cross_entropy", "hidden", "2-D"});
   expect_error([&] { fused_linear_cross_entropy(ctx, h, nullptr, nullptr, y); },
                {"fused_linear_cross_entropy", "null"});
   CrossEntropyOptions o;

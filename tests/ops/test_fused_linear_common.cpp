@@ -43,14 +43,15 @@ std::vector<Vec> draw_values(const std::string& key, const std::vector<LossInput
   return out;
 }
 
-GraphResult run_graph(const std::vector<LossInput>& inputs, const std::vector<Vec>& values, const BuildFn& build,
-                      Seed seed) {
+GraphResult run_graph(const std::vector<LossInput>& inputs, const std::vector<Vec>& values,
+                      const BuildFn& build, Seed seed) {
   Context ctx(default_cpu_backend());
   std::vector<Tensor*> ins;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const LossInput& in = inputs[i];
     const std::string nm = "in" + std::to_string(i);
-    Tensor* t = in.param && seed != Seed::None ? ctx.param(in.dtype, in.shape, nm) : ctx.input(in.dtype, in.shape, nm);
+    Tensor* t = in.param && seed != Seed::None ? ctx.param(in.dtype, in.shape, nm)
+                                               : ctx.input(in.dtype, in.shape, nm);
     if (is_float(in.dtype)) {
       set_data(t, std::vector<float>(values[i].begin(), values[i].end()));
     } else {
@@ -107,7 +108,8 @@ void expect_close(const GraphResult& a, const GraphResult& b, double tol, const 
   for (size_t i = 0; i < a.outs.size(); ++i) {
     EXPECT_TRUE(finite(a.outs[i]) && finite(b.outs[i])) << "output " << i << " is not finite";
     const double e = nmse(a.outs[i], b.outs[i]);
-    EXPECT_LE(e, tol) << "output " << i << ": nmse " << e << ", max abs diff " << max_abs_diff(a.outs[i], b.outs[i]);
+    EXPECT_LE(e, tol) << "output " << i << ": nmse " << e << ", max abs diff "
+                      << max_abs_diff(a.outs[i], b.outs[i]);
   }
   for (size_t i = 0; i < a.grads.size(); ++i) {
     EXPECT_TRUE(finite(a.grads[i]) && finite(b.grads[i])) << "gradient " << i << " is not finite";

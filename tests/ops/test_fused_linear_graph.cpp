@@ -68,13 +68,14 @@ class Recorder : public loss::ChunkExecutor {
     calls.push_back("reduce");
     if (inner_) inner_->reduce(p, n, scale, out);
   }
-  void gather_logits(const loss::Block& h, const loss::Block& w, const loss::Block& b, const loss::TopKSide& s,
-                     const loss::Block& o) override {
+  void gather_logits(const loss::Block& h, const loss::Block& w, const loss::Block& b,
+                     const loss::TopKSide& s, const loss::Block& o) override {
     calls.push_back("gather");
     if (inner_) inner_->gather_logits(h, w, b, s, o);
   }
-  void scatter_grads(const loss::Block& g, const loss::Block& h, const loss::Block& w, const loss::TopKSide& s,
-                     const loss::Block& dh, const loss::Block& dw, const loss::Block& db) override {
+  void scatter_grads(const loss::Block& g, const loss::Block& h, const loss::Block& w,
+                     const loss::TopKSide& s, const loss::Block& dh, const loss::Block& dw,
+                     const loss::Block& db) override {
     calls.push_back("scatter");
     if (inner_) inner_->scatter_grads(g, h, w, s, dh, dw, db);
   }
@@ -271,7 +272,8 @@ bool has_op(const GraphResult& r, Op op) {
 // Scalar losses differentiate in their forward pass (no second pass, and no multiply when the upstream is
 // the graph's constant seed); a per-row upstream gradient gets the recomputing backward.
 TEST(FusedLinearGraph, BackwardShapes) {
-  std::vector<LossInput> in = {hidden_in(6, 4), weight_in(9, 4), bias_in(9), LossInput({6}, DType::I32, false, 0, 9)};
+  std::vector<LossInput> in = {hidden_in(6, 4), weight_in(9, 4), bias_in(9),
+                               LossInput({6}, DType::I32, false, 0, 9)};
   const std::vector<Vec> vals = draw_values("flgraph_shapes", in);
   auto build = [](Reduction red) {
     return [red](Context& ctx, const std::vector<Tensor*>& x) {
@@ -298,18 +300,19 @@ TEST(FusedLinearGraph, GradientSwitches) {
                                LossInput({8}, DType::I32, false, 0, 12)};
   const std::vector<Vec> vals = draw_values("flgraph_switch", in);
   auto run = [&](int off, Reduction red) {
-    return run_graph(in, vals,
-                     [off, red](Context& ctx, const std::vector<Tensor*>& x) {
-                       FusedLinearOptions f;
-                       f.chunk_rows = 3;
-                       f.grad_hidden = off != 0;
-                       f.grad_weight = off != 1;
-                       f.grad_bias = off != 2;
-                       CrossEntropyOptions o;
-                       o.reduction = red;
-                       return std::vector<Tensor*>{fused_linear_cross_entropy(ctx, x[0], x[1], x[2], x[3], o, f).loss};
-                     },
-                     red == Reduction::None ? Seed::Weighted : Seed::Unit);
+    return run_graph(
+        in, vals,
+        [off, red](Context& ctx, const std::vector<Tensor*>& x) {
+          FusedLinearOptions f;
+          f.chunk_rows = 3;
+          f.grad_hidden = off != 0;
+          f.grad_weight = off != 1;
+          f.grad_bias = off != 2;
+          CrossEntropyOptions o;
+          o.reduction = red;
+          return std::vector<Tensor*>{fused_linear_cross_entropy(ctx, x[0], x[1], x[2], x[3], o, f).loss};
+        },
+        red == Reduction::None ? Seed::Weighted : Seed::Unit);
   };
   for (Reduction red : {Reduction::Mean, Reduction::None}) {
     const GraphResult all = run(-1, red);
@@ -318,7 +321,8 @@ TEST(FusedLinearGraph, GradientSwitches) {
       ASSERT_EQ(r.grads.size(), 3u);
       for (int i = 0; i < 3; ++i) {
         if (i == off) {
-          EXPECT_EQ(r.grads[size_t(i)], Vec(all.grads[size_t(i)].size(), 0.0)) << "gradient " << i << " is off";
+          EXPECT_EQ(r.grads[size_t(i)], Vec(all.grads[size_t(i)].size(), 0.0))
+              << "gradient " << i << " is off";
           EXPECT_GT(nmse(all.grads[size_t(i)], Vec(all.grads[size_t(i)].size(), 0.0)), 0.0);
         } else {
           EXPECT_EQ(r.grads[size_t(i)], all.grads[size_t(i)]) << "gradient " << i << " changed with " << off;
@@ -331,7 +335,8 @@ TEST(FusedLinearGraph, GradientSwitches) {
 // The loss feeds further ops (a weighted sum with another loss) and gets its upstream from them.
 TEST(FusedLinearGraph, LossInsideALargerGraph) {
   std::vector<LossInput> in = {hidden_in(9, 6), weight_in(15, 6), LossInput({9}, DType::I32, false, 0, 15),
-                               LossInput({9, 3}, DType::I32, false, 0, 15), LossInput({9, 3}, DType::F32, false, -3, -0.2)};
+                               LossInput({9, 3}, DType::I32, false, 0, 15),
+                               LossInput({9, 3}, DType::F32, false, -3, -0.2)};
   const std::vector<Vec> vals = draw_values("flgraph_mix", in);
   auto build = [](bool fused) {
     return [fused](Context& ctx, const std::vector<Tensor*>& x) {
@@ -351,8 +356,8 @@ TEST(FusedLinearGraph, LossInsideALargerGraph) {
       return std::vector<Tensor*>{add(ctx, scale(ctx, ce, 0.3f), mul(ctx, kd, kd))};
     };
   };
-  expect_close(run_graph(in, vals, build(true), Seed::Unit), run_graph(in, vals, build(false), Seed::Unit), 1e-11,
-               "ce + kd²");
+  expect_close(run_graph(in, vals, build(true), Seed::Unit), run_graph(in, vals, build(false), Seed::Unit),
+               1e-11, "ce + kd²");
 }
 
 }  // namespace

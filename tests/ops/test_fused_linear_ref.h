@@ -34,8 +34,8 @@ struct GraphResult {
 // Builds the graph from inputs with the given values (float inputs with param = true are parameters), runs
 // it with poisoned memory and returns what it produced. build returns the outputs; the first is the loss.
 using BuildFn = std::function<std::vector<Tensor*>(Context&, const std::vector<Tensor*>&)>;
-GraphResult run_graph(const std::vector<LossInput>& inputs, const std::vector<Vec>& values, const BuildFn& build,
-                      Seed seed);
+GraphResult run_graph(const std::vector<LossInput>& inputs, const std::vector<Vec>& values,
+                      const BuildFn& build, Seed seed);
 
 // EXPECTs every output and gradient of a and b to agree within nmse tol, and to be finite.
 void expect_close(const GraphResult& a, const GraphResult& b, double tol, const std::string& what);

@@ -61,10 +61,10 @@ LossCase topk_case(const std::string& name, Cfg cfg) {
     o.return_per_row = cfg.what == Out::PerRow;
     o.return_lse = cfg.what == Out::Lse;
     o.return_parts = cfg.what == Out::Hard || cfg.what == Out::Soft;
-    return pick(fused_linear_topk_kd(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], in[4],
-                                     cfg.mask ? in[5] : nullptr, cfg.labels ? in[6] : nullptr, o,
-                                     chunked(cfg.chunk)),
-                cfg.what);
+    return pick(
+        fused_linear_topk_kd(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], in[4],
+                             cfg.mask ? in[5] : nullptr, cfg.labels ? in[6] : nullptr, o, chunked(cfg.chunk)),
+        cfg.what);
   };
   c.reference = [cfg](const std::vector<Ref>& in) {
     return topk_ref(head_ref(in[0], in[1], cfg.bias ? &in[2] : nullptr), ints(in[3]), mat(in[4]),
@@ -91,9 +91,10 @@ TEST(FusedLinearTopK, Grid) {
           cfg.r.red = std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i++ % 3)];
           cfg.labels = w_hard > 0 || i % 2 == 0;
           cfg.bias = i % 4 != 1;
-          const std::string name = "fltopk_b" + std::to_string(int(beta * 10)) + "_t" + std::to_string(int(t)) +
-                                   (normalize ? "_norm" : "") + (w_hard > 0 ? "_hard" : "") +
-                                   (cfg.labels ? "_labels" : "") + "_" + red_name(cfg.r.red);
+          const std::string name = "fltopk_b" + std::to_string(int(beta * 10)) + "_t" +
+                                   std::to_string(int(t)) + (normalize ? "_norm" : "") +
+                                   (w_hard > 0 ? "_hard" : "") + (cfg.labels ? "_labels" : "") + "_" +
+                                   red_name(cfg.r.red);
           EXPECT_TRUE(run_case(to_op_case(topk_case(name, cfg))));
         }
 }
@@ -108,9 +109,9 @@ TEST(FusedLinearTopK, ExtraOutputs) {
         cfg.r.red = red;
         cfg.r.t = 1.5;
         cfg.what = what;
-        EXPECT_TRUE(run_case(to_op_case(topk_case(
-            std::string("fltopk_out") + std::to_string(int(what)) + (normalize ? "_norm_" : "_") + red_name(red),
-            cfg))));
+        EXPECT_TRUE(run_case(to_op_case(topk_case(std::string("fltopk_out") + std::to_string(int(what)) +
+                                                      (normalize ? "_norm_" : "_") + red_name(red),
+                                                  cfg))));
       }
 }
 
@@ -135,7 +136,8 @@ TEST(FusedLinearTopK, PaddingAndEdgeK) {
       cfg.k = k;
       cfg.r.normalize = normalize;
       cfg.r.t = 2;
-      EXPECT_TRUE(run_case(to_op_case(topk_case("fltopk_k" + std::to_string(k) + (normalize ? "_norm" : ""), cfg))));
+      EXPECT_TRUE(
+          run_case(to_op_case(topk_case("fltopk_k" + std::to_string(k) + (normalize ? "_norm" : ""), cfg))));
     }
     Cfg cfg;
     cfg.n = 4;
@@ -197,9 +199,10 @@ TEST(FusedLinearTopK, EqualsUnfusedAndChunkInvariant) {
         GraphResult first;
         for (int64_t chunk : chunk_sizes(n)) {
           const std::string what = std::string(normalize ? "norm " : "") + red_name(red) + " chunk " +
-                                    std::to_string(chunk) + (seed == Seed::Unit ? " unit" : " weighted");
+                                   std::to_string(chunk) + (seed == Seed::Unit ? " unit" : " weighted");
           const BuildFn dense = [o, chunk](Context& ctx, const std::vector<Tensor*>& x) {
-            LossOutputs l = fused_linear_topk_kd(ctx, x[0], x[1], x[2], x[3], x[4], x[5], x[6], o, chunked(chunk));
+            LossOutputs l =
+                fused_linear_topk_kd(ctx, x[0], x[1], x[2], x[3], x[4], x[5], x[6], o, chunked(chunk));
             return std::vector<Tensor*>{l.loss, l.per_row, l.soft};
           };
           expect_close(run_graph(in, vals, dense, seed), want, 1e-11, "dense " + what);
@@ -229,24 +232,37 @@ TEST(FusedLinearTopK, BadInputThrows) {
   Tensor* w = ctx.tensor(DType::F32, {10, 6});
   Tensor* ids = ctx.tensor(DType::I32, {4, 3});
   Tensor* lp = ctx.tensor(DType::F32, {4, 3});
-  expect_error([&] { fused_linear_topk_kd(ctx, h, w, nullptr, ctx.tensor(DType::I32, {4, 11}),
-                                          ctx.tensor(DType::F32, {4, 11}), nullptr, nullptr); },
-               {"fused_linear_topk_kd", "K = 11", "V = 10"});
-  expect_error([&] { fused_linear_topk_kd(ctx, h, w, nullptr, ctx.tensor(DType::I32, {5, 3}), lp, nullptr, nullptr); },
-               {"fused_linear_topk_kd", "teacher_ids", "[5, 3]", "N = 4"});
-  expect_error([&] { fused_linear_topk_kd(ctx, h, w, nullptr, ids, ctx.tensor(DType::F32, {4, 2}), nullptr, nullptr); },
-               {"fused_linear_topk_kd", "teacher_logprobs", "[4, 2]"});
+  expect_error(
+      [&] {
+        fused_linear_topk_kd(ctx, h, w, nullptr, ctx.tensor(DType::I32, {4, 11}),
+                             ctx.tensor(DType::F32, {4, 11}), nullptr, nullptr);
+      },
+      {"fused_linear_topk_kd", "K = 11", "V = 10"});
+  expect_error(
+      [&] {
+        fused_linear_topk_kd(ctx, h, w, nullptr, ctx.tensor(DType::I32, {5, 3}), lp, nullptr, nullptr);
+      },
+      {"fused_linear_topk_kd", "teacher_ids", "[5, 3]", "N = 4"});
+  expect_error(
+      [&] {
+        fused_linear_topk_kd(ctx, h, w, nullptr, ids, ctx.tensor(DType::F32, {4, 2}), nullptr, nullptr);
+      },
+      {"fused_linear_topk_kd", "teacher_logprobs", "[4, 2]"});
   expect_error([&] { fused_linear_topk_kd(ctx, h, w, nullptr, lp, lp, nullptr, nullptr); },
                {"fused_linear_topk_kd", "teacher_ids", "i32"});
-  expect_error([&] { fused_linear_topk_kd(ctx, h, w, nullptr, ids, lp, ctx.tensor(DType::I32, {4, 4}), nullptr); },
-               {"fused_linear_topk_kd", "mask"});
+  expect_error(
+      [&] {
+        fused_linear_topk_kd(ctx, h, w, nullptr, ids, lp, ctx.tensor(DType::I32, {4, 4}), nullptr);
+      },
+      {"fused_linear_topk_kd", "mask"});
   TopKDistillOptions o;
   o.beta = 1.5f;
   expect_error([&] { fused_linear_topk_kd(ctx, h, w, nullptr, ids, lp, nullptr, nullptr, o); },
                {"fused_linear_topk_kd", "beta", "[4, 6]"});
   o = {};
   o.temperature = 0;
-  expect_error([&] { fused_linear_topk_kd(ctx, h, w, nullptr, ids, lp, nullptr, nullptr, o); }, {"temperature"});
+  expect_error([&] { fused_linear_topk_kd(ctx, h, w, nullptr, ids, lp, nullptr, nullptr, o); },
+               {"temperature"});
   o = {};
   o.w_hard = 1;
   expect_error([&] { fused_linear_topk_kd(ctx, h, w, nullptr, ids, lp, nullptr, nullptr, o); },
