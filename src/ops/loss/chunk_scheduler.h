@@ -34,7 +34,8 @@
 
 namespace retort {
 class ThreadPool;
-}
+struct Tensor;
+}  // namespace retort
 
 namespace retort::loss {
 
@@ -171,5 +172,10 @@ ChunkPlan plan_chunks(const FusedLinearProblem& p);
 
 // Runs the problem on ex. Throws retort::Error (from validation) before anything is written.
 void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p);
+
+// The problem a placed fused-linear graph node describes (one of the five forward ops, or FusedLinearBack),
+// every input, option, output and gradient wired to the node's tensors (fused_linear.cpp). A backend's node
+// kernel is run_fused_linear(its executor, problem_from_node(node)): the CPU's is exactly that.
+FusedLinearProblem problem_from_node(const Tensor* node);
 
 }  // namespace retort::loss

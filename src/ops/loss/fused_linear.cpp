@@ -17,7 +17,8 @@
 //     the other three are the gradients: aux[1] = dhidden [N, H], aux[2] = dW [V, H], aux[3] = dbias [V].
 // FusedLinearBack (Reduction::None and selective log-softmax, whose upstream gradient is per row or per
 // element): src[0..6] as the forward node, src[7] = upstream gradient, src[8] = the forward's stats (the
-// selective backward reads its lse); it writes only its aux gradients (its own value is one unused float).
+// selective backward reads its lse); it writes only its aux gradients (its own value is one float, unused
+// and never written).
 #include "fused_linear.h"
 
 #include <cmath>
@@ -233,7 +234,7 @@ float* f32(const Tensor* t) {
 }
 
 // The problem a node describes: inputs, side data and options (outputs are wired by the callers).
-loss::FusedLinearProblem problem(const Tensor* node) {
+loss::FusedLinearProblem inputs_of(const Tensor* node) {
   const Op op = forward_op(node);
   loss::FusedLinearProblem p;
   p.hidden = matrix(node->src[0]);
@@ -303,8 +304,8 @@ void wire_grads(const Tensor* node, loss::FusedLinearProblem& p) {
     p.dbias = loss::Block::dense(node->aux[3]->data, DType::F32, 1, node->aux[3]->ne[0]);
 }
 
-void cpu_fused(Tensor* node, ThreadPool& pool) {
-  loss::FusedLinearProblem p = problem(node);
+// Selective log-softmax writes its [N, K] output; the other losses their loss and the asked-for stats.
+void wire_forward_outputs(const Tensor* node, loss::FusedLinearProblem& p) {
   const int64_t n = node->src[0]->ne[1];
   const int64_t stats = node->aux[kAuxStats] ? node->ip[kIpStats] : 0;
   float* st = f32(node->aux[kAuxStats]);
@@ -320,13 +321,10 @@ void cpu_fused(Tensor* node, ThreadPool& pool) {
     }
   }
   if (stats & kStatLse) p.lse = st + n;
-  wire_grads(node, p);
-  auto ex = loss::make_cpu_chunk_executor(pool);
-  loss::run_fused_linear(*ex, p);
 }
 
-void cpu_fused_back(Tensor* node, ThreadPool& pool) {
-  loss::FusedLinearProblem p = problem(node);
+// The recomputing backward reads the upstream gradient (and selective log-softmax its forward's LSE).
+void wire_back_inputs(const Tensor* node, loss::FusedLinearProblem& p) {
   const Tensor* up = node->src[kSrcUpstream];
   if (p.spec.kind == loss::LossKind::SelectiveLogSoftmax) {
     p.spec.selective.values = matrix(up);
@@ -334,10 +332,11 @@ void cpu_fused_back(Tensor* node, ThreadPool& pool) {
   } else {
     p.row_upstream = column(up);
   }
-  wire_grads(node, p);
-  *f32(node) = 0.0f;
+}
+
+void cpu_fused(Tensor* node, ThreadPool& pool) {
   auto ex = loss::make_cpu_chunk_executor(pool);
-  loss::run_fused_linear(*ex, p);
+  loss::run_fused_linear(*ex, loss::problem_from_node(node));
 }
 
 // ---- backward -----------------------------------------------------------------------------------------
@@ -406,6 +405,18 @@ void back_fused(BackwardCtx& bc, Tensor* node, Tensor* grad) {
 }
 
 }  // namespace
+
+loss::FusedLinearProblem loss::problem_from_node(const Tensor* node) {
+  RT_ASSERT(node->op == Op::FusedLinearBack ||
+            (node->op >= Op::FusedLinearCrossEntropy && node->op <= Op::FusedLinearSelectiveLogSoftmax));
+  FusedLinearProblem p = inputs_of(node);
+  if (node->op == Op::FusedLinearBack)
+    wire_back_inputs(node, p);
+  else
+    wire_forward_outputs(node, p);
+  wire_grads(node, p);
+  return p;
+}
 
 // ---- constructors -------------------------------------------------------------------------------------
 
@@ -524,7 +535,7 @@ void register_fused_ops(OpTable& t) {
   t[size_t(Op::FusedLinearEntropy)] = {"fused_linear_entropy", cpu_fused, back_fused, true};
   t[size_t(Op::FusedLinearSelectiveLogSoftmax)] = {"fused_linear_selective_log_softmax", cpu_fused,
                                                    back_fused, true};
-  t[size_t(Op::FusedLinearBack)] = {"fused_linear_back", cpu_fused_back, nullptr, false};
+  t[size_t(Op::FusedLinearBack)] = {"fused_linear_back", cpu_fused, nullptr, false};
 }
 
 }  // namespace retort
