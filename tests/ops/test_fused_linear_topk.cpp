@@ -226,6 +226,33 @@ TEST(FusedLinearTopK, EqualsUnfusedAndChunkInvariant) {
     }
 }
 
+TEST(FusedLinearTopK, AllRowsIgnored) {
+  // Both paths: loss 0 and all-zero gradients (the sparse path must not scatter the ignored rows' slots).
+  std::vector<LossInput> in = {hidden_in(5, 3),
+                               weight_in(7, 3),
+                               bias_in(7),
+                               LossInput({5, 2}, DType::I32, false, 0, 7),
+                               LossInput({5, 2}, DType::F32, false, -3, -0.5),
+                               LossInput({5}, DType::I32, false, 0, 1, Vec(5, -1.0))};
+  const std::vector<Vec> vals = draw_values("fltopk_ignored", in);
+  for (bool normalize : {false, true}) {
+    const GraphResult g = run_graph(
+        in, vals,
+        [normalize](Context& ctx, const std::vector<Tensor*>& x) {
+          TopKDistillOptions o;
+          o.normalize_topk = normalize;
+          o.ignore_index = -1;
+          o.reduction = Reduction::Sum;  // no 1/0 scale to hide a gradient row that was not zeroed
+          return std::vector<Tensor*>{
+              fused_linear_topk_kd(ctx, x[0], x[1], x[2], x[3], x[4], nullptr, x[5], o, chunked(2)).loss};
+        },
+        Seed::Unit);
+    EXPECT_EQ(g.outs[0], Vec{0.0});
+    for (const Vec& gr : g.grads)
+      for (double x : gr) EXPECT_EQ(x, 0.0);
+  }
+}
+
 TEST(FusedLinearTopK, BadInputThrows) {
   Context ctx(default_cpu_backend());
   Tensor* h = ctx.tensor(DType::F32, {4, 6});

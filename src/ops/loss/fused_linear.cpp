@@ -9,9 +9,8 @@
 //     distill:       src[3] = teacher hidden, src[4] = teacher weight, src[5] = teacher bias, src[6] = labels
 //     selective:     src[3] = ids
 //   ip: reduction, gradient bits (which of dhidden / dW / dbias the node writes), ignore_index,
-//   normalize_topk,
-//     memory budget, chunk rows, the forward op (FusedLinearBack), stats bits (which extra outputs are
-//     wanted), allowed-gradient bits (FusedLinearOptions); fp: as in losses.cpp.
+//     normalize_topk, memory budget, chunk rows, the forward op (FusedLinearBack), stats bits (which extra
+//     outputs are wanted), allowed-gradient bits (FusedLinearOptions); fp: as in losses.cpp.
 //   aux[0] = stats f32 [6, N]: row 0 per-row loss, 1 lse, 2 / 3 per-row hard / soft (Reduction::None),
 //     element 0 of rows 4 / 5 the reduced hard / soft. One tensor, because a node has four extra outputs and
 //     the other three are the gradients: aux[1] = dhidden [N, H], aux[2] = dW [V, H], aux[3] = dbias [V].
