@@ -29,10 +29,11 @@ class Recorder : public loss::ChunkExecutor {
   int64_t max_logits_rows = 0;  // the most rows any GEMM wrote at once into a [rows, V] block
   int64_t v = 0;
 
-  int64_t validate(const loss::LossSpec& s, int64_t rows, int64_t vv, const std::string& what) override {
+  int64_t validate(const loss::LossSpec& s, int64_t rows, int64_t vv, Reduction red,
+                   const std::string& what) override {
     calls.push_back("validate");
     v = vv;
-    return inner_ ? inner_->validate(s, rows, vv, what) : rows;
+    return inner_ ? inner_->validate(s, rows, vv, red, what) : rows;
   }
   void* scratch(size_t bytes) override {
     calls.push_back("scratch");
@@ -262,6 +263,54 @@ TEST(FusedLinearScheduler, ThreadCountDoesNotChangeResults) {
         got[t].insert(got[t].end(), hp.db.begin(), hp.db.end());
       }
       EXPECT_EQ(got[0], got[1]) << loss::loss_kind_name(kind) << (normalize ? " normalized" : "");
+    }
+}
+
+// An executor that keeps the count "on the device": validate() returns kCountOnDevice, and row_loss() and
+// reduce() multiply the mean's 1/count in themselves, as a CUDA executor that never waits would.
+class DeferredCount : public Recorder {
+ public:
+  explicit DeferredCount(loss::ChunkExecutor* inner) : Recorder(inner), inner_(inner) {}
+  int64_t validate(const loss::LossSpec& s, int64_t rows, int64_t vv, Reduction red,
+                   const std::string& what) override {
+    const int64_t count = Recorder::validate(s, rows, vv, red, what);
+    inv_ = red == Reduction::Mean ? (count > 0 ? 1.0f / float(count) : 0.0f) : 1.0f;
+    return kCountOnDevice;
+  }
+  void row_loss(const loss::LossSpec& s, const loss::Block& x, const loss::RowOut& o) override {
+    loss::RowOut scaled = o;
+    scaled.grad_scale *= inv_;
+    inner_->row_loss(s, x, scaled);
+  }
+  void reduce(const float* p, int64_t n, float scale, float* out) override {
+    inner_->reduce(p, n, scale * inv_, out);
+  }
+
+ private:
+  loss::ChunkExecutor* inner_;
+  float inv_ = 1.0f;
+};
+
+TEST(FusedLinearScheduler, CountMayStayOnTheDevice) {
+  for (loss::LossKind kind : {loss::LossKind::CrossEntropy, loss::LossKind::TopK, loss::LossKind::Distill})
+    for (Reduction red : {Reduction::Mean, Reduction::Sum}) {
+      std::vector<float> got[2];
+      for (int t = 0; t < 2; ++t) {
+        HostProblem hp("sched_deferred");
+        auto cpu = loss::make_cpu_chunk_executor(pool());
+        loss::FusedLinearProblem p = hp.problem(kind, 4);
+        p.reduction = red;
+        if (t == 0) {
+          loss::run_fused_linear(*cpu, p);
+        } else {
+          DeferredCount ex(cpu.get());
+          loss::run_fused_linear(ex, p);
+        }
+        got[t] = hp.loss;
+        got[t].insert(got[t].end(), hp.dh.begin(), hp.dh.end());
+        got[t].insert(got[t].end(), hp.dw.begin(), hp.dw.end());
+      }
+      EXPECT_EQ(got[0], got[1]) << loss::loss_kind_name(kind) << " " << red_name(red);
     }
 }
 

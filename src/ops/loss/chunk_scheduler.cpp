@@ -129,9 +129,12 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
 
   // Validation first: nothing is written when the side data is bad, and the mean's divisor is known before
   // the first chunk, so every gradient is scaled in the row loss's own pass.
-  const int64_t valid = ex.validate(p.spec, n, v, p.what);
   const bool red = reduced(p);
-  const float inv = red && p.reduction == Reduction::Mean ? (valid > 0 ? 1.0f / float(valid) : 0.0f) : 1.0f;
+  const bool mean = red && p.reduction == Reduction::Mean;
+  const int64_t valid = ex.validate(p.spec, n, v, red ? p.reduction : Reduction::None, p.what);
+  RT_ASSERT(valid >= 0 || valid == ChunkExecutor::kCountOnDevice);
+  float inv = 1.0f;  // kCountOnDevice: the executor applies 1/count itself
+  if (mean && valid != ChunkExecutor::kCountOnDevice) inv = valid > 0 ? 1.0f / float(valid) : 0.0f;
 
   const ChunkPlan plan = plan_chunks(p);
   const int64_t c_max = plan.chunk_rows, vp = plan.padded_vocab;

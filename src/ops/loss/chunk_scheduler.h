@@ -9,7 +9,8 @@
 //     host.
 //   - The one value it needs from the data, the number of rows that count (the mean's divisor, hence the
 //     gradient's scale), comes from ChunkExecutor::validate, called once before the loop; nothing in the
-//     loop waits for the device.
+//     loop waits for the device. An executor may even keep that count on the device (kCountOnDevice) and
+//     apply the mean's 1/count itself, so that nothing waits at all.
 //   - Scratch is requested once, before the loop, and reused by every chunk: work on one chunk must finish
 //     (in stream order) before the next chunk's GEMM overwrites it, which in-order execution gives for free.
 //
@@ -80,10 +81,19 @@ class ChunkExecutor {
  public:
   virtual ~ChunkExecutor() = default;
 
+  // validate() may return this instead of the count: see there.
+  static constexpr int64_t kCountOnDevice = -1;
+
   // Checks the side data of all `rows` rows (labels and ids in [0, v)) and returns the number of rows that
   // count (label != ignore_index; all rows for losses without labels). Throws retort::Error naming `what`
-  // before anything is computed. The only call that may wait for the device.
-  virtual int64_t validate(const LossSpec& spec, int64_t rows, int64_t v, const std::string& what) = 0;
+  // before anything is computed. The only call that may wait for the device. `reduction` is how the
+  // per-row losses are reduced (None for selective log-softmax): under Mean the scheduler scales every
+  // gradient (RowOut::grad_scale) and every reduce() by 1/count. An executor that would rather not wait may
+  // return kCountOnDevice instead: the scheduler then leaves 1/count out of those scales, and the executor
+  // multiplies it in itself, from device memory, in row_loss() and reduce() under Mean (and reports bad side
+  // data when it can, at the latest when the results are read).
+  virtual int64_t validate(const LossSpec& spec, int64_t rows, int64_t v, Reduction reduction,
+                           const std::string& what) = 0;
 
   // At least `bytes` of uninitialized memory, aligned to 256 bytes, valid until the executor is destroyed.
   virtual void* scratch(size_t bytes) = 0;

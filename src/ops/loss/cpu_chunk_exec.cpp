@@ -145,7 +145,8 @@ class CpuChunkExecutor final : public ChunkExecutor {
   explicit CpuChunkExecutor(ThreadPool& pool)
       : pool_(pool), kernel_(gemm::best_kernel()), dot_(dot_fn()), axpy_(axpy_fn()) {}
 
-  int64_t validate(const LossSpec& spec, int64_t rows, int64_t v, const std::string& what) override {
+  int64_t validate(const LossSpec& spec, int64_t rows, int64_t v, Reduction,
+                   const std::string& what) override {
     switch (spec.kind) {
       case LossKind::CrossEntropy:
         return check_cross_entropy(spec.ce, v, what);
