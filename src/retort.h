@@ -18,4 +18,5 @@
 #include "nn/optim.h"
 #include "nn/transformer.h"
 #include "ops/ops.h"
+#include "ops/loss/fused_linear.h"
 #include "ops/loss/losses.h"
