@@ -131,7 +131,9 @@ __device__ __forceinline__ void for_row(const T* p, int64_t n, bool vec, F& f, i
   }
 }
 
-// Online softmax state over a set of values: max m, s = Σ exp(x - m), t = Σ exp(x - m)·x (for entropy).
+// Online softmax state over a set of values: max m, s = Σ exp(x - m), t = Σ exp(x - m)·(x - m) (for entropy).
+// t is kept relative to the running max, so E[x] - m = t / s stays precise when the values are large (1e4):
+// an unshifted Σ e·x would cancel against the lse. Terms with exp(x - m) = 0 (x = -inf) add nothing to t.
 struct Online {
   float m = RT_NEG_INF, s = 0.0f, t = 0.0f;
 
@@ -143,16 +145,23 @@ struct Online {
     if (mx == RT_NEG_INF) return;  // all -inf so far: nothing to add
     if (mx != m) {
       float r = fast_exp2((m - mx) * kLog2e);  // m = -inf gives 0
+      // Every x - m drops by mx - m: t' = r·(t + s·(m - mx)); nothing was added yet when s = 0 (m = -inf).
+      if (kT) t = s > 0.0f ? r * fmaf(s, m - mx, t) : 0.0f;
       s *= r;
-      if (kT) t *= r;
       m = mx;
     }
-    const float ml = mx * kLog2e;
+    [[maybe_unused]] const float ml = mx * kLog2e;
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      float e = fast_exp2(fmaf(x[i], kLog2e, -ml));
-      s += e;
-      if (kT) t += e * x[i];
+      if constexpr (kT) {
+        // x - mx first: with x near 1e4, rounding mx·log2(e) would cost 3e-4 of every term.
+        const float d = x[i] - mx;
+        const float e = fast_exp2(d * kLog2e);
+        s += e;
+        t += e > 0.0f ? e * d : 0.0f;
+      } else {
+        s += fast_exp2(fmaf(x[i], kLog2e, -ml));
+      }
     }
   }
 
@@ -160,8 +169,10 @@ struct Online {
     float mx = fmaxf(m, o.m);
     if (mx == RT_NEG_INF) return;
     float a = exp2f((m - mx) * kLog2e), b = exp2f((o.m - mx) * kLog2e);
+    // Both t move to the common max (a side with s = 0 has t = 0 and may have m = -inf).
+    float ta = s > 0.0f ? fmaf(s, m - mx, t) : 0.0f, tb = o.s > 0.0f ? fmaf(o.s, o.m - mx, o.t) : 0.0f;
     s = s * a + o.s * b;
-    t = t * a + o.t * b;
+    t = ta * a + tb * b;
     m = mx;
   }
   __device__ __forceinline__ float lse() const { return m + logf(s); }

@@ -291,8 +291,9 @@ struct CePolicy {
     float loss = 0.0f;
     if (valid) {
       float zy = xf(to_f<T>(row[label]));
-      loss = (1.0f - eps) * (lse - zy) + (eps > 0.0f ? eps * (lse - sumx / float(b.V)) : 0.0f) +
-             o.z_loss * lse * lse;
+      // (m - z_y) + log s, not lse - z_y: the large max cancels before the small log-sum is added.
+      loss = (1.0f - eps) * ((on.m - zy) + logf(on.s)) +
+             (eps > 0.0f ? eps * (lse - sumx / float(b.V)) : 0.0f) + o.z_loss * lse * lse;
     }
     if (b.loss) b.loss[r] = loss;
     if (b.lse) b.lse[r] = lse;
@@ -358,8 +359,9 @@ struct EntropyPolicy {
     float inv_t;
     template <int N>
     __device__ __forceinline__ void apply(int64_t, float* x) {
+      // __fmul_rn: never fused into a later subtraction, so the gradient pass below sees the same x = z / T.
 #pragma unroll
-      for (int i = 0; i < N; ++i) x[i] *= inv_t;
+      for (int i = 0; i < N; ++i) x[i] = __fmul_rn(x[i], inv_t);
       on.add<N, true>(x);
     }
   };
@@ -368,8 +370,8 @@ struct EntropyPolicy {
     on = a.on;
     aux = 0.0f;
   }
-  // H = lse - E_p[x] with x = z / T.
-  __device__ __forceinline__ static float entropy(const Online& on) { return on.lse() - on.t / on.s; }
+  // H = lse - E_p[x] with x = z / T; Online keeps t relative to its max, so H = log s - t / s.
+  __device__ __forceinline__ static float entropy(const Online& on) { return logf(on.s) - on.t / on.s; }
   template <typename T>
   __device__ __forceinline__ void finish(const RowBlock& b, int64_t r, const T*, const Online& on, float) const {
     if (b.loss) b.loss[r] = entropy(on);
@@ -378,15 +380,16 @@ struct EntropyPolicy {
   template <typename G>
   struct Grad {
     G* out;
-    float lse, h, inv_t, coef;
+    float m, log_s, h, inv_t, coef;
     template <int N>
     __device__ __forceinline__ void apply(int64_t j0, float* z) {
       float g[8];
 #pragma unroll
       for (int i = 0; i < N; ++i) {
-        float lp = fmaf(z[i], inv_t, -lse);  // log p
+        // log p, shifted by the max before the log-sum is taken off: large logits keep their precision.
+        float lp = (__fmul_rn(z[i], inv_t) - m) - log_s;
         float p = fast_exp2(lp * kLog2e);
-        g[i] = -p * (lp + h) * coef;  // dH/dz = -(1/T) p (log p + H)
+        g[i] = p > 0.0f ? -p * (lp + h) * coef : 0.0f;  // dH/dz = -(1/T) p (log p + H); 0 at z = -inf
       }
       if constexpr (N == 8) {
         store8(out + j0, g);
@@ -397,7 +400,7 @@ struct EntropyPolicy {
   };
   template <typename G>
   __device__ __forceinline__ Grad<G> grad(G* out, const Online& on, float, float scale) const {
-    return Grad<G>{out, on.lse(), entropy(on), inv_t, inv_t * scale};
+    return Grad<G>{out, on.m, logf(on.s), entropy(on), inv_t, inv_t * scale};
   }
 };
 
@@ -453,12 +456,16 @@ __global__ void __launch_bounds__(kThreads) selective_kernel(RowBlock b, Selecti
       CePolicy::Acc acc;  // plain online softmax
       for_row<kUnroll>(row, b.V, vec, acc);
       Online on = block_merge(acc.on, scratch);
-      const float lse = on.lse();
+      const float lse = on.lse(), log_s = logf(on.s);
       if (threadIdx.x == 0 && b.lse) b.lse[r] = lse;
-      for (int64_t k = threadIdx.x; k < o.K; k += blockDim.x) o.out[r * o.K + k] = to_f<T>(row[id_at(k)]) - lse;
+      // (z - m) - log s: the large max cancels before the small log-sum is taken off.
+      for (int64_t k = threadIdx.x; k < o.K; k += blockDim.x)
+        o.out[r * o.K + k] = (to_f<T>(row[id_at(k)]) - on.m) - log_s;
     } else {
       const float* g = o.upstream + r * o.K;
-      const float* lp = o.out + r * o.K;  // forward log-probabilities
+      // The forward log-probabilities when given; else p at an id is recomputed from the logit exactly as
+      // the dense pass computed it (then the gradient must not alias the logits: checked on the host).
+      const float* lp = o.out ? o.out + r * o.K : nullptr;
       float gs = 0.0f;
       for (int64_t k = threadIdx.x; k < o.K; k += blockDim.x) gs += g[k];
       gs = block_sum(gs, fscratch);
@@ -475,7 +482,8 @@ __global__ void __launch_bounds__(kThreads) selective_kernel(RowBlock b, Selecti
         float acc = 0.0f;
         for (int64_t q = k; q < o.K; ++q)
           if (id_at(q) == id) acc += g[q];
-        float p = fast_exp2(lp[k] * kLog2e);
+        float p = lp ? fast_exp2(lp[k] * kLog2e)
+                     : fast_exp2(fmaf(to_f<T>(row[id]), kLog2e, -b.lse[r] * kLog2e));
         grow[id] = from_f<G>((acc - p * gs) * scale);
       }
     }
@@ -618,8 +626,11 @@ void entropy_rows(const RowBlock& b, const EntropyRows& o, void* stream) {
 
 void selective_log_softmax_rows(const RowBlock& b, const SelectiveRows& o, int* err, void* stream) {
   check_block(b, "selective_log_softmax");
-  RT_CHECK(o.K >= 1 && o.ids && o.out, "selective_log_softmax: need K >= 1, ids and out");
+  RT_CHECK(o.K >= 1 && o.ids && (o.out || o.upstream), "selective_log_softmax: need K >= 1, ids and out");
   RT_CHECK(!o.upstream || (b.grad && b.lse), "selective_log_softmax: the backward needs grad and the forward lse");
+  RT_CHECK(!o.upstream || o.out || b.grad != b.logits,
+           "selective_log_softmax: a backward without the forward log-probabilities reads the logits after "
+           "the dense pass, so the gradient must not alias them");
   if (b.rows == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
   dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, [&]<typename T, typename G>() {

@@ -39,7 +39,9 @@ struct SelectiveRows {
   const void* ids = nullptr;  // [rows, K] i32 or i64, row stride = K
   DType id_dtype = DType::I32;
   int64_t K = 0;
-  float* out = nullptr;          // forward: [rows, K] log-probabilities (nullptr in a backward-only pass)
+  // forward: [rows, K] log-probabilities. A backward may pass them (its p at the ids) or nullptr: p is then
+  // recomputed from the logits, which the gradient must not alias.
+  float* out = nullptr;
   const float* upstream = nullptr;  // backward: [rows, K] gradient of the output (nullptr: forward only)
 };
 

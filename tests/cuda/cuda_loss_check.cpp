@@ -1,0 +1,136 @@
+#include "cuda_loss_check.h"
+
+#include <cmath>
+
+namespace retort::test {
+
+namespace {
+
+struct Run {
+  Vec out;
+  std::vector<Vec> grads;  // one per parameter input, in input order
+  std::vector<Ref> refs;   // the inputs as stored (bf16 / f16 rounding included), in float64
+  Vec weights;             // of the upstream: backward(Σ w·out), or {1} for the unit seed
+};
+
+// Builds and computes c on be. Inputs come from the generator seeded with the case's name, so every backend
+// sees the same values.
+Run run_on(Backend& be, const LossCase& c) {
+  reseed(c.name);
+  Context ctx(be);
+  Run r;
+  std::vector<Tensor*> ins;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const LossInput& in = c.inputs[i];
+    const std::string nm = "in" + std::to_string(i);
+    Tensor* t =
+        in.param && c.check_grad ? ctx.param(in.dtype, in.shape, nm) : ctx.input(in.dtype, in.shape, nm);
+    Ref ref;
+    for (int d = 0; d < 4; ++d) ref.ne[d] = t->ne[d];
+    if (is_float(in.dtype)) {
+      const Vec v = in.values.empty() ? random_vec(t->nelements(), in.lo, in.hi) : in.values;
+      set_data(t, std::vector<float>(v.begin(), v.end()));
+      ref.v = to_f64(get_data(t));
+    } else {
+      std::vector<int64_t> v;
+      if (in.values.empty())
+        v = random_ints(t->nelements(), int64_t(in.lo), int64_t(in.hi));
+      else
+        for (double x : in.values) v.push_back(int64_t(x));
+      set_data_int(t, v);
+      ref.v = Vec(v.begin(), v.end());
+    }
+    ins.push_back(t);
+    r.refs.push_back(std::move(ref));
+  }
+  Tensor* out = c.build(ctx, ins);
+  out->flags |= kOutput;
+  Graph g(ctx);
+  g.forward(out);
+  if (c.check_grad) {
+    if (c.unit_seed) {
+      r.weights = {1.0};
+      g.backward(out);
+    } else {
+      Tensor* w = ctx.input(DType::F32, out->shape(), "w");
+      const Vec wv = random_vec(out->nelements(), 0.5, 2.0);
+      set_data(w, std::vector<float>(wv.begin(), wv.end()));
+      r.weights = to_f64(get_data(w));
+      g.backward(sum(ctx, mul(ctx, out, w)));
+    }
+  }
+  g.set_poison(true);  // an element no kernel writes shows up as NaN
+  g.compute();
+  r.out = to_f64(get_data(out));
+  for (Tensor* t : ins)
+    if (t->has(kParam)) {
+      Tensor* gt = g.grad(t);
+      r.grads.push_back(gt ? to_f64(get_data(gt)) : Vec{});
+    }
+  return r;
+}
+
+bool all_finite(const Vec& v) {
+  for (double x : v)
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace
+
+bool check_cuda(const LossCase& c, const CudaTol& tol) {
+  SCOPED_TRACE(c.name + " (cuda)");
+  const Run cpu = run_on(default_cpu_backend(), c);
+  const Run gpu = run_on(cuda_backend(), c);
+  bool ok = true;
+  auto expect_le = [&](double e, double t, const std::string& what, const Vec& got, const Vec& want) {
+    EXPECT_LE(e, t) << what << ": nmse " << e << " (tolerance " << t << "), max abs diff "
+                    << max_abs_diff(got, want) << (got.empty() ? "" : ", got[0] " + std::to_string(got[0]))
+                    << (want.empty() ? "" : ", want[0] " + std::to_string(want[0]));
+    ok &= e <= t;
+  };
+  EXPECT_TRUE(all_finite(gpu.out)) << "the CUDA output has a non-finite value";
+  ok &= all_finite(gpu.out);
+  expect_le(nmse(gpu.out, cpu.out), tol.cpu, "output vs CPU", gpu.out, cpu.out);
+  const Vec want = c.reference(gpu.refs);
+  expect_le(nmse(gpu.out, want), c.fwd_tol, "output vs float64 reference", gpu.out, want);
+  if (!c.check_grad) return ok;
+
+  EXPECT_EQ(gpu.grads.size(), cpu.grads.size());
+  if (gpu.grads.size() != cpu.grads.size()) return false;
+  size_t gi = 0;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    if (!c.inputs[i].param) continue;
+    const Vec& got = gpu.grads[gi];
+    const Vec& cg = cpu.grads[gi];
+    ++gi;
+    const std::string which = "gradient of input " + std::to_string(i);
+    EXPECT_FALSE(got.empty()) << which << " is missing";
+    EXPECT_TRUE(all_finite(got)) << which << " has a non-finite value";
+    ok &= !got.empty() && all_finite(got);
+    expect_le(nmse(got, cg), tol.cpu_grad, which + " vs CPU", got, cg);
+    if (!tol.finite_differences) continue;
+    std::vector<Ref> refs = gpu.refs;
+    Vec numeric(refs[i].v.size());
+    for (size_t j = 0; j < numeric.size(); ++j) {
+      const double keep = refs[i].v[j];
+      const double h = c.fd_step * std::max(1.0, std::abs(keep));
+      refs[i].v[j] = keep + h;
+      const double fp = dot(c.reference(refs), gpu.weights);
+      refs[i].v[j] = keep - h;
+      const double fm = dot(c.reference(refs), gpu.weights);
+      refs[i].v[j] = keep;
+      numeric[j] = (fp - fm) / (2 * h);
+    }
+    expect_le(nmse(got, numeric), c.grad_tol, which + " vs central differences", got, numeric);
+  }
+  return ok;
+}
+
+}  // namespace retort::test
