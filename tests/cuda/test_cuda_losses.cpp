@@ -178,8 +178,11 @@ TEST_F(CudaLosses, Entropy) {
   for (DType dt : {DType::BF16, DType::F16})
     EXPECT_TRUE(check_cuda(
         entropy_case(std::string("cuda_entropy_") + dtype_name(dt), 2, Reduction::None, 4, 16, dt)));
+  // The big rows take the Hopper cluster path, whose exponentials are MUFU.EX2 (about 2 ulp): over 50,000
+  // terms at T = 1.3 the gradient's nmse against the CPU's libm exp lands near 2e-8 (measured on H100), so this
+  // case allows 1e-7 (1e-4 relative rms) instead of the 1e-9 the small cases keep.
   EXPECT_TRUE(check_cuda(entropy_case("cuda_entropy_big", 1.3, Reduction::Mean, 6, 50000, DType::BF16, -8, 8),
-                         {kCpuTol, kCpuTol, false}));
+                         {1e-7, 1e-7, false}));
 
   // Logits near 1e4 with a spread-out distribution (the entropy must not cancel against the lse), and ±1e4
   // at T = 1.5 where the distribution is one-hot: 0 (or tiny), never NaN.
