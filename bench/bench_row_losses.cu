@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/loss/distill_rows.h"
 #include "cuda/loss/row_losses.h"
 
 using namespace retort;
@@ -195,6 +196,58 @@ int main(int argc, char** argv) {
   run("selective_log_softmax K=64 fwd+bwd", rw_floor, [&] {
     selective_log_softmax_rows(b, selK, err, nullptr);
     selective_log_softmax_rows(bsel, selKb, err, nullptr);
+  });
+
+  // ---- distillation: top-K (K = 64, forward KL, w_hard = 0.5 with labels) and full vocabulary (JSD 0.5) ----
+  float* lp;
+  CK(cudaMalloc(&lp, N * K * 4));
+  {
+    std::vector<float> hlp(N * K);
+    for (int64_t i = 0; i < N * K; ++i) hlp[i] = -1.0f - 4.0f * float(rand()) / RAND_MAX;
+    CK(cudaMemcpy(lp, hlp.data(), N * K * 4, cudaMemcpyHostToDevice));
+  }
+  TopKRows tk;
+  tk.ids = {ids, DType::I32, K * 4, 4};
+  tk.logprobs = {lp, DType::F32, K * 4, 4};
+  tk.labels = {labels, DType::I32, 4, 0};
+  tk.K = K;
+  tk.w_hard = 0.5f;
+  tk.w_soft = 1.0f;
+  ErrorSink sink;
+  run("topk_kd K=64 (+0.5 CE) fwd", read_floor, [&] {
+    count_valid_rows(labels, DType::I32, N, -100, 1.0f, inv, nullptr, nullptr);
+    topk_distill_rows(b, tk, sink, nullptr);
+    sum_rows_scalar(loss, N, inv, 1.0f, total, nullptr);
+  });
+  run("topk_kd K=64 (+0.5 CE) fwd+bwd", rw_floor, [&] {
+    count_valid_rows(labels, DType::I32, N, -100, 1.0f, inv, nullptr, nullptr);
+    topk_distill_rows(bg, tk, sink, nullptr);
+    sum_rows_scalar(loss, N, inv, 1.0f, total, nullptr);
+  });
+  __nv_bfloat16* teacher;
+  CK(cudaMalloc(&teacher, bytes));
+  fill_normal_bf16<<<4096, 256>>>(teacher, N * V, 999, 2.0f);
+  CK(cudaGetLastError());
+  DistillRows dr;
+  dr.teacher = teacher;
+  dr.teacher_dtype = DType::BF16;
+  dr.teacher_stride = V;
+  dr.beta = 0.5f;
+  // Floors: read student and teacher once (and write the gradient once).
+  run("distill JSD(0.5) fwd (student+teacher)", 2 * read_floor, [&] { distill_rows(b, dr, sink, nullptr); });
+  run("distill JSD(0.5) fwd+bwd", 3 * read_floor, [&] {
+    RowBlock t = bg;
+    t.scale_dev = nullptr;
+    t.scale = 1.0f / N;
+    distill_rows(t, dr, sink, nullptr);
+  });
+  DistillRows dkl = dr;
+  dkl.beta = 0.0f;
+  run("distill forward-KL fwd+bwd", 3 * read_floor, [&] {
+    RowBlock t = bg;
+    t.scale_dev = nullptr;
+    t.scale = 1.0f / N;
+    distill_rows(t, dkl, sink, nullptr);
   });
   CK(cudaDeviceSynchronize());
   int herr;
