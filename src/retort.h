@@ -13,3 +13,4 @@
 #include "nn/optim.h"
 #include "nn/transformer.h"
 #include "ops/ops.h"
+#include "ops/loss/losses.h"

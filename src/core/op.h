@@ -64,6 +64,16 @@ enum class Op : uint16_t {
   // plain cross-entropy over rows: src = logits [N, V], labels (int [N]); ip[0] = ignore_index
   CrossEntropy,
   CrossEntropyBack,  // src = logits, labels, grad (scalar)
+  // row losses of the loss backend (src/ops/loss/losses.cpp). ip[0] = reduction, ip[1] = 1 when the forward
+  // also writes the logits gradient (set by the backward rule); aux = per-row loss, lse, hard/soft parts,
+  // logits gradient (slots fixed, see losses.cpp)
+  CrossEntropyLoss,         // src = logits, labels
+  TopKDistill,              // src = logits, teacher ids, teacher logprobs, mask?, labels?
+  TopKKLGathered,           // src = student logits gathered at the teacher ids, teacher logprobs, mask?
+  Distill,                  // src = student logits, teacher logits, labels?
+  Entropy,                  // src = logits
+  SelectiveLogSoftmax,      // src = logits, ids; aux[1] = lse (for the backward)
+  SelectiveLogSoftmaxBack,  // src = logits, ids, grad [N, K], lse
   Count
 };
 

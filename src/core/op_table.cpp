@@ -15,6 +15,7 @@ OpTable build_table() {
   register_norm_ops(t);
   register_rope_ops(t);
   register_cross_entropy_ops(t);
+  register_loss_ops(t);
   return t;
 }
 

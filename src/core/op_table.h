@@ -59,5 +59,6 @@ void register_softmax_ops(OpTable& t);
 void register_norm_ops(OpTable& t);
 void register_rope_ops(OpTable& t);
 void register_cross_entropy_ops(OpTable& t);
+void register_loss_ops(OpTable& t);
 
 }  // namespace retort

@@ -1,0 +1,476 @@
+// Row losses as graph nodes: constructors (shape and option checks), CPU node kernels (validate the side
+// data, then call the row kernels of row_kernels.h and reduce), and backward rules.
+//
+// How the single pass works: a loss node's backward rule does not emit a gradient computation. It sets
+// ip[kIpGrad] on the forward node and hangs an f32 [N, V] AuxOutput on it (aux[kAuxGrad]); the forward kernel
+// then writes d(loss)/d(logits) there, already scaled by the reduction, while it computes the loss. The rule
+// passes that tensor on, multiplied by the upstream gradient unless the upstream is the constant 1 the graph
+// seeds its loss with. Every loss node uses the same slots:
+//   src[0] = student logits; ip[0] = Reduction, ip[1] = write the gradient, ip[2] = ignore_index,
+//   ip[3] = normalize_topk; fp[0] = T, fp[1] = beta, fp[2] = w_hard, fp[3] = w_soft, fp[4] = label smoothing,
+//   fp[5] = z_loss, fp[6] = softcap; aux[0] = per-row loss [N], aux[1] = lse [N],
+//   aux[2] = hard/soft parts ([2] or [2, N]), aux[3] = logits gradient [N, V].
+#include "losses.h"
+
+#include <cmath>
+#include <sstream>
+#include <vector>
+
+#include "../../core/error.h"
+#include "../../core/op_table.h"
+#include "../../core/thread_pool.h"
+#include "../ops.h"
+#include "row_kernels.h"
+
+namespace retort {
+
+namespace {
+
+constexpr int kIpReduction = 0, kIpGrad = 1, kIpIgnore = 2, kIpNormalize = 3;
+constexpr int kFpTemp = 0, kFpBeta = 1, kFpHard = 2, kFpSoft = 3, kFpSmooth = 4, kFpZLoss = 5, kFpCap = 6;
+constexpr int kAuxRows = 0, kAuxLse = 1, kAuxParts = 2, kAuxGrad = 3;
+
+// Role names of each op's sources, for messages.
+const char* const* roles(Op op) {
+  static const char* const ce[] = {"logits", "labels"};
+  static const char* const topk[] = {"logits", "teacher_ids", "teacher_logprobs", "mask", "labels"};
+  static const char* const gathered[] = {"student_gathered", "", "teacher_logprobs", "mask"};
+  static const char* const dist[] = {"student", "teacher", "labels"};
+  static const char* const ids[] = {"logits", "ids", "grad", "lse"};
+  switch (op) {
+    case Op::CrossEntropyLoss:
+      return ce;
+    case Op::TopKDistill:
+      return topk;
+    case Op::TopKKLGathered:
+      return gathered;
+    case Op::Distill:
+      return dist;
+    default:
+      return ids;  // Entropy uses the first only
+  }
+}
+
+// "topk_kd (logits f32[5, 10], teacher_ids i32[5, 4], ...)": the op and its inputs, for run-time errors.
+std::string what(const Tensor* node) {
+  std::ostringstream os;
+  os << op_name(node->op) << " (";
+  const char* const* r = roles(node->op);
+  bool first = true;
+  for (int i = 0; i < 5; ++i) {
+    const Tensor* s = node->src[size_t(i)];
+    if (!s) continue;
+    os << (first ? "" : ", ") << r[i] << " " << s->describe();
+    first = false;
+  }
+  os << ")";
+  return os.str();
+}
+
+// ---- build-time checks --------------------------------------------------------------------------------
+
+void check_matrix(const char* op, const char* role, const Tensor* t, bool want_float) {
+  RT_CHECK(t != nullptr, op, ": ", role, " is null");
+  RT_CHECK(t->ne[2] == 1 && t->ne[3] == 1, op, ": ", role, " must be 2-D (N rows), got ", t->describe());
+  if (want_float)
+    RT_CHECK(is_float(t->dtype), op, ": ", role, " must be f32, bf16 or f16, got ", t->describe());
+  else
+    RT_CHECK(is_int(t->dtype), op, ": ", role, " must be i32 or i64, got ", t->describe());
+}
+
+void check_rows(const char* op, const char* role, const Tensor* t, const Tensor* logits) {
+  RT_CHECK(t->ne[1] == logits->ne[1], op, ": ", role, " ", t->describe(), " must have N = ", logits->ne[1],
+           " rows like ", logits->describe());
+}
+
+void check_labels(const char* op, const Tensor* labels, const Tensor* logits) {
+  RT_CHECK(is_int(labels->dtype), op, ": labels must be i32 or i64, got ", labels->describe());
+  RT_CHECK(labels->n_dims() == 1 && labels->ne[0] == logits->ne[1], op, ": labels ", labels->describe(),
+           " must be [N] with N = ", logits->ne[1], " like logits ", logits->describe());
+}
+
+void check_same_slots(const char* op, const char* role, const Tensor* t, const Tensor* like) {
+  RT_CHECK(t->ne[2] == 1 && t->ne[3] == 1 && t->ne[0] == like->ne[0] && t->ne[1] == like->ne[1], op, ": ",
+           role, " ", t->describe(), " must be [N, K] like ", like->describe());
+}
+
+// Option checks name the op and the student's shape: "topk_kd: beta must be in [0, 1] ..., got 1.5 (logits
+// f32[4, 6])".
+void check_temperature(const char* op, float t, const Tensor* x) {
+  RT_CHECK(std::isfinite(t) && t > 0.0f, op, ": temperature must be a finite number > 0, got ", t,
+           " (logits ", x->describe(), ")");
+}
+
+void check_beta(const char* op, float beta, const Tensor* x) {
+  RT_CHECK(beta >= 0.0f && beta <= 1.0f, op, ": beta must be in [0, 1] (0 forward KL, 1 reverse KL), got ",
+           beta, " (logits ", x->describe(), ")");
+}
+
+void check_weight(const char* op, const char* name, float w, const Tensor* x) {
+  RT_CHECK(std::isfinite(w) && w >= 0.0f, op, ": ", name, " must be a finite number >= 0, got ", w,
+           " (logits ", x->describe(), ")");
+}
+
+void check_reduction(const char* op, Reduction r, const Tensor* x) {
+  RT_CHECK(r == Reduction::Mean || r == Reduction::Sum || r == Reduction::None, op, ": unknown reduction ",
+           int64_t(r), " (logits ", x->describe(), ")");
+}
+
+// ---- node and outputs ---------------------------------------------------------------------------------
+
+Tensor* loss_node(Context& ctx, Op op, Tensor* logits, Reduction red) {
+  int64_t ne[kMaxDims] = {1, 1, 1, 1};
+  if (red == Reduction::None) ne[0] = logits->ne[1];
+  Tensor* t = ctx.node(op, DType::F32, ne);
+  t->src[0] = logits;
+  t->ip[kIpReduction] = int64_t(red);
+  return t;
+}
+
+Tensor* add_aux(Context& ctx, Tensor* node, int slot, const int64_t ne[kMaxDims]) {
+  Tensor* a = ctx.node(Op::AuxOutput, DType::F32, ne);
+  a->src[0] = node;
+  a->flags |= kOutput;  // asked for by name, so read after the run: never reuse its memory
+  node->aux[size_t(slot)] = a;
+  return a;
+}
+
+LossOutputs make_outputs(Context& ctx, Tensor* node, bool per_row, bool lse, bool parts) {
+  LossOutputs o;
+  o.loss = node;
+  const int64_t n = node->src[0]->ne[1];
+  const bool none = Reduction(node->ip[kIpReduction]) == Reduction::None;
+  int64_t row_ne[kMaxDims] = {n, 1, 1, 1};
+  if (per_row) o.per_row = none ? node : add_aux(ctx, node, kAuxRows, row_ne);
+  if (lse) o.lse = add_aux(ctx, node, kAuxLse, row_ne);
+  if (parts) {
+    // One extra output holds both, hard in row 0 and soft in row 1 (a node has four extra outputs at most).
+    int64_t pne[kMaxDims] = {none ? n : 1, 2, 1, 1};
+    Tensor* p = add_aux(ctx, node, kAuxParts, pne);
+    o.hard = slice(ctx, p, 1, 0, 1);
+    o.soft = slice(ctx, p, 1, 1, 1);
+    o.hard->flags |= kOutput;
+    o.soft->flags |= kOutput;
+  }
+  return o;
+}
+
+// ---- CPU kernels --------------------------------------------------------------------------------------
+
+loss::Block matrix(const Tensor* t) {
+  if (!t) return {};
+  return {t->data, t->dtype, t->ne[1], t->ne[0], t->nb[1], t->nb[0]};
+}
+loss::Block column(const Tensor* t) {  // a 1-D [N] tensor as N rows of one element
+  if (!t) return {};
+  return {t->data, t->dtype, t->ne[0], 1, t->nb[0], t->nb[0]};
+}
+float* f32(const Tensor* t) {
+  return t ? static_cast<float*>(t->data) : nullptr;
+}
+
+// Wires the node's outputs into a RowOut, lets run() fill it, then reduces. valid is the number of rows that
+// count (the mean's divisor, and the gradient's scale 1/valid under Mean).
+template <typename Run>
+void run_loss(Tensor* node, int64_t valid, Run&& run) {
+  const Tensor* x = node->src[0];
+  const int64_t n = x->ne[1];
+  const Reduction red = Reduction(node->ip[kIpReduction]);
+  const bool none = red == Reduction::None;
+  std::vector<float> rows_buf, hard_buf, soft_buf;
+  loss::RowOut out;
+  if (none) {
+    out.loss = f32(node);
+  } else if (node->aux[kAuxRows]) {
+    out.loss = f32(node->aux[kAuxRows]);
+  } else {
+    rows_buf.resize(size_t(n));
+    out.loss = rows_buf.data();
+  }
+  out.lse = f32(node->aux[kAuxLse]);
+  Tensor* parts = node->aux[kAuxParts];
+  if (parts && none) {
+    out.hard = f32(parts);
+    out.soft = f32(parts) + n;
+  } else if (parts) {
+    hard_buf.resize(size_t(n));
+    soft_buf.resize(size_t(n));
+    out.hard = hard_buf.data();
+    out.soft = soft_buf.data();
+  }
+  const float inv = red == Reduction::Mean ? (valid > 0 ? 1.0f / float(valid) : 0.0f) : 1.0f;
+  if (node->ip[kIpGrad] && node->aux[kAuxGrad]) {
+    out.grad = loss::Block::dense(node->aux[kAuxGrad]->data, DType::F32, n, x->ne[0]);
+    out.grad_scale = inv;
+  }
+  run(out);
+  if (none) return;
+  // Rows are summed in order in double, so the result does not depend on the thread count.
+  auto reduce = [&](const float* v) {
+    double s = 0;
+    for (int64_t r = 0; r < n; ++r) s += v[r];
+    return float(s * double(inv));
+  };
+  *f32(node) = reduce(out.loss);
+  if (parts) {
+    f32(parts)[0] = reduce(out.hard);
+    f32(parts)[1] = reduce(out.soft);
+  }
+}
+
+void cpu_cross_entropy_loss(Tensor* node, ThreadPool& pool) {
+  const Tensor* x = node->src[0];
+  loss::CrossEntropySide side;
+  side.labels = column(node->src[1]);
+  side.ignore_index = node->ip[kIpIgnore];
+  side.label_smoothing = node->fp[kFpSmooth];
+  side.z_loss = node->fp[kFpZLoss];
+  side.softcap = node->fp[kFpCap];
+  const int64_t valid = loss::check_cross_entropy(side, x->ne[0], what(node));
+  run_loss(node, valid,
+           [&](const loss::RowOut& out) { loss::cross_entropy_rows(matrix(x), side, out, pool); });
+}
+
+// Top-K distillation and its gathered form share the kernel: the gathered node has no ids (src[1] is null).
+void cpu_topk(Tensor* node, ThreadPool& pool) {
+  const Tensor* x = node->src[0];
+  loss::TopKSide side;
+  side.ids = matrix(node->src[1]);
+  side.logprobs = matrix(node->src[2]);
+  side.mask = matrix(node->src[3]);
+  side.labels = column(node->src[4]);
+  side.ignore_index = node->ip[kIpIgnore];
+  side.normalize_topk = node->ip[kIpNormalize] != 0;
+  side.temperature = node->fp[kFpTemp];
+  side.beta = node->fp[kFpBeta];
+  side.w_hard = node->fp[kFpHard];
+  side.w_soft = node->fp[kFpSoft];
+  const int64_t valid = loss::check_topk(side, x->ne[1], x->ne[0], what(node));
+  run_loss(node, valid, [&](const loss::RowOut& out) { loss::topk_rows(matrix(x), side, out, pool); });
+}
+
+void cpu_distill(Tensor* node, ThreadPool& pool) {
+  const Tensor* x = node->src[0];
+  loss::DistillSide side;
+  side.teacher = matrix(node->src[1]);
+  side.labels = column(node->src[2]);
+  side.ignore_index = node->ip[kIpIgnore];
+  side.temperature = node->fp[kFpTemp];
+  side.beta = node->fp[kFpBeta];
+  side.w_hard = node->fp[kFpHard];
+  side.w_soft = node->fp[kFpSoft];
+  const int64_t valid = loss::check_distill(side, x->ne[1], x->ne[0], what(node));
+  run_loss(node, valid, [&](const loss::RowOut& out) { loss::distill_rows(matrix(x), side, out, pool); });
+}
+
+void cpu_entropy(Tensor* node, ThreadPool& pool) {
+  const Tensor* x = node->src[0];
+  loss::EntropySide side{node->fp[kFpTemp]};
+  run_loss(node, x->ne[1], [&](const loss::RowOut& out) { loss::entropy_rows(matrix(x), side, out, pool); });
+}
+
+void cpu_selective(Tensor* node, ThreadPool& pool) {
+  const Tensor* x = node->src[0];
+  const loss::Block ids = matrix(node->src[1]);
+  loss::check_ids(ids, x->ne[0], what(node));
+  loss::selective_log_softmax_rows(matrix(x), ids,
+                                   loss::Block::dense(node->data, DType::F32, ids.rows, ids.cols),
+                                   f32(node->aux[kAuxLse]), pool);
+}
+
+void cpu_selective_back(Tensor* node, ThreadPool& pool) {
+  const Tensor* x = node->src[0];
+  // The ids were checked by the forward node, which ran first.
+  loss::selective_log_softmax_back_rows(matrix(x), matrix(node->src[1]), matrix(node->src[2]),
+                                        f32(node->src[3]),
+                                        loss::Block::dense(node->data, DType::F32, x->ne[1], x->ne[0]), pool);
+}
+
+// ---- backward -----------------------------------------------------------------------------------------
+
+bool is_unit_fill(const Tensor* g) {
+  return g->op == Op::Fill && g->fp[0] == 1.0f;
+}
+
+void back_loss(BackwardCtx& bc, Tensor* node, Tensor* grad) {
+  const char* const* r = roles(node->op);
+  for (int i = 1; i < 5; ++i) {  // no loss has more than five sources
+    Tensor* s = node->src[size_t(i)];
+    // Every float input besides the student's logits is teacher data (labels and ids are integers).
+    RT_CHECK(!(s && is_float(s->dtype) && bc.needs(s)), op_name(node->op), ": ", r[i], " ", s->describe(),
+             " needs a gradient (it is a parameter or computed from one), but teacher inputs are constants: "
+             "no gradient flows to them");
+  }
+  Tensor* x = node->src[0];
+  if (!bc.needs(x)) return;
+  Tensor*& gz = node->aux[kAuxGrad];
+  if (!gz) {
+    gz = bc.ctx.node(Op::AuxOutput, DType::F32, x->ne);
+    gz->src[0] = node;
+  }
+  node->ip[kIpGrad] = 1;  // the forward pass now writes gz too
+  if (is_unit_fill(grad)) {
+    bc.add(x, gz);
+    return;
+  }
+  Tensor* u = grad;
+  if (Reduction(node->ip[kIpReduction]) == Reduction::None) {  // one upstream value per row: [N] -> [N, 1]
+    if (!u->is_contiguous()) u = contiguous(bc.ctx, u);
+    u = reshape(bc.ctx, u, {x->ne[1], 1});
+  }
+  bc.add(x, mul(bc.ctx, gz, u));
+}
+
+void back_selective(BackwardCtx& bc, Tensor* node, Tensor* grad) {
+  Tensor* x = node->src[0];
+  if (!bc.needs(x)) return;
+  Tensor*& lse = node->aux[kAuxLse];
+  if (!lse) {  // the forward keeps its row normalizers for the backward's single pass
+    int64_t ne[kMaxDims] = {x->ne[1], 1, 1, 1};
+    lse = bc.ctx.node(Op::AuxOutput, DType::F32, ne);
+    lse->src[0] = node;
+  }
+  Tensor* t = bc.ctx.node(Op::SelectiveLogSoftmaxBack, DType::F32, x->ne);
+  t->src[0] = x;
+  t->src[1] = node->src[1];
+  t->src[2] = grad;
+  t->src[3] = lse;
+  bc.add(x, t);
+}
+
+}  // namespace
+
+// ---- constructors -------------------------------------------------------------------------------------
+
+LossOutputs cross_entropy_loss(Context& ctx, Tensor* logits, Tensor* labels, const CrossEntropyOptions& o) {
+  const char* op = "cross_entropy_loss";
+  check_matrix(op, "logits", logits, true);
+  RT_CHECK(labels != nullptr, op, ": labels are null");
+  check_labels(op, labels, logits);
+  check_reduction(op, o.reduction, logits);
+  RT_CHECK(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f, op,
+           ": label_smoothing must be in [0, 1], got ", o.label_smoothing, " (logits ", logits->describe(),
+           ")");
+  check_weight(op, "z_loss", o.z_loss, logits);
+  check_weight(op, "softcap", o.softcap, logits);
+  Tensor* t = loss_node(ctx, Op::CrossEntropyLoss, logits, o.reduction);
+  t->src[1] = labels;
+  t->ip[kIpIgnore] = o.ignore_index;
+  t->fp[kFpSmooth] = o.label_smoothing;
+  t->fp[kFpZLoss] = o.z_loss;
+  t->fp[kFpCap] = o.softcap;
+  return make_outputs(ctx, t, o.return_per_row, o.return_lse, false);
+}
+
+LossOutputs topk_kd(Context& ctx, Tensor* logits, Tensor* teacher_ids, Tensor* teacher_logprobs, Tensor* mask,
+                    Tensor* labels, const TopKDistillOptions& o) {
+  const char* op = "topk_kd";
+  check_matrix(op, "logits", logits, true);
+  check_matrix(op, "teacher_ids", teacher_ids, false);
+  check_matrix(op, "teacher_logprobs", teacher_logprobs, true);
+  check_rows(op, "teacher_ids", teacher_ids, logits);
+  check_same_slots(op, "teacher_logprobs", teacher_logprobs, teacher_ids);
+  RT_CHECK(teacher_ids->ne[0] <= logits->ne[0], op, ": teacher_ids ", teacher_ids->describe(),
+           " has K = ", teacher_ids->ne[0], " slots but logits ", logits->describe(),
+           " has only V = ", logits->ne[0], " entries (K must be <= V)");
+  if (mask) check_same_slots(op, "mask", mask, teacher_ids);
+  if (labels) check_labels(op, labels, logits);
+  check_reduction(op, o.reduction, logits);
+  check_temperature(op, o.temperature, logits);
+  check_beta(op, o.beta, logits);
+  check_weight(op, "w_hard", o.w_hard, logits);
+  check_weight(op, "w_soft", o.w_soft, logits);
+  RT_CHECK(o.w_hard == 0.0f || labels, op, ": w_hard = ", o.w_hard, " needs labels, got none (logits ",
+           logits->describe(), ")");
+  Tensor* t = loss_node(ctx, Op::TopKDistill, logits, o.reduction);
+  t->src[1] = teacher_ids;
+  t->src[2] = teacher_logprobs;
+  t->src[3] = mask;
+  t->src[4] = labels;
+  t->ip[kIpIgnore] = o.ignore_index;
+  t->ip[kIpNormalize] = o.normalize_topk ? 1 : 0;
+  t->fp[kFpTemp] = o.temperature;
+  t->fp[kFpBeta] = o.beta;
+  t->fp[kFpHard] = o.w_hard;
+  t->fp[kFpSoft] = o.w_soft;
+  return make_outputs(ctx, t, o.return_per_row, o.return_lse, o.return_parts);
+}
+
+LossOutputs topk_kl_gathered(Context& ctx, Tensor* student_gathered, Tensor* teacher_logprobs, Tensor* mask,
+                             const TopKKLOptions& o) {
+  const char* op = "topk_kl_gathered";
+  check_matrix(op, "student_gathered", student_gathered, true);
+  check_matrix(op, "teacher_logprobs", teacher_logprobs, true);
+  check_same_slots(op, "teacher_logprobs", teacher_logprobs, student_gathered);
+  if (mask) check_same_slots(op, "mask", mask, student_gathered);
+  check_reduction(op, o.reduction, student_gathered);
+  check_temperature(op, o.temperature, student_gathered);
+  Tensor* t = loss_node(ctx, Op::TopKKLGathered, student_gathered, o.reduction);
+  t->src[2] = teacher_logprobs;
+  t->src[3] = mask;
+  t->ip[kIpNormalize] = 1;
+  t->fp[kFpTemp] = o.temperature;
+  t->fp[kFpBeta] = 0.0f;
+  t->fp[kFpHard] = 0.0f;
+  t->fp[kFpSoft] = 1.0f;
+  return make_outputs(ctx, t, o.return_per_row, o.return_lse, false);
+}
+
+LossOutputs distill(Context& ctx, Tensor* student, Tensor* teacher, Tensor* labels, const DistillOptions& o) {
+  const char* op = "distill";
+  check_matrix(op, "student", student, true);
+  check_matrix(op, "teacher", teacher, true);
+  RT_CHECK(same_shape(student, teacher), op, ": teacher ", teacher->describe(),
+           " must have the shape of student ", student->describe());
+  if (labels) check_labels(op, labels, student);
+  check_reduction(op, o.reduction, student);
+  check_temperature(op, o.temperature, student);
+  check_beta(op, o.beta, student);
+  check_weight(op, "w_hard", o.w_hard, student);
+  check_weight(op, "w_soft", o.w_soft, student);
+  RT_CHECK(o.w_hard == 0.0f || labels, op, ": w_hard = ", o.w_hard, " needs labels, got none (student ",
+           student->describe(), ")");
+  Tensor* t = loss_node(ctx, Op::Distill, student, o.reduction);
+  t->src[1] = teacher;
+  t->src[2] = labels;
+  t->ip[kIpIgnore] = o.ignore_index;
+  t->fp[kFpTemp] = o.temperature;
+  t->fp[kFpBeta] = o.beta;
+  t->fp[kFpHard] = o.w_hard;
+  t->fp[kFpSoft] = o.w_soft;
+  return make_outputs(ctx, t, o.return_per_row, o.return_lse, o.return_parts);
+}
+
+Tensor* entropy(Context& ctx, Tensor* logits, float temperature, Reduction reduction) {
+  const char* op = "entropy";
+  check_matrix(op, "logits", logits, true);
+  check_reduction(op, reduction, logits);
+  check_temperature(op, temperature, logits);
+  Tensor* t = loss_node(ctx, Op::Entropy, logits, reduction);
+  t->fp[kFpTemp] = temperature;
+  return t;
+}
+
+Tensor* selective_log_softmax(Context& ctx, Tensor* logits, Tensor* ids) {
+  const char* op = "selective_log_softmax";
+  check_matrix(op, "logits", logits, true);
+  check_matrix(op, "ids", ids, false);
+  check_rows(op, "ids", ids, logits);
+  int64_t ne[kMaxDims] = {ids->ne[0], ids->ne[1], 1, 1};
+  Tensor* t = ctx.node(Op::SelectiveLogSoftmax, DType::F32, ne);
+  t->src[0] = logits;
+  t->src[1] = ids;
+  return t;
+}
+
+void register_loss_ops(OpTable& t) {
+  t[size_t(Op::CrossEntropyLoss)] = {"cross_entropy_loss", cpu_cross_entropy_loss, back_loss, true};
+  t[size_t(Op::TopKDistill)] = {"topk_kd", cpu_topk, back_loss, true};
+  t[size_t(Op::TopKKLGathered)] = {"topk_kl_gathered", cpu_topk, back_loss, true};
+  t[size_t(Op::Distill)] = {"distill", cpu_distill, back_loss, true};
+  t[size_t(Op::Entropy)] = {"entropy", cpu_entropy, back_loss, true};
+  t[size_t(Op::SelectiveLogSoftmax)] = {"selective_log_softmax", cpu_selective, back_selective, true};
+  t[size_t(Op::SelectiveLogSoftmaxBack)] = {"selective_log_softmax_back", cpu_selective_back, nullptr, false};
+}
+
+}  // namespace retort

@@ -1,0 +1,107 @@
+// Float64 references for the row losses (straight from the formulas, sharing nothing with the kernels) and a
+// case runner for what the harness's run_case cannot express: explicit input values (−inf padding, fully
+// masked rows, all rows ignored), and a backward seeded with the graph's own constant 1 (the single-pass
+// path).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+
+namespace retort::test {
+
+// A row-major matrix view of a reference input: rows = ne[1], cols = ne[0].
+struct Mat {
+  int64_t rows = 0, cols = 0;
+  Vec v;
+  double at(int64_t r, int64_t c) const { return v[size_t(r * cols + c)]; }
+  const double* row(int64_t r) const { return v.data() + r * cols; }
+};
+Mat mat(const Ref& r);
+// The matrix a transposed view of r presents: element (i, j) = r.at(i, j), rows = ne[0].
+Mat mat_t(const Ref& r);
+std::vector<int64_t> ints(const Ref& r);
+
+enum class Out { Loss, PerRow, Lse, Hard, Soft };
+// The output of a loss a test looks at.
+Tensor* pick(const LossOutputs& o, Out what);
+const char* red_name(Reduction r);
+
+// Log-sum-exp of x[0..n) / t, computed stably in double.
+double lse_ref(const double* x, int64_t n, double t = 1.0);
+
+struct CeRef {
+  int64_t ignore = -100;
+  double eps = 0, z_loss = 0, cap = 0;
+  Reduction red = Reduction::Mean;
+};
+Vec ce_ref(const Mat& z, const std::vector<int64_t>& labels, const CeRef& o, Out what = Out::Loss);
+
+struct TopKRef {
+  double beta = 0, t = 1, w_hard = 0, w_soft = 1;
+  bool normalize = false;
+  int64_t ignore = -100;
+  Reduction red = Reduction::Mean;
+};
+// ids: row-major [N, K] or empty (gathered: slot k is column k of z); mask: [N, K] or empty; labels: [N] or
+// empty.
+Vec topk_ref(const Mat& z, const std::vector<int64_t>& ids, const Mat& logprobs, const Vec& mask,
+             const std::vector<int64_t>& labels, const TopKRef& o, Out what = Out::Loss);
+
+struct DistillRef {
+  double beta = 0, t = 1, w_hard = 0, w_soft = 1;
+  int64_t ignore = -100;
+  Reduction red = Reduction::Mean;
+};
+Vec distill_ref(const Mat& z, const Mat& teacher, const std::vector<int64_t>& labels, const DistillRef& o,
+                Out what = Out::Loss);
+
+Vec entropy_ref(const Mat& z, double t, Reduction red);
+Vec selective_ref(const Mat& z, const std::vector<int64_t>& ids, int64_t k);
+
+// An input of a LossCase: random in [lo, hi) (ints: [lo, hi)) unless values are given (ggml order).
+struct LossInput {
+  LossInput(Shape shape, DType dtype = DType::F32, bool param = false, double lo = -1.0, double hi = 1.0,
+            Vec values = {})
+      : shape(std::move(shape)), dtype(dtype), param(param), lo(lo), hi(hi), values(std::move(values)) {}
+  Shape shape;
+  DType dtype = DType::F32;
+  bool param = false;
+  double lo = -1.0, hi = 1.0;
+  Vec values;
+};
+
+struct LossCase {
+  std::string name;
+  std::vector<LossInput> inputs;
+  std::function<Tensor*(Context&, const std::vector<Tensor*>&)> build;
+  std::function<Vec(const std::vector<Ref>&)> reference;
+  double fwd_tol = 1e-10;
+  double grad_tol = 1e-8;
+  double fd_step = 1e-6;
+  bool check_grad = true;
+  // true: backward(out) on the scalar loss itself (the graph seeds it with its constant 1: single pass);
+  // false: backward(Σ w·out) with random weights w (a non-unit upstream gradient).
+  bool unit_seed = false;
+};
+
+// Runs the case on the CPU: forward vs reference (nmse), every output and gradient finite, gradients of the
+// param inputs vs central differences of the reference. EXPECTs inside; returns false on any failure.
+bool run_loss_case(const LossCase& c);
+
+// The same case for the harness's run_case (random inputs only; non-param float inputs are not
+// differentiated).
+OpCase to_op_case(const LossCase& c);
+
+// The single-pass gradient (backward on the loss itself: no multiply by the upstream in the graph) matches
+// finite differences and equals a third of the gradient of 3·loss. The case's output must be a scalar.
+void check_single_pass(const LossCase& c);
+
+// Runs fn, expecting retort::Error whose message contains every string in parts.
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts);
+
+}  // namespace retort::test
