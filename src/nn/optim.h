@@ -16,9 +16,12 @@ struct AdamWConfig {
 // AdamW with decoupled weight decay and bias correction; m and v are f32 on the parameters' backend.
 class AdamW {
  public:
-  // Throws retort::Error on a bad option (lr < 0, betas outside [0, 1), eps <= 0, weight_decay < 0).
+  // Throws retort::Error on a bad option (lr < 0, betas outside [0, 1), eps <= 0, weight_decay < 0, NaN), on
+  // an empty list, and on a tensor that is not a contiguous float parameter (Context::param) or is listed
+  // twice.
   AdamW(const std::vector<Tensor*>& params, const AdamWConfig& config);
-  // One update of every parameter from graph.grad(p). lr < 0 means config.lr.
+  // One update of every parameter from graph.grad(p). lr < 0 means config.lr. A parameter with no gradient
+  // in graph (it does not reach the loss) is left unchanged, as in PyTorch; the step count advances once.
   void step(const Graph& graph, float lr = -1.0f);
   int64_t steps() const { return step_; }
   const AdamWConfig& config() const { return config_; }
@@ -40,8 +43,10 @@ struct SgdConfig {
 
 class Sgd {
  public:
-  // Throws retort::Error on a bad option (lr < 0, momentum outside [0, 1), weight_decay < 0).
+  // Throws retort::Error on a bad option (lr < 0, momentum outside [0, 1), weight_decay < 0, NaN) and on bad
+  // parameters (as AdamW).
   Sgd(const std::vector<Tensor*>& params, const SgdConfig& config);
+  // buf = momentum * buf + (grad + weight_decay * p); p -= lr * buf (plain SGD when momentum is 0).
   void step(const Graph& graph, float lr = -1.0f);
 
  private:
@@ -51,9 +56,12 @@ class Sgd {
 };
 
 // Scales every parameter gradient so their global L2 norm is at most max_norm; returns the norm before.
+// A non-finite norm is returned without scaling anything (skip that step). Throws unless max_norm > 0.
 double clip_grad_norm(const Graph& graph, double max_norm);
 
-// Linear warmup from 0 to lr_max over warmup steps, then cosine decay to lr_min at total steps.
+// Linear warmup from 0 to lr_max over warmup steps, then cosine decay to lr_min at total steps: step 0 gives
+// 0 (when warmup > 0), step warmup gives lr_max, step >= total gives lr_min. Throws unless step >= 0,
+// 0 <= warmup <= total, total >= 1 and 0 <= lr_min <= lr_max.
 float cosine_lr(int64_t step, int64_t warmup, int64_t total, float lr_max, float lr_min = 0.0f);
 
 }  // namespace retort

@@ -50,11 +50,16 @@ float sum_of(const float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) s += v[i];
   return float(s);
 }
+// A NaN anywhere makes the max NaN (std::max alone would skip it and hide the fault that made it).
 float max_of(const float* v, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, v[i]);
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(v[i])) return v[i];
+    m = std::max(m, v[i]);
+  }
   return m;
 }
+double max_nan(double a, double b) { return std::isnan(a) || std::isnan(b) ? a + b : std::max(a, b); }
 
 void cpu_sum_rows(Tensor* t, ThreadPool& p) { row_reduce(t, p, sum_of); }
 void cpu_mean_rows(Tensor* t, ThreadPool& p) {
@@ -94,9 +99,8 @@ void cpu_mean(Tensor* t, ThreadPool& p) {
   *static_cast<float*>(t->data) = float(s / double(t->src[0]->nelements()));
 }
 void cpu_max(Tensor* t, ThreadPool& p) {
-  auto mx = [](double a, double b) { return std::max(a, b); };
   *static_cast<float*>(t->data) =
-      float(whole_reduce(t->src[0], p, -std::numeric_limits<double>::infinity(), mx, mx));
+      float(whole_reduce(t->src[0], p, -std::numeric_limits<double>::infinity(), max_nan, max_nan));
 }
 
 void cpu_repeat(Tensor* t, ThreadPool& pool) {

@@ -139,7 +139,30 @@ void cpu_fill(Tensor* t, ThreadPool& pool) {
   });
 }
 
+// Integer concat copies bytes: a detour through f32 would round ids above 2^24.
+void concat_exact(Tensor* t, ThreadPool& pool) {
+  const Tensor* a = t->src[0];
+  const Tensor* b = t->src[1];
+  const int dim = int(t->ip[0]);
+  const size_t es = t->elsize();
+  pool.parallel_for(t->nrows(), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t i[kMaxDims] = {0, 0, 0, 0};
+      cpu::row_coords(t, r, i[1], i[2], i[3]);
+      char* dst = cpu::row_ptr(t, r);
+      for (int64_t i0 = 0; i0 < t->ne[0]; ++i0) {
+        int64_t j[kMaxDims] = {i0, i[1], i[2], i[3]};
+        const bool from_b = j[dim] >= a->ne[dim];
+        const Tensor* s = from_b ? b : a;
+        if (from_b) j[dim] -= a->ne[dim];
+        std::memcpy(dst + i0 * t->nb[0], s->ptr(j[0], j[1], j[2], j[3]), es);
+      }
+    }
+  });
+}
+
 void cpu_concat(Tensor* t, ThreadPool& pool) {
+  if (is_int(t->dtype)) return concat_exact(t, pool);
   const Tensor* a = t->src[0];
   const Tensor* b = t->src[1];
   int dim = int(t->ip[0]);
@@ -151,8 +174,10 @@ void cpu_concat(Tensor* t, ThreadPool& pool) {
       cpu::load_row(a, ra, buf);
       cpu::load_row(b, ra, buf + a->ne[0]);
     } else {
-      const Tensor* s = i[dim] < a->ne[dim] ? a : b;
-      if (s == b) i[dim] -= a->ne[dim];
+      // Decide by index, not by comparing pointers: concat(x, x) has a == b.
+      const bool from_b = i[dim] >= a->ne[dim];
+      const Tensor* s = from_b ? b : a;
+      if (from_b) i[dim] -= a->ne[dim];
       cpu::load_row(s, static_cast<const char*>(s->ptr(0, i[1], i[2], i[3])), buf);
     }
     cpu::store_row(t, r, buf);

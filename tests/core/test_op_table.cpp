@@ -1,1 +1,208 @@
+// The static completeness check of the op table: every op has a name and a CPU kernel, and every op marked
+// differentiable has a backward rule. A failure lists every op that is missing something, so adding an Op to
+// src/core/op.h without registering it in its family file fails here, not in some later graph.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "core/op_table.h"
 #include "harness.h"
+
+namespace retort::test {
+namespace {
+
+// The enumerator's own name, so a missing entry is reported by what to look for in src/core/op.h. The switch
+// has no default: adding an Op without naming it here is a -Wswitch warning.
+const char* enum_name(Op op) {
+  switch (op) {
+    case Op::None:
+      return "Op::None";
+    case Op::View:
+      return "Op::View";
+    case Op::Cont:
+      return "Op::Cont";
+    case Op::Fill:
+      return "Op::Fill";
+    case Op::Accumulate:
+      return "Op::Accumulate";
+    case Op::AuxOutput:
+      return "Op::AuxOutput";
+    case Op::SliceBack:
+      return "Op::SliceBack";
+    case Op::Concat:
+      return "Op::Concat";
+    case Op::Add:
+      return "Op::Add";
+    case Op::Sub:
+      return "Op::Sub";
+    case Op::Mul:
+      return "Op::Mul";
+    case Op::Div:
+      return "Op::Div";
+    case Op::Scale:
+      return "Op::Scale";
+    case Op::Neg:
+      return "Op::Neg";
+    case Op::Exp:
+      return "Op::Exp";
+    case Op::Log:
+      return "Op::Log";
+    case Op::Sqrt:
+      return "Op::Sqrt";
+    case Op::Rsqrt:
+      return "Op::Rsqrt";
+    case Op::Tanh:
+      return "Op::Tanh";
+    case Op::Relu:
+      return "Op::Relu";
+    case Op::Gelu:
+      return "Op::Gelu";
+    case Op::Silu:
+      return "Op::Silu";
+    case Op::ReluBack:
+      return "Op::ReluBack";
+    case Op::GeluBack:
+      return "Op::GeluBack";
+    case Op::SiluBack:
+      return "Op::SiluBack";
+    case Op::SumRows:
+      return "Op::SumRows";
+    case Op::MeanRows:
+      return "Op::MeanRows";
+    case Op::MaxRows:
+      return "Op::MaxRows";
+    case Op::Sum:
+      return "Op::Sum";
+    case Op::Mean:
+      return "Op::Mean";
+    case Op::Max:
+      return "Op::Max";
+    case Op::Repeat:
+      return "Op::Repeat";
+    case Op::ReduceTo:
+      return "Op::ReduceTo";
+    case Op::MaxBack:
+      return "Op::MaxBack";
+    case Op::Matmul:
+      return "Op::Matmul";
+    case Op::GetRows:
+      return "Op::GetRows";
+    case Op::GetRowsBack:
+      return "Op::GetRowsBack";
+    case Op::Softmax:
+      return "Op::Softmax";
+    case Op::LogSoftmax:
+      return "Op::LogSoftmax";
+    case Op::CausalSoftmax:
+      return "Op::CausalSoftmax";
+    case Op::SoftmaxBack:
+      return "Op::SoftmaxBack";
+    case Op::LogSoftmaxBack:
+      return "Op::LogSoftmaxBack";
+    case Op::RmsNorm:
+      return "Op::RmsNorm";
+    case Op::RmsNormBack:
+      return "Op::RmsNormBack";
+    case Op::LayerNorm:
+      return "Op::LayerNorm";
+    case Op::LayerNormBack:
+      return "Op::LayerNormBack";
+    case Op::Rope:
+      return "Op::Rope";
+    case Op::CrossEntropy:
+      return "Op::CrossEntropy";
+    case Op::CrossEntropyBack:
+      return "Op::CrossEntropyBack";
+    case Op::Count:
+      return "Op::Count";
+  }
+  return "Op::?";
+}
+
+// "name (Op::X)" of an op, for the lists below.
+std::string label(int i) {
+  const char* n = op_info(Op(i)).name;
+  return std::string(n ? n : "<unregistered>") + " (" + enum_name(Op(i)) + ")";
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+TEST(OpTable, EveryOpHasAName) {
+  std::vector<std::string> missing;
+  for (int i = int(Op::None) + 1; i < kOpCount; ++i)
+    if (!op_info(Op(i)).name) missing.push_back(enum_name(Op(i)));
+  EXPECT_TRUE(missing.empty()) << missing.size() << " ops have no entry in the op table (not registered by "
+                               << "their family's register_*_ops): " << join(missing);
+}
+
+TEST(OpTable, NamesAreUnique) {
+  std::set<std::string> seen;
+  std::vector<std::string> dup;
+  for (int i = 0; i < kOpCount; ++i) {
+    const char* n = op_info(Op(i)).name;
+    if (n && !seen.insert(n).second) dup.push_back(label(i));
+  }
+  EXPECT_TRUE(dup.empty()) << "duplicate op names: " << join(dup);
+}
+
+TEST(OpTable, EveryOpHasACpuKernel) {
+  std::vector<std::string> missing;
+  for (int i = int(Op::None) + 1; i < kOpCount; ++i)
+    if (!op_info(Op(i)).cpu) missing.push_back(label(i));
+  EXPECT_TRUE(missing.empty()) << missing.size() << " ops have no CPU kernel: " << join(missing);
+}
+
+TEST(OpTable, EveryDifferentiableOpHasABackwardRule) {
+  std::vector<std::string> missing;
+  for (int i = int(Op::None) + 1; i < kOpCount; ++i) {
+    const OpInfo& info = op_info(Op(i));
+    // An unregistered entry reads as differentiable with no rule: it is listed here as well as above.
+    if (info.differentiable && !info.backward) missing.push_back(label(i));
+  }
+  EXPECT_TRUE(missing.empty()) << missing.size()
+                               << " differentiable ops have no backward rule: " << join(missing);
+}
+
+TEST(OpTable, NonDifferentiableOpsAreTheExpectedOnes) {
+  // Gradient-only ops and structural nodes are not differentiated through; the public ops all are.
+  const Op internal[] = {Op::Fill,     Op::Accumulate, Op::AuxOutput, Op::ReluBack,
+                         Op::GeluBack, Op::SiluBack,   Op::MaxBack};
+  for (Op op : internal) EXPECT_FALSE(op_info(op).differentiable) << label(int(op));
+  const Op pub[] = {Op::View,  Op::Cont, Op::Concat,  Op::Add, Op::Sub,    Op::Mul,      Op::Div,
+                    Op::Scale, Op::Tanh, Op::SumRows, Op::Max, Op::Repeat, Op::ReduceTo, Op::SliceBack};
+  for (Op op : pub) EXPECT_TRUE(op_info(op).differentiable) << label(int(op));
+}
+
+TEST(OpTable, LeafEntry) {
+  EXPECT_STREQ(op_name(Op::None), "leaf");
+  EXPECT_EQ(op_info(Op::None).cpu, nullptr);
+  EXPECT_FALSE(op_info(Op::None).differentiable);
+}
+
+TEST(OpTable, NamesMatchTheOpConstructors) {
+  // Spot checks that the table's names are the ones errors and the API use.
+  EXPECT_STREQ(op_name(Op::Add), "add");
+  EXPECT_STREQ(op_name(Op::SumRows), "sum_rows");
+  EXPECT_STREQ(op_name(Op::View), "view");
+  EXPECT_STREQ(op_name(Op::Cont), "contiguous");
+  EXPECT_STREQ(op_name(Op::Concat), "concat");
+}
+
+TEST(OpTable, RunningAnOpWithoutKernelThrows) {
+  // The CPU backend refuses an op it has no kernel for with an error, never a crash (a leaf has none).
+  Context ctx(default_cpu_backend());
+  Tensor* x = ctx.input(DType::F32, {2}, "x");
+  int64_t ne[kMaxDims] = {2, 1, 1, 1};
+  Tensor* n = ctx.node(Op::None, DType::F32, ne);
+  n->src[0] = x;
+  n->data = x->data;
+  EXPECT_THROW(default_cpu_backend().run(n), Error);
+}
+
+}  // namespace
+}  // namespace retort::test
