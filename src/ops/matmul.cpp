@@ -1,7 +1,124 @@
-// TODO(helper): implement this op family (constructors from ops.h, CPU kernels, backward rules).
+// matmul: batched C = op(A) op(B) with B's batch dims broadcast, f32 result. The shape rule and the backward
+// rule live here; the CPU work is the packed GEMM in matmul_kernel.cpp, which reads any strides and float
+// dtypes directly, so transposes and views never need a copy first.
+#include <algorithm>
+#include <string>
+
+#include "../core/error.h"
 #include "../core/op_table.h"
+#include "../core/thread_pool.h"
+#include "matmul_kernel.h"
 #include "ops.h"
 
 namespace retort {
-void register_matmul_ops(OpTable&) {}
+
+namespace {
+
+// " (read transposed as [M, K] = [3, 4])": how matmul reads an operand, for error messages.
+std::string read_as(bool trans, const char* dims, int64_t r, int64_t c) {
+  return std::string(trans ? " (read transposed as " : " (read as ") + dims + " = [" + std::to_string(r) +
+         ", " + std::to_string(c) + "])";
+}
+
+// The GEMM operand for matrix (i2, i3) of x: element (r, c) of op(x), where op transposes when `trans`.
+gemm::Operand operand(const Tensor* x, bool trans, int64_t i2, int64_t i3) {
+  gemm::Operand o;
+  o.data = static_cast<const char*>(x->data) + i2 * int64_t(x->nb[2]) + i3 * int64_t(x->nb[3]);
+  o.dtype = x->dtype;
+  // Untransposed, rows run along dim 1 and columns along dim 0; transposed, the other way round.
+  o.rs = int64_t(trans ? x->nb[0] : x->nb[1]);
+  o.cs = int64_t(trans ? x->nb[1] : x->nb[0]);
+  return o;
+}
+
+void cpu_matmul(Tensor* t, ThreadPool& pool) {
+  const Tensor* a = t->src[0];
+  const Tensor* b = t->src[1];
+  const bool ta = t->ip[0] != 0, tb = t->ip[1] != 0;
+  const int64_t m = t->ne[1], n = t->ne[0], k = ta ? a->ne[1] : a->ne[0];
+  RT_ASSERT(t->dtype == DType::F32 && t->nb[0] == sizeof(float));
+  const int64_t ldc = int64_t(t->nb[1] / sizeof(float));
+  const int64_t batches = t->ne[2] * t->ne[3];
+  const gemm::Kernel kernel = gemm::best_kernel();
+
+  auto one = [&](int64_t batch, ThreadPool* p) {
+    const int64_t i2 = batch % t->ne[2], i3 = batch / t->ne[2];
+    float* c = reinterpret_cast<float*>(static_cast<char*>(t->data) + i2 * t->nb[2] + i3 * t->nb[3]);
+    gemm::sgemm(m, n, k, operand(a, ta, i2, i3), operand(b, tb, i2 % b->ne[2], i3 % b->ne[3]), c, ldc, p,
+                kernel);
+  };
+  // Many small matrices (attention heads): one whole GEMM per thread beats splitting each one, which would
+  // pay a fork and join per block. Large ones split inside, where the threads share the packed B block.
+  const double flops = 2.0 * double(m) * double(n) * double(k);
+  const int threads = pool.size();
+  const bool per_batch = batches > 1 && (flops < 8.0e6 || batches % threads == 0 || batches >= 4 * threads);
+  if (per_batch) {
+    pool.parallel_for(batches, [&](int64_t b0, int64_t b1) {
+      for (int64_t i = b0; i < b1; ++i) one(i, nullptr);
+    });
+  } else {
+    for (int64_t i = 0; i < batches; ++i) one(i, &pool);
+  }
+}
+
+// With Ã = op(A) [M, K], B̃ = op(B) [K, N] and G = dC [M, N]: dÃ = G B̃ᵀ and dB̃ = Ãᵀ G, each written as one
+// matmul whose transpose flags read the stored operands directly (no transposed copies).
+void back_matmul(BackwardCtx& bc, Tensor* t, Tensor* g) {
+  Context& ctx = bc.ctx;
+  Tensor* a = t->src[0];
+  Tensor* b = t->src[1];
+  const bool ta = t->ip[0] != 0, tb = t->ip[1] != 0;
+  if (bc.needs(a)) {
+    Tensor* da;
+    if (!ta) {
+      da = matmul(ctx, g, b, false, !tb);  // G B̃ᵀ, shaped like A
+    } else if (b->ne[2] == a->ne[2] && b->ne[3] == a->ne[3]) {
+      da = matmul(ctx, b, g, tb, true);  // (G B̃ᵀ)ᵀ = B̃ Gᵀ, shaped like the stored A [K, M]
+    } else {
+      // B̃ Gᵀ would put the broadcast operand first, which matmul does not allow: transpose a view instead.
+      da = transpose(ctx, matmul(ctx, g, b, false, !tb));
+    }
+    bc.add(a, da);
+  }
+  if (bc.needs(b)) {
+    // Untransposed: Ãᵀ G [K, N]. Transposed (B stored [N, K]): (Ãᵀ G)ᵀ = Gᵀ Ã.
+    Tensor* db = tb ? matmul(ctx, g, a, true, ta) : matmul(ctx, a, g, !ta, false);
+    // A broadcast B collects the gradient of every batch it was used in.
+    if (!same_shape(db, b)) db = reduce_to(ctx, db, b->ne);
+    bc.add(b, db);
+  }
+}
+
+}  // namespace
+
+Tensor* matmul(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b) {
+  RT_CHECK(a && b, "matmul: null operand");
+  RT_CHECK(is_float(a->dtype) && is_float(b->dtype),
+           "matmul: operands must be float tensors (f32, bf16, f16), ", "got A ", a->describe(), " and B ",
+           b->describe());
+  const int64_t m = transpose_a ? a->ne[0] : a->ne[1];
+  const int64_t ka = transpose_a ? a->ne[1] : a->ne[0];
+  const int64_t kb = transpose_b ? b->ne[0] : b->ne[1];
+  const int64_t n = transpose_b ? b->ne[1] : b->ne[0];
+  const std::string how_a = read_as(transpose_a, "[M, K]", m, ka);
+  const std::string how_b = read_as(transpose_b, "[K, N]", kb, n);
+  RT_CHECK(ka == kb, "matmul: inner dimensions differ: A ", a->describe(), how_a, " has K = ", ka, " but B ",
+           b->describe(), how_b, " has K = ", kb);
+  for (int d = 2; d < kMaxDims; ++d)
+    RT_CHECK(b->ne[d] == 1 || b->ne[d] == a->ne[d], "matmul: batch dims of B ", b->describe(),
+             " must each be 1 or equal to A's ", a->describe(), " (dim ", d, ": ", b->ne[d], " vs ", a->ne[d],
+             "); only B broadcasts");
+  const int64_t ne[kMaxDims] = {n, m, a->ne[2], a->ne[3]};
+  Tensor* t = ctx.node(Op::Matmul, DType::F32, ne);
+  t->src[0] = a;
+  t->src[1] = b;
+  t->ip[0] = transpose_a ? 1 : 0;
+  t->ip[1] = transpose_b ? 1 : 0;
+  return t;
+}
+
+void register_matmul_ops(OpTable& t) {
+  t[size_t(Op::Matmul)] = {"matmul", cpu_matmul, back_matmul, true};
+}
+
 }  // namespace retort

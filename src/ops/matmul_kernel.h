@@ -1,0 +1,39 @@
+// The CPU GEMM behind matmul: C = A B with A [M, K] and B [K, N] read through byte strides in any float
+// dtype, C f32 row-major. Cache-blocked with packed panels (the packing step absorbs strides, transposes and
+// dtypes) and a register-blocked micro-kernel; AVX2+FMA when the CPU has it, a portable one otherwise.
+// Private to src/ops (and the tests); the op itself is matmul() in ops.h.
+#pragma once
+#include <cstdint>
+
+#include "../core/dtype.h"
+
+namespace retort {
+
+class ThreadPool;
+
+namespace gemm {
+
+enum class Kernel { Portable, Avx2 };
+
+// True when this CPU can run kernel k (Portable always can).
+bool kernel_available(Kernel k);
+// The fastest kernel this CPU can run, decided once.
+Kernel best_kernel();
+const char* kernel_name(Kernel k);
+
+// A matrix operand: element (r, c) lives at data + r * rs + c * cs (byte strides; any sign is not needed,
+// only non-negative strides occur).
+struct Operand {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t rs = 0;  // bytes between rows
+  int64_t cs = 0;  // bytes between columns
+};
+
+// C[M, N] (row stride ldc floats) = A[M, K] B[K, N]. Runs on pool's threads when pool is given and the
+// problem is big enough to pay for it; pool == nullptr runs on the calling thread only.
+void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c, int64_t ldc,
+           ThreadPool* pool, Kernel kernel);
+
+}  // namespace gemm
+}  // namespace retort
