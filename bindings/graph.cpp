@@ -141,11 +141,21 @@ void bind_graph(pyb::module_& m) {
               rs.push_back(h.cast<TensorRef>());
             }
             g.forward(rs);
+            // Each root's handle keeps the graph holding its value, so reading it never outlives the memory.
+            for (pyb::handle h : roots) h.cast<TensorRef&>().graph = g.shared_from_this();
           },
-          "Adds each tensor and everything it depends on, and keeps their values readable after compute().")
-      .def("backward", &GraphBox::backward, pyb::arg("loss"),
-           "Adds the loss (a single float element) and the gradient ops of every parameter that reaches it. "
-           "Parameter gradients accumulate over runs: call zero_grad() between steps.")
+          "Adds each tensor and everything it depends on, and keeps their values readable after compute() "
+          "for "
+          "as long as the tensor lives (the tensor keeps the graph alive).")
+      .def(
+          "backward",
+          [](GraphBox& g, TensorRef& loss) {
+            g.backward(loss);
+            loss.graph = g.shared_from_this();
+          },
+          pyb::arg("loss"),
+          "Adds the loss (a single float element) and the gradient ops of every parameter that reaches it. "
+          "Parameter gradients accumulate over runs: call zero_grad() between steps.")
       .def("compute", &GraphBox::compute,
            "Runs the graph (the GIL is released meanwhile). Raises retort.Error on a bad index or label.")
       .def("grad", &GraphBox::grad, pyb::arg("t"),
@@ -182,8 +192,9 @@ void bind_graph(pyb::module_& m) {
           "step",
           [](PyAdamW& o, GraphBox& g, pyb::handle lr) {
             Graph& gr = g.graph();
+            const float rate = lr_arg(lr);  // read while holding the GIL
             pyb::gil_scoped_release nogil;
-            o.opt->step(gr, lr_arg(lr));
+            o.opt->step(gr, rate);
           },
           pyb::arg("graph"), pyb::arg("lr") = pyb::none(),
           "One update of every parameter from graph.grad(p); lr overrides the configured rate for this step.")
@@ -206,8 +217,9 @@ void bind_graph(pyb::module_& m) {
           "step",
           [](PySgd& o, GraphBox& g, pyb::handle lr) {
             Graph& gr = g.graph();
+            const float rate = lr_arg(lr);  // read while holding the GIL
             pyb::gil_scoped_release nogil;
-            o.opt->step(gr, lr_arg(lr));
+            o.opt->step(gr, rate);
           },
           pyb::arg("graph"), pyb::arg("lr") = pyb::none(),
           "One update: buf = momentum * buf + (grad + weight_decay * p); p -= lr * buf.");
