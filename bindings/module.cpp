@@ -54,8 +54,12 @@ void bind_backends(pyb::module_& m) {
           "Waits until all work queued on this backend has finished; raises retort.Error for a device-side "
           "fault (e.g. a label out of range).")
       .def("__repr__", [](const BackendRef& b) { return "retort.Backend('" + b.name() + "')"; })
-      .def("__eq__", [](const BackendRef& a, const BackendRef& b) { return a.backend == b.backend; })
-      .def("__hash__", [](const BackendRef& b) { return std::hash<const void*>()(b.backend.get()); });
+      .def(
+          "__eq__", [](const BackendRef& a, const BackendRef& b) { return a.backend == b.backend; },
+          "True for the same backend object (retort.cpu() == retort.cpu()).")
+      .def(
+          "__hash__", [](const BackendRef& b) { return std::hash<const void*>()(b.backend.get()); },
+          "Hash of the backend object.");
 
   m.def("cpu", &cpu_backend, pyb::arg("threads") = 0,
         "The CPU backend with `threads` worker threads (0: all cores). Backends are shared: the same count "

@@ -438,17 +438,38 @@ void bind_ops(pyb::module_& m) {
 
   // ---- Tensor operators and methods ---------------------------------------------------------------------
   pyb::class_<TensorRef> tc = pyb::reinterpret_borrow<pyb::class_<TensorRef>>(m.attr("Tensor"));
-  tc.def("__add__", [](pyb::handle a, pyb::handle b) { return binary("add", &retort::add, a, b); })
-      .def("__radd__", [](pyb::handle a, pyb::handle b) { return binary("add", &retort::add, b, a); })
-      .def("__sub__", [](pyb::handle a, pyb::handle b) { return binary("sub", &retort::sub, a, b); })
-      .def("__rsub__", [](pyb::handle a, pyb::handle b) { return binary("sub", &retort::sub, b, a); })
-      .def("__mul__", [](pyb::handle a, pyb::handle b) { return binary("mul", &retort::mul, a, b); })
-      .def("__rmul__", [](pyb::handle a, pyb::handle b) { return binary("mul", &retort::mul, b, a); })
-      .def("__truediv__", [](pyb::handle a, pyb::handle b) { return binary("div", &retort::div, a, b); })
-      .def("__rtruediv__", [](pyb::handle a, pyb::handle b) { return binary("div", &retort::div, b, a); })
-      .def("__matmul__", [](pyb::handle a, pyb::handle b) { return matmul_op(a, b, false, false); })
-      .def("__rmatmul__", [](pyb::handle a, pyb::handle b) { return matmul_op(b, a, false, false); })
-      .def("__neg__", [](pyb::handle x) { return unary("neg", &retort::neg, x); })
+  tc.def(
+        "__add__", [](pyb::handle a, pyb::handle b) { return binary("add", &retort::add, a, b); },
+        "self + other (either may broadcast).")
+      .def(
+          "__radd__", [](pyb::handle a, pyb::handle b) { return binary("add", &retort::add, b, a); },
+          "other + self.")
+      .def(
+          "__sub__", [](pyb::handle a, pyb::handle b) { return binary("sub", &retort::sub, a, b); },
+          "self - other.")
+      .def(
+          "__rsub__", [](pyb::handle a, pyb::handle b) { return binary("sub", &retort::sub, b, a); },
+          "other - self.")
+      .def(
+          "__mul__", [](pyb::handle a, pyb::handle b) { return binary("mul", &retort::mul, a, b); },
+          "self * other elementwise.")
+      .def(
+          "__rmul__", [](pyb::handle a, pyb::handle b) { return binary("mul", &retort::mul, b, a); },
+          "other * self elementwise.")
+      .def(
+          "__truediv__", [](pyb::handle a, pyb::handle b) { return binary("div", &retort::div, a, b); },
+          "self / other elementwise.")
+      .def(
+          "__rtruediv__", [](pyb::handle a, pyb::handle b) { return binary("div", &retort::div, b, a); },
+          "other / self elementwise.")
+      .def(
+          "__matmul__", [](pyb::handle a, pyb::handle b) { return matmul_op(a, b, false, false); },
+          "self @ other (retort.ops.matmul).")
+      .def(
+          "__rmatmul__", [](pyb::handle a, pyb::handle b) { return matmul_op(b, a, false, false); },
+          "other @ self.")
+      .def(
+          "__neg__", [](pyb::handle x) { return unary("neg", &retort::neg, x); }, "-self.")
       .def(
           "reshape",
           [ops](pyb::handle x, pyb::args shape) {

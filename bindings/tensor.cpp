@@ -432,8 +432,15 @@ void bind_tensor(pyb::module_& m) {
            "DLPack export without a copy: a capsule that keeps this tensor (and the graph holding a computed "
            "value) alive. A computed value changes when its graph runs again. Device work is finished first.")
       .def("__dlpack_device__", &dlpack_device, "(device type, device id) as DLPack numbers.")
-      .def("__repr__", &repr)
-      .def("__len__", [](const TensorRef& r) { return py_shape(r).empty() ? int64_t(1) : py_shape(r)[0]; });
+      .def("__repr__", &repr, "retort.Tensor(dtype[shape], backend[, name][, param]).")
+      .def(
+          "__len__",
+          [](const TensorRef& r) {
+            const Shape s = py_shape(r);
+            if (s.empty()) throw pyb::type_error("len() of a 0-d tensor");
+            return s[0];
+          },
+          "The size of the first axis.");
 
   pyb::class_<PyCtx, std::shared_ptr<PyCtx>>(
       m, "Context",
