@@ -15,7 +15,7 @@ Usage (from the repository root, after building with CUDA):
   python3 bindings/gpu_check.py                  # 1024 rows x 50257 vocab on cuda:0
   python3 bindings/gpu_check.py --rows 256 --vocab 32000 --k 64 --device 1
   python3 bindings/gpu_check.py --cpu            # the same checks on the CPU (no GPU needed), for a dry run
-Options: --build DIR (where the module is, default build/bindings), --seed N.
+Options: --build DIR (where the module is, default build/bindings), --seed N, --hidden H (fused losses).
 """
 
 import argparse
@@ -33,7 +33,12 @@ TOL = {
              "out": 1e-5},
 }
 
-FUSED = ["fused_linear_cross_entropy", "fused_linear_topk_kd", "fused_linear_distill"]
+# The fused linear losses (lm-head matmul + loss in chunks), checked once retort.losses has them. Expected
+# Python signatures: the C++ function's arguments without ctx, bias last as a keyword (bias=None), the loss
+# options and the FusedLinearOptions as keywords, return_grad giving grad_hidden and grad_weight (and
+# grad_bias with a bias). A function with another signature is reported, not failed silently.
+FUSED = ["fused_linear_cross_entropy", "fused_linear_topk_kd", "fused_linear_distill", "fused_linear_entropy",
+         "fused_linear_selective_log_softmax"]
 
 
 def import_retort(build_dir):
@@ -209,6 +214,66 @@ def cases(inp):
     return out
 
 
+class FusedInputs:
+    """hidden [N, H] and weight [V, H] (the lm-head), a teacher's hidden and weight, and side data."""
+
+    def __init__(self, torch, inp, h, dtype, device, seed):
+        g = torch.Generator(device="cpu").manual_seed(seed + 1)
+        n, v = inp.n, inp.v
+        self.hidden = torch.randn(n, h, generator=g).to(device=device, dtype=dtype)
+        self.weight = (torch.randn(v, h, generator=g) / h ** 0.5).to(device=device, dtype=dtype)
+        self.teacher_hidden = torch.randn(n, h, generator=g).to(device=device, dtype=dtype)
+        self.teacher_weight = (torch.randn(v, h, generator=g) * 1.5 / h ** 0.5).to(device=device, dtype=dtype)
+        self.labels, self.ids, self.logprobs, self.mask = inp.labels, inp.ids, inp.logprobs, inp.mask
+
+
+def fused_cases(fi, refs):
+    """(function, options, positional inputs, reference of (hidden, weight) in float64)."""
+    H, W, Y = fi.hidden, fi.weight, fi.labels
+    th, tw = fi.teacher_hidden.double(), fi.teacher_weight.double()
+    ids, lp, mk = fi.ids, fi.logprobs.double(), fi.mask
+    out = []
+    for opts in [{}, {"label_smoothing": 0.1, "z_loss": 1e-4, "softcap": 30.0}]:
+        out.append(("fused_linear_cross_entropy", opts, (H, W, Y),
+                    lambda h, w, o=opts: refs["cross_entropy"](h @ w.T, Y, **o)))
+    for opts in [{}, {"normalize_topk": True}, {"beta": 0.5, "temperature": 2.0, "w_hard": 0.3}]:
+        out.append(("fused_linear_topk_kd", opts, (H, W, ids, fi.logprobs, mk, Y),
+                    lambda h, w, o=opts: refs["topk_kd"](h @ w.T, ids, lp, mk, Y, **o)))
+    for opts in [{}, {"beta": 0.5, "temperature": 2.0}]:
+        out.append(("fused_linear_distill", opts, (H, W, fi.teacher_hidden, fi.teacher_weight, Y),
+                    lambda h, w, o=opts: refs["distill"](h @ w.T, th @ tw.T, Y, **o)))
+    out.append(("fused_linear_entropy", {"reduction": "mean"}, (H, W),
+                lambda h, w: refs["entropy"](h @ w.T, reduction="mean")))
+    out.append(("fused_linear_selective_log_softmax", {}, (H, W, ids),
+                lambda h, w: refs["selective_log_softmax"](h @ w.T, ids)))
+    return out
+
+
+def run_fused_case(torch, retort, name, opts, inputs, ref_fn, tols):
+    fn = getattr(retort.losses, name)
+    selective = name.endswith("selective_log_softmax")
+    flags = {} if selective else {"return_grad": True}
+    if name in ("fused_linear_cross_entropy", "fused_linear_topk_kd", "fused_linear_distill"):
+        flags.update(return_per_row=True, return_lse=True)
+    if inputs[0].is_cuda:
+        torch.cuda.synchronize()
+    r = fn(*inputs, **opts, **flags)
+    result = {"out": r} if selective else {k: v for k, v in r._asdict().items() if v is not None}
+    h = inputs[0].detach().double().requires_grad_(not selective)
+    w = inputs[1].detach().double().requires_grad_(not selective)
+    wants = ref_fn(h, w)
+    if not selective:
+        gh, gw = torch.autograd.grad(wants["loss"], (h, w))
+        wants["grad_hidden"], wants["grad_weight"] = gh, gw
+    rows = []
+    for key, want in wants.items():
+        if key in result:
+            got = result[key]
+            got = torch.from_numpy(got) if hasattr(got, "__array_interface__") else torch.from_dlpack(got)
+            rows.append((key, rel_err(torch, got.to(want.device), want.detach()), tols["grad" if "grad" in key else key]))
+    return rows
+
+
 def rel_err(torch, got, want):
     got = got.double()
     want = want.double()
@@ -251,6 +316,22 @@ def run_case(torch, retort, refs, name, inputs, opts, tols):
     return rows
 
 
+def report(name, opts, dname, compute):
+    """Runs one case and prints its lines; returns the number of failures."""
+    shown = ", ".join(f"{k}={v}" for k, v in opts.items()) or "defaults"
+    try:
+        rows = compute()
+    except Exception as e:  # a crash in one case should not hide the others
+        print(f"{name:<34} {shown:<52} {dname:<5} {'-':<8} {'-':>12} {'-':>8}  ERROR {type(e).__name__}: {e}")
+        return 1
+    fails = 0
+    for key, err, tol in rows:
+        ok = err <= tol
+        fails += not ok
+        print(f"{name:<34} {shown:<52} {dname:<5} {key:<8} {err:>12.3e} {tol:>8.0e}  {'ok' if ok else 'FAIL'}")
+    return fails
+
+
 def check_dlpack(torch, retort, device):
     """Zero-copy both ways on the device: (description, ok)."""
     out = []
@@ -271,6 +352,7 @@ def main():
     ap.add_argument("--rows", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--k", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=512, help="hidden size H of the fused linear losses")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--build", default="build/bindings")
@@ -293,30 +375,23 @@ def main():
     refs = make_refs(torch)
 
     failures = 0
-    header = f"{'loss':<22} {'options':<52} {'dtype':<5} {'quantity':<8} {'max rel err':>12} {'tol':>8}  result"
+    header = f"{'loss':<34} {'options':<52} {'dtype':<5} {'quantity':<8} {'max rel err':>12} {'tol':>8}  result"
     print(header)
     print("-" * len(header))
     start = time.time()
     for dname, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         inp = Inputs(torch, args.rows, args.vocab, args.k, dtype, device, args.seed)
         for name, inputs, opts in cases(inp):
-            shown = ", ".join(f"{k}={v}" for k, v in opts.items()) or "defaults"
-            try:
-                rows = run_case(torch, retort, refs, name, inputs, opts, TOL[dname])
-            except Exception as e:  # a crash in one case should not hide the others
-                print(f"{name:<22} {shown:<52} {dname:<5} {'-':<8} {'-':>12} {'-':>8}  ERROR {type(e).__name__}: {e}")
-                failures += 1
-                continue
-            for key, err, tol in rows:
-                ok = err <= tol
-                failures += not ok
-                print(f"{name:<22} {shown:<52} {dname:<5} {key:<8} {err:>12.3e} {tol:>8.0e}  "
-                      f"{'ok' if ok else 'FAIL'}")
+            failures += report(name, opts, dname,
+                               lambda: run_case(torch, retort, refs, name, inputs, opts, TOL[dname]))
+        # The fused losses multiply first: their tolerances allow for the f32 GEMM (K = --hidden terms).
+        fused_tol = {k: v * 10 for k, v in TOL[dname].items()}
+        fi = FusedInputs(torch, inp, args.hidden, dtype, device, args.seed)
+        for name, opts, inputs, ref_fn in fused_cases(fi, refs):
+            if hasattr(retort.losses, name):
+                failures += report(name, opts, dname,
+                                   lambda: run_fused_case(torch, retort, name, opts, inputs, ref_fn, fused_tol))
     missing = [f for f in FUSED if not hasattr(retort.losses, f)]
-    for f in FUSED:
-        if f not in missing:
-            print(f"{f}: present but not checked yet: add its case to gpu_check.py (reference: the plain loss "
-                  f"on hidden @ weight.T)")
     if missing:
         print(f"skipped (not in retort.losses yet): {', '.join(missing)}")
 

@@ -494,6 +494,8 @@ void bind_ops(pyb::module_& m) {
       .def(
           "astype", [ops](pyb::handle x, pyb::handle d) { return ops.attr("cast")(x, d); }, pyb::arg("dtype"),
           "Same as cast.");
+  // NumPy operands defer to these operators (np_array + tensor builds a node instead of reading a value).
+  tc.attr("__array_ufunc__") = pyb::none();
   for (const char* name : {"sum", "mean", "max", "sum_rows", "mean_rows", "max_rows", "exp", "log", "sqrt",
                            "rsqrt", "tanh", "relu", "gelu", "silu", "softmax", "log_softmax", "contiguous"}) {
     pyb::object fn = ops.attr(name);

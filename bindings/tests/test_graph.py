@@ -34,6 +34,8 @@ def test_operators_match_numpy(rng):
         "2 / b": (2.0 / b, 2.0 / b_np),
         "1 - a": (1 - a, 1 - a_np),
         "-a": (-a, -a_np),
+        "ndarray + a": (b_np + a, b_np + a_np),  # NumPy defers to retort's operators
+        "ndarray @ a.T": (a_np @ a.T, a_np @ a_np.T),
         "a @ a.T": (a @ a.T, a_np @ a_np.T),
         "exp": (a.exp(), np.exp(a_np)),
         "relu": (a.relu(), np.maximum(a_np, 0)),
@@ -46,6 +48,7 @@ def test_operators_match_numpy(rng):
         "concat": (retort.ops.concat(a, a, axis=0), np.concatenate([a_np, a_np], axis=0)),
         "cast": (a.cast("bf16").cast("f32"), a_np),
     }
+    assert all(isinstance(t, retort.Tensor) for t, _ in outs.values())
     run(*[t for t, _ in outs.values()])
     for name, (t, want) in outs.items():
         got = t.numpy()
