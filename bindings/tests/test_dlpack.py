@@ -156,3 +156,40 @@ def test_torch_inputs_to_losses():
     got = retort.losses.cross_entropy(z, y)
     want = torch.nn.functional.cross_entropy(z.double(), y).item()
     assert abs(float(got) - want) < 1e-5
+
+
+# ---- JAX and ml_dtypes, when available --------------------------------------------------------------------
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError:  # pragma: no cover - depends on the machine
+    jax = None
+try:
+    import ml_dtypes
+except ImportError:  # pragma: no cover
+    ml_dtypes = None
+
+
+@pytest.mark.skipif(jax is None, reason="JAX is not installed")
+def test_jax_round_trip_with_bf16():
+    x = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
+    assert np.array_equal(retort.from_dlpack(x).numpy(), np.asarray(x))
+    y = jnp.from_dlpack(retort.tensor(np.arange(6, dtype=np.float32).reshape(2, 3)))
+    assert y.shape == (2, 3) and float(y[1, 2]) == 5.0
+    xb = jnp.array([1.5, -3.0, 0.0078125], dtype=jnp.bfloat16)
+    tb = retort.from_dlpack(xb)
+    assert tb.dtype == retort.bfloat16 and np.array_equal(tb.numpy(), [1.5, -3.0, 0.0078125])
+    back = jnp.from_dlpack(tb)
+    assert back.dtype == jnp.bfloat16 and bool(jnp.all(back == xb))
+    got = retort.losses.cross_entropy(jnp.zeros((2, 5)), jnp.array([0, 1]))
+    assert abs(float(got) - np.log(5)) < 1e-6
+
+
+@pytest.mark.skipif(ml_dtypes is None, reason="ml_dtypes is not installed")
+def test_ml_dtypes_bfloat16_arrays_alias():
+    a = np.array([1.5, 2.0, -0.5], dtype=ml_dtypes.bfloat16)
+    t = retort.tensor(a)
+    assert t.dtype == retort.bfloat16
+    a[1] = 8.0
+    assert np.array_equal(t.numpy(), [1.5, 8.0, -0.5])
