@@ -74,6 +74,14 @@ enum class Op : uint16_t {
   Entropy,                  // src = logits
   SelectiveLogSoftmax,      // src = logits, ids; aux[1] = lse (for the backward)
   SelectiveLogSoftmaxBack,  // src = logits, ids, grad [N, K], lse
+  // fused linear losses (src/ops/loss/fused_linear.cpp): src = hidden, weight, bias?, loss inputs; the lm-head
+  // GEMM and the row loss in chunks; aux = stats, dhidden, dW, dbias (layout in fused_linear.cpp)
+  FusedLinearCrossEntropy,         // + labels
+  FusedLinearTopKDistill,          // + teacher ids, teacher logprobs, mask?, labels?
+  FusedLinearDistill,              // + teacher hidden, teacher weight, teacher bias?, labels?
+  FusedLinearEntropy,              //
+  FusedLinearSelectiveLogSoftmax,  // + ids
+  FusedLinearBack,  // recomputing backward for a per-row (per-element) upstream gradient; ip[6] = forward op
   Count
 };
 

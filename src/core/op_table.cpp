@@ -16,6 +16,7 @@ OpTable build_table() {
   register_rope_ops(t);
   register_cross_entropy_ops(t);
   register_loss_ops(t);
+  register_fused_ops(t);
   return t;
 }
 

@@ -60,5 +60,6 @@ void register_norm_ops(OpTable& t);
 void register_rope_ops(OpTable& t);
 void register_cross_entropy_ops(OpTable& t);
 void register_loss_ops(OpTable& t);
+void register_fused_ops(OpTable& t);
 
 }  // namespace retort

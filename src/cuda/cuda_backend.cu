@@ -1,1 +1,281 @@
+// The CUDA backend: one stream, a caching allocator, a cuBLASLt handle, and a launcher table indexed by Op.
+//
+// Ordering: every device operation of a backend (copies, memsets, kernels, GEMMs) is queued on its one
+// stream, so they run in the order they were issued and no event bookkeeping is needed. write() returns once
+// the host bytes are staged (the caller may free them); read() and synchronize() wait for the stream.
+//
+// Device-side errors: kernels that meet bad data (an id or label out of range) cannot throw. They record the
+// first such value in a DeviceError in device memory and carry on (skipping the bad row). synchronize() and
+// read() copy that record back after the stream drains and, if it is set, clear it and throw retort::Error
+// naming the op and the value. So a bad id surfaces at the first synchronize()/read() after the graph ran.
+#include <string>
+
+#include "../core/op_table.h"
 #include "cuda_backend.h"
+#include "cuda_common.cuh"
+
+#ifndef RETORT_SM_ARCH
+#define RETORT_SM_ARCH "?"
+#endif
+
+namespace retort {
+
+namespace cuda {
+namespace {
+
+__global__ void probe_kernel(int* out) {
+  if (out) *out = 1;
+}
+
+const CudaOpTable& launcher_table() {
+  static const CudaOpTable table = [] {
+    CudaOpTable t{};
+    register_cuda_view_ops(t);
+    register_cuda_elementwise_ops(t);
+    register_cuda_reduce_ops(t);
+    register_cuda_matmul_ops(t);
+    register_cuda_get_rows_ops(t);
+    register_cuda_softmax_ops(t);
+    register_cuda_norm_ops(t);
+    register_cuda_loss_ops(t);
+    return t;
+  }();
+  return table;
+}
+
+std::string cuda_error_text(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
+}
+
+// Whether `device` exists and can run this build's kernels; never throws.
+bool device_usable(int device, std::string* why) {
+  auto no = [&](const std::string& reason) {
+    (void)cudaGetLastError();
+    if (why) *why = reason;
+    return false;
+  };
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess)
+    return no("no usable CUDA driver or device: cudaGetDeviceCount: " + cuda_error_text(e));
+  if (n == 0) return no("no CUDA device found");
+  if (device < 0 || device >= n)
+    return no("device " + std::to_string(device) + " does not exist (" + std::to_string(n) + " devices)");
+  int prev = -1;
+  if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+  e = cudaSetDevice(device);
+  if (e != cudaSuccess) return no("cudaSetDevice(" + std::to_string(device) + "): " + cuda_error_text(e));
+  int major = 0, minor = 0;
+  (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  // The kernels are compiled for fixed architectures (no PTX): ask whether this device has an image of them.
+  cudaFuncAttributes attr;
+  e = cudaFuncGetAttributes(&attr, probe_kernel);
+  if (prev >= 0 && prev != device) (void)cudaSetDevice(prev);
+  if (e != cudaSuccess)
+    return no("device " + std::to_string(device) + " (sm_" + std::to_string(major) + std::to_string(minor) +
+              ") cannot run retort's kernels, built for sm " RETORT_SM_ARCH ": " + cuda_error_text(e));
+  if (why) why->clear();
+  return true;
+}
+
+void check_f32_contiguous(const Tensor* t, const char* what) {
+  RT_CHECK(t && t->dtype == DType::F32 && t->is_contiguous(), what,
+           ": expected a contiguous f32 tensor, got ", t ? t->describe() : std::string("null"));
+}
+
+void check_same_count(const Tensor* a, const Tensor* b, const char* what) {
+  RT_CHECK(a->nelements() == b->nelements(), what, ": ", b->describe(), " does not match the parameter ",
+           a->describe());
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, const CudaOptions& opts) {
+    std::string why;
+    RT_CHECK(device_usable(device, &why), "cuda backend: ", why);
+    RT_CHECK(opts.gemm_workspace_bytes <= (size_t(1) << 32), "cuda backend: gemm_workspace_bytes ",
+             opts.gemm_workspace_bytes, " is larger than 4 GiB");
+    ex_.device = device;
+    ex_.opts = opts;
+    DeviceScope scope(device);
+    try {
+      RT_CUDA_CHECK(cudaDeviceGetAttribute(&ex_.sm_count, cudaDevAttrMultiProcessorCount, device));
+      RT_CUDA_CHECK(cudaStreamCreateWithFlags(&ex_.stream, cudaStreamNonBlocking));
+      RT_CUBLAS_CHECK(cublasLtCreate(&ex_.lt));
+      RT_CUDA_CHECK(cudaMalloc(&ex_.dev_error, sizeof(DeviceError)));
+      RT_CUDA_CHECK(cudaMemsetAsync(ex_.dev_error, 0, sizeof(DeviceError), ex_.stream));
+      RT_CUDA_CHECK(cudaMallocHost(&host_error_, sizeof(DeviceError)));
+      *host_error_ = DeviceError{};
+      ex_.alloc = std::make_shared<CudaAllocator>(device);
+      if (opts.gemm_workspace_bytes > 0) {
+        workspace_ = std::make_unique<DeviceBuffer>(ex_.alloc, opts.gemm_workspace_bytes);
+        ex_.workspace = workspace_->data();
+        ex_.workspace_bytes = opts.gemm_workspace_bytes;
+      }
+      RT_CUDA_CHECK(cudaStreamSynchronize(ex_.stream));
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  ~CudaBackend() override {
+    try {
+      DeviceScope scope(ex_.device);
+      if (ex_.stream) (void)cudaStreamSynchronize(ex_.stream);
+      release();
+    } catch (...) {  // a destructor must not throw
+    }
+  }
+
+  std::string name() const override { return "cuda:" + std::to_string(ex_.device); }
+  bool is_host() const override { return false; }
+
+  std::shared_ptr<Buffer> alloc(size_t bytes) override {
+    return std::make_shared<DeviceBuffer>(ex_.alloc, bytes);
+  }
+
+  void write(void* dst, const void* host_src, size_t bytes) override {
+    if (bytes == 0) return;
+    DeviceScope scope(ex_.device);
+    RT_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, ex_.stream));
+  }
+
+  void read(void* host_dst, const void* src, size_t bytes) override {
+    DeviceScope scope(ex_.device);
+    if (bytes > 0) RT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, ex_.stream));
+    finish();
+  }
+
+  void fill_bytes(void* dst, uint8_t value, size_t bytes) override {
+    if (bytes == 0) return;
+    DeviceScope scope(ex_.device);
+    RT_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, ex_.stream));
+  }
+
+  void run(Tensor* node) override {
+    if (node->op == Op::None || node->op == Op::View || node->op == Op::AuxOutput) return;
+    RT_CHECK(size_t(node->op) < size_t(kOpCount), "cuda backend: node ", node->describe(), " has unknown op ",
+             int(node->op));
+    CudaLauncher f = launcher_table()[size_t(node->op)];
+    RT_CHECK(f != nullptr, "cuda backend: op ", op_name(node->op), " (node ", node->describe(),
+             ") has no CUDA kernel");
+    DeviceScope scope(ex_.device);
+    f(ex_, node);
+  }
+
+  void synchronize() override {
+    DeviceScope scope(ex_.device);
+    finish();
+  }
+
+  void adamw_update(Tensor* p, const Tensor* grad, Tensor* m, Tensor* v, const AdamWParams& o) override {
+    RT_CHECK(p->is_contiguous() && is_float(p->dtype), "adamw: parameter ", p->describe(),
+             " must be a contiguous float tensor");
+    check_f32_contiguous(grad, "adamw grad");
+    check_f32_contiguous(m, "adamw m");
+    check_f32_contiguous(v, "adamw v");
+    check_same_count(p, grad, "adamw grad");
+    check_same_count(p, m, "adamw m");
+    check_same_count(p, v, "adamw v");
+    DeviceScope scope(ex_.device);
+    launch_adamw(ex_, p, grad, m, v, o);
+  }
+
+  void sgd_update(Tensor* p, const Tensor* grad, Tensor* mom, const SgdParams& o) override {
+    RT_CHECK(p->is_contiguous() && is_float(p->dtype), "sgd: parameter ", p->describe(),
+             " must be a contiguous float tensor");
+    check_f32_contiguous(grad, "sgd grad");
+    check_same_count(p, grad, "sgd grad");
+    if (mom) {
+      check_f32_contiguous(mom, "sgd momentum");
+      check_same_count(p, mom, "sgd momentum");
+    }
+    DeviceScope scope(ex_.device);
+    launch_sgd(ex_, p, grad, mom, o);
+  }
+
+  double sum_squares(const Tensor* t) override {
+    check_f32_contiguous(t, "sum_squares");
+    DeviceScope scope(ex_.device);
+    DeviceBuffer out(ex_.alloc, sizeof(double));
+    launch_sum_squares(ex_, t, out.as<double>());
+    double r = 0;
+    read(&r, out.data(), sizeof(double));
+    return r;
+  }
+
+  void scale(Tensor* t, float s) override {
+    check_f32_contiguous(t, "scale");
+    DeviceScope scope(ex_.device);
+    launch_scale(ex_, t, s);
+  }
+
+  CudaAllocator& allocator() { return *ex_.alloc; }
+
+ private:
+  // Waits for the stream, then reports a device-side error if a kernel recorded one.
+  void finish() {
+    RT_CUDA_CHECK(
+        cudaMemcpyAsync(host_error_, ex_.dev_error, sizeof(DeviceError), cudaMemcpyDeviceToHost, ex_.stream));
+    RT_CUDA_CHECK(cudaStreamSynchronize(ex_.stream));
+    if (host_error_->flag == 0) return;
+    DeviceError e = *host_error_;
+    *host_error_ = DeviceError{};
+    RT_CUDA_CHECK(cudaMemsetAsync(ex_.dev_error, 0, sizeof(DeviceError), ex_.stream));
+    RT_CUDA_CHECK(cudaStreamSynchronize(ex_.stream));
+    const char* what = e.kind == kErrLabelOutOfRange ? "label " : "id ";
+    const char* tail = e.kind == kErrLabelOutOfRange ? " and is not ignore_index" : "";
+    RT_FAIL(op_name(Op(e.op)), ": ", what, e.value, " is outside [0, ", e.bound, ")", tail,
+            " (found on the CUDA device; reported at the next synchronize or read)");
+  }
+
+  void release() {
+    workspace_.reset();
+    ex_.workspace = nullptr;
+    if (ex_.lt) (void)cublasLtDestroy(ex_.lt);
+    ex_.lt = nullptr;
+    if (ex_.stream) (void)cudaStreamDestroy(ex_.stream);
+    ex_.stream = nullptr;
+    if (ex_.dev_error) (void)cudaFree(ex_.dev_error);
+    ex_.dev_error = nullptr;
+    if (host_error_) (void)cudaFreeHost(host_error_);
+    host_error_ = nullptr;
+  }
+
+  CudaExec ex_;
+  DeviceError* host_error_ = nullptr;  // pinned host copy of the device record
+  std::unique_ptr<DeviceBuffer> workspace_;
+};
+
+CudaBackend& as_cuda(Backend& b, const char* what) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  RT_CHECK(c != nullptr, what, ": backend '", b.name(), "' is not a CUDA backend");
+  return *c;
+}
+
+}  // namespace
+}  // namespace cuda
+
+bool cuda_available(std::string* why_not) {
+  return cuda::device_usable(0, why_not);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device, const CudaOptions& options) {
+  return std::make_unique<cuda::CudaBackend>(device, options);
+}
+
+CudaMemoryStats cuda_memory_stats(Backend& backend) {
+  return cuda::as_cuda(backend, "cuda_memory_stats").allocator().stats();
+}
+
+void cuda_reset_peak(Backend& backend) {
+  cuda::as_cuda(backend, "cuda_reset_peak").allocator().reset_peak();
+}
+
+void cuda_empty_cache(Backend& backend) {
+  cuda::as_cuda(backend, "cuda_empty_cache").allocator().empty_cache();
+}
+
+}  // namespace retort

@@ -1,6 +1,10 @@
-// The CUDA backend: device buffers, a stream, cuBLAS(Lt) GEMMs and kernels. Available when retort was built with
-// CUDA (RETORT_HAS_CUDA) and a device is present.
+// The CUDA backend: device buffers from a caching allocator, one stream, cuBLASLt GEMMs and kernels for every
+// core op. Available when retort was built with CUDA (RETORT_HAS_CUDA) and a device is present.
+//
+// Errors found on the device (an id or label out of range) cannot throw where they happen: the kernel sets a
+// flag, and the next synchronize() or read() on the backend throws retort::Error naming the op and the value.
 #pragma once
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -8,9 +12,37 @@
 
 namespace retort {
 
+struct CudaOptions {
+  // f32 matmuls may use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32): several times faster, but products
+  // keep only 10 bits of mantissa (about 1e-3 relative error). Off by default.
+  bool allow_tf32 = false;
+  // Use the plain CUDA GEMM kernel instead of cuBLASLt for every matmul (for tests and debugging; slow).
+  bool simple_gemm = false;
+  // cuBLASLt workspace size in bytes (taken once from the allocator).
+  size_t gemm_workspace_bytes = size_t(32) << 20;
+};
+
 // True when retort was built with CUDA and at least one device is usable; why_not gets the reason otherwise.
+// Never throws and never aborts: a missing device or a failing driver is a reason, not a crash.
 bool cuda_available(std::string* why_not = nullptr);
 // A backend on the given device. Throws retort::Error when CUDA is unavailable (the message says why).
-std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+std::unique_ptr<Backend> make_cuda_backend(int device = 0, const CudaOptions& options = {});
+
+// What the caching device allocator of a CUDA backend holds. Sizes are the allocator's rounded block sizes.
+struct CudaMemoryStats {
+  size_t bytes_in_use = 0;    // live buffers (tensors, arenas, workspace, temporaries)
+  size_t peak_bytes = 0;      // the highest bytes_in_use since the backend was made or cuda_reset_peak
+  size_t bytes_cached = 0;    // freed blocks kept for reuse
+  size_t bytes_reserved = 0;  // bytes_in_use + bytes_cached: what the backend holds on the device
+  size_t alloc_calls = 0;     // allocations served
+  size_t device_allocs = 0;   // of those, how many needed cudaMalloc (cache misses)
+};
+
+// Allocator statistics of a CUDA backend. Throws retort::Error if backend is not a CUDA backend.
+CudaMemoryStats cuda_memory_stats(Backend& backend);
+// Sets peak_bytes to the current bytes_in_use. Throws retort::Error if backend is not a CUDA backend.
+void cuda_reset_peak(Backend& backend);
+// Returns cached (free) blocks to the device. Throws retort::Error if backend is not a CUDA backend.
+void cuda_empty_cache(Backend& backend);
 
 }  // namespace retort

@@ -4,13 +4,28 @@
 
 namespace retort {
 
+namespace {
+constexpr const char* kNoCuda =
+    "retort was built without CUDA (reconfigure with -Dcuda=enabled where nvcc exists)";
+}
+
 bool cuda_available(std::string* why_not) {
-  if (why_not) *why_not = "retort was built without CUDA (reconfigure with -Dcuda=enabled where nvcc exists)";
+  if (why_not) *why_not = kNoCuda;
   return false;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int) {
-  RT_FAIL("cuda backend: retort was built without CUDA (reconfigure with -Dcuda=enabled where nvcc exists)");
+std::unique_ptr<Backend> make_cuda_backend(int, const CudaOptions&) {
+  RT_FAIL("cuda backend: ", kNoCuda);
+}
+
+CudaMemoryStats cuda_memory_stats(Backend&) {
+  RT_FAIL("cuda_memory_stats: ", kNoCuda);
+}
+void cuda_reset_peak(Backend&) {
+  RT_FAIL("cuda_reset_peak: ", kNoCuda);
+}
+void cuda_empty_cache(Backend&) {
+  RT_FAIL("cuda_empty_cache: ", kNoCuda);
 }
 
 }  // namespace retort

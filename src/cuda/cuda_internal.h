@@ -1,0 +1,179 @@
+// Internals of the CUDA backend shared by its files: the check helpers, the caching allocator, the launch
+// environment every op launcher gets, and the launcher table. Host code only (no kernels here).
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "../core/backend.h"
+#include "../core/error.h"
+#include "../core/op.h"
+#include "../core/tensor.h"
+#include "cuda_backend.h"
+
+namespace retort::cuda {
+
+// ---- checks
+// ------------------------------------------------------------------------------------------------ Throw
+// retort::Error naming the call, file:line and the error string.
+[[noreturn]] void fail_cuda(cudaError_t err, const char* call, const char* file, int line);
+[[noreturn]] void fail_cublas(cublasStatus_t st, const char* call, const char* file, int line);
+// cudaGetLastError after a kernel launch; throws naming the kernel.
+void check_launch(const char* kernel, const char* file, int line);
+
+}  // namespace retort::cuda
+
+// Every CUDA runtime call goes through this.
+#define RT_CUDA_CHECK(call)                                                                    \
+  do {                                                                                         \
+    cudaError_t rt_err_ = (call);                                                              \
+    if (rt_err_ != cudaSuccess) ::retort::cuda::fail_cuda(rt_err_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// Every cuBLAS / cuBLASLt call goes through this.
+#define RT_CUBLAS_CHECK(call)                                                                            \
+  do {                                                                                                   \
+    cublasStatus_t rt_st_ = (call);                                                                      \
+    if (rt_st_ != CUBLAS_STATUS_SUCCESS) ::retort::cuda::fail_cublas(rt_st_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// After every kernel launch: a bad launch configuration (or an earlier asynchronous fault) surfaces here.
+#define RT_CUDA_LAUNCH_CHECK(kernel_name) ::retort::cuda::check_launch(kernel_name, __FILE__, __LINE__)
+
+namespace retort::cuda {
+
+// Makes `device` current for the scope of a call and restores the caller's device after.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+    if (prev_ != device) RT_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceScope() {
+    int cur = -1;
+    if (prev_ >= 0 && cudaGetDevice(&cur) == cudaSuccess && cur != prev_) (void)cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+// ---- caching allocator
+// ------------------------------------------------------------------------------------- Device memory in
+// size-binned free lists. A freed block goes back to its list and is handed out again without
+// cudaMalloc/cudaFree (both of which synchronize the device). Reuse is safe without events because every
+// backend uses one stream: work that read a block was queued before work that writes it again.
+class CudaAllocator {
+ public:
+  explicit CudaAllocator(int device) : device_(device) {}
+  ~CudaAllocator();
+  CudaAllocator(const CudaAllocator&) = delete;
+  CudaAllocator& operator=(const CudaAllocator&) = delete;
+
+  // A block of at least bytes; *block_bytes gets its real (rounded) size. Throws retort::Error when the
+  // device is out of memory even after the cache was emptied.
+  void* allocate(size_t bytes, size_t* block_bytes);
+  void release(void* p, size_t block_bytes) noexcept;
+  CudaMemoryStats stats() const;
+  void reset_peak();
+  void empty_cache();
+  int device() const { return device_; }
+
+  // The size a request is rounded to: 512 B granules up to 1 MiB, 2 MiB granules above.
+  static size_t round_size(size_t bytes);
+
+ private:
+  void free_cached_locked();
+  int device_;
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> free_;  // block size -> free block
+  CudaMemoryStats st_;
+};
+
+// A block from the allocator that goes back to it when destroyed. Holds the allocator alive, so buffers may
+// outlive their backend.
+class DeviceBuffer final : public Buffer {
+ public:
+  DeviceBuffer(std::shared_ptr<CudaAllocator> alloc, size_t bytes);
+  ~DeviceBuffer() override;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  std::shared_ptr<CudaAllocator> alloc_;
+  size_t block_ = 0;
+};
+
+// ---- device-side errors
+// ------------------------------------------------------------------------------------ Written by the first
+// kernel thread that finds bad data (an id or label out of range); the backend reads it after each
+// synchronize/read and turns it into retort::Error.
+enum DeviceErrorKind : int { kErrNone = 0, kErrIdOutOfRange = 1, kErrLabelOutOfRange = 2 };
+struct DeviceError {
+  int flag;  // 0: no error; set to 1 with atomicCAS by the first reporter
+  int op;    // the Op that found it
+  int kind;  // DeviceErrorKind
+  int pad;
+  long long value;  // the offending value
+  long long bound;  // the valid range is [0, bound)
+};
+
+// ---- launch environment
+// ------------------------------------------------------------------------------------
+struct CudaExec {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  std::shared_ptr<CudaAllocator> alloc;
+  cublasLtHandle_t lt = nullptr;
+  DeviceError* dev_error = nullptr;  // device memory
+  CudaOptions opts;
+  void* workspace = nullptr;  // cuBLASLt workspace (from alloc, opts.gemm_workspace_bytes)
+  size_t workspace_bytes = 0;
+  int sm_count = 1;
+
+  // Grid size for a grid-stride loop over n items with blocks of `block` threads.
+  int grid_for(int64_t n, int block) const {
+    int64_t g = (n + block - 1) / block;
+    int64_t cap = int64_t(sm_count) * 32;
+    return int(g < 1 ? 1 : (g > cap ? cap : g));
+  }
+  // A temporary device block; freeing it right after queuing the work that uses it is safe (one stream).
+  std::unique_ptr<DeviceBuffer> temp(size_t bytes) const {
+    return std::make_unique<DeviceBuffer>(alloc, bytes);
+  }
+};
+
+// Runs one node on the device (queues its kernels on ex.stream).
+using CudaLauncher = void (*)(CudaExec& ex, Tensor* node);
+using CudaOpTable = std::array<CudaLauncher, kOpCount>;
+
+// Registration, one per op family file.
+void register_cuda_view_ops(CudaOpTable& t);
+void register_cuda_elementwise_ops(CudaOpTable& t);
+void register_cuda_reduce_ops(CudaOpTable& t);
+void register_cuda_matmul_ops(CudaOpTable& t);
+void register_cuda_get_rows_ops(CudaOpTable& t);
+void register_cuda_softmax_ops(CudaOpTable& t);
+void register_cuda_norm_ops(CudaOpTable& t);
+void register_cuda_loss_ops(CudaOpTable& t);
+
+// Optimizer updates and helpers (cuda_optim.cu). Inputs are checked by the caller.
+void launch_adamw(CudaExec& ex, Tensor* p, const Tensor* g, Tensor* m, Tensor* v, const AdamWParams& o);
+void launch_sgd(CudaExec& ex, Tensor* p, const Tensor* g, Tensor* mom, const SgdParams& o);
+// Writes the sum of squares of t (contiguous f32) as one double to out (device memory).
+void launch_sum_squares(CudaExec& ex, const Tensor* t, double* out);
+void launch_scale(CudaExec& ex, Tensor* t, float s);
+
+}  // namespace retort::cuda

@@ -1,0 +1,200 @@
+// Normalization over dim 0 (rms_norm, layer_norm and their backward ops) and rotary position embedding on the
+// device. Norms: one block per row, f32 block reductions in a fixed tree (deterministic); the backward
+// kernels recompute the row statistics from x, like the CPU. Backward nodes: src[0] = upstream gradient,
+// src[1] = x, fp[0] = eps.
+#include "../ops/ops.h"
+#include "cuda_common.cuh"
+
+namespace retort::cuda {
+
+namespace {
+
+__device__ __forceinline__ float row_sum(const char* p, const TDesc& t, float* sh) {
+  float acc = 0.0f;
+  for (int64_t i = threadIdx.x; i < t.ne[0]; i += blockDim.x) acc += load_f(p + i * t.nb[0], t.dtype);
+  return block_reduce(acc, SumOp{}, 0.0f, sh);
+}
+
+// y = x / sqrt(mean(x^2) + eps)
+__global__ __launch_bounds__(1024) void rms_norm_kernel(TDesc out, TDesc x, float eps) {
+  __shared__ float sh[32];
+  const int64_t rows = nrows(x), n = x.ne[0];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const char* xp = row_at(x, r);
+    char* op = row_at(out, r);
+    float acc = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float v = load_f(xp + i * x.nb[0], x.dtype);
+      acc += v * v;
+    }
+    const float ss = block_reduce(acc, SumOp{}, 0.0f, sh);
+    const float inv = 1.0f / sqrtf(ss / float(n) + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+      store_f(op + i * out.nb[0], out.dtype, load_f(xp + i * x.nb[0], x.dtype) * inv);
+  }
+}
+
+// dx = r g - r^3 x mean(g x), r = 1 / sqrt(mean(x^2) + eps)
+__global__ __launch_bounds__(1024) void rms_norm_back_kernel(TDesc out, TDesc g, TDesc x, float eps) {
+  __shared__ float sh[32];
+  const int64_t rows = nrows(out), n = out.ne[0];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const char* gp = row_at(g, r);
+    const char* xp = row_at(x, r);
+    char* op = row_at(out, r);
+    float axx = 0.0f, agx = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float xv = load_f(xp + i * x.nb[0], x.dtype);
+      axx += xv * xv;
+      agx += load_f(gp + i * g.nb[0], g.dtype) * xv;
+    }
+    const float ss = block_reduce(axx, SumOp{}, 0.0f, sh);
+    const float gx = block_reduce(agx, SumOp{}, 0.0f, sh);
+    const float inv = 1.0f / sqrtf(ss / float(n) + eps);
+    const float c = (gx / float(n)) * inv * inv * inv;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float gv = load_f(gp + i * g.nb[0], g.dtype);
+      const float xv = load_f(xp + i * x.nb[0], x.dtype);
+      store_f(op + i * out.nb[0], out.dtype, inv * gv - c * xv);
+    }
+  }
+}
+
+// The mean and 1 / sqrt(biased variance + eps) of a row (two passes: no cancellation).
+__device__ __forceinline__ void row_moments(const char* xp, const TDesc& x, float eps, float* sh, float& mean,
+                                            float& inv) {
+  const int64_t n = x.ne[0];
+  mean = row_sum(xp, x, sh) / float(n);
+  float acc = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float d = load_f(xp + i * x.nb[0], x.dtype) - mean;
+    acc += d * d;
+  }
+  const float ss = block_reduce(acc, SumOp{}, 0.0f, sh);
+  inv = 1.0f / sqrtf(ss / float(n) + eps);
+}
+
+__global__ __launch_bounds__(1024) void layer_norm_kernel(TDesc out, TDesc x, float eps) {
+  __shared__ float sh[32];
+  const int64_t rows = nrows(x), n = x.ne[0];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const char* xp = row_at(x, r);
+    char* op = row_at(out, r);
+    float mean, inv;
+    row_moments(xp, x, eps, sh, mean, inv);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+      store_f(op + i * out.nb[0], out.dtype, (load_f(xp + i * x.nb[0], x.dtype) - mean) * inv);
+  }
+}
+
+// With xh = (x - mean) r: dx = r (g - mean(g) - xh mean(g xh)).
+__global__ __launch_bounds__(1024) void layer_norm_back_kernel(TDesc out, TDesc g, TDesc x, float eps) {
+  __shared__ float sh[32];
+  const int64_t rows = nrows(out), n = out.ne[0];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const char* gp = row_at(g, r);
+    const char* xp = row_at(x, r);
+    char* op = row_at(out, r);
+    float mean, inv;
+    row_moments(xp, x, eps, sh, mean, inv);
+    float ag = 0.0f, agx = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float gv = load_f(gp + i * g.nb[0], g.dtype);
+      const float xh = (load_f(xp + i * x.nb[0], x.dtype) - mean) * inv;
+      ag += gv;
+      agx += gv * xh;
+    }
+    const float mg = block_reduce(ag, SumOp{}, 0.0f, sh) / float(n);
+    const float mgx = block_reduce(agx, SumOp{}, 0.0f, sh) / float(n);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float gv = load_f(gp + i * g.nb[0], g.dtype);
+      const float xh = (load_f(xp + i * x.nb[0], x.dtype) - mean) * inv;
+      store_f(op + i * out.nb[0], out.dtype, inv * (gv - mg - xh * mgx));
+    }
+  }
+}
+
+// Rope: x [B, T, heads, d] (ne0 = d, ne1 = heads, ne2 = T, ne3 = B), positions i32 [T]. One thread per pair:
+// pair i of (head, step, batch) is (2i, 2i + 1) in Normal mode and (i, i + d/2) in Neox mode, rotated by
+// p * theta^(-2i/d) (negated when inverse). Like the CPU, the angle and its cos / sin are computed in double:
+// angles reach thousands of radians, where an f32 angle would already be off by 1e-4.
+__global__ void rope_kernel(TDesc out, TDesc x, TDesc pos, bool neox, bool inverse, double theta, int64_t n) {
+  const int64_t d = x.ne[0], half = d / 2;
+  RT_GRID_LOOP(k, n) {
+    const int64_t i = k % half;
+    const int64_t r = k / half;  // row over dims 1..3
+    const int64_t head = r % x.ne[1], q = r / x.ne[1];
+    const int64_t step = q % x.ne[2], batch = q / x.ne[2];
+    const double p = double(load_i(pos.data + step * pos.nb[0], pos.dtype));
+    const double a = (inverse ? -p : p) * pow(theta, -2.0 * double(i) / double(d));
+    double sd, cd;
+    sincos(a, &sd, &cd);
+    const float c = float(cd), s = float(sd);
+    const int64_t j0 = neox ? i : 2 * i, j1 = neox ? i + half : 2 * i + 1;
+    const int64_t c_in[4] = {0, head, step, batch};
+    const char* xp = at(x, c_in);
+    char* op = at(out, c_in);
+    const float v0 = load_f(xp + j0 * x.nb[0], x.dtype), v1 = load_f(xp + j1 * x.nb[0], x.dtype);
+    store_f(op + j0 * out.nb[0], out.dtype, v0 * c - v1 * s);
+    store_f(op + j1 * out.nb[0], out.dtype, v0 * s + v1 * c);
+  }
+}
+
+void check_norm(const Tensor* t, const Tensor* x) {
+  RT_CHECK(is_float(x->dtype) && same_shape(x, t), "cuda ", op_name(t->op), ": unexpected input ",
+           x->describe(), " for ", t->describe());
+}
+
+void rms_norm_l(CudaExec& ex, Tensor* t) {
+  const Tensor* x = t->src[0];
+  check_norm(t, x);
+  rms_norm_kernel<<<row_grid(x->nrows()), row_block(x->ne[0]), 0, ex.stream>>>(desc(t), desc(x), t->fp[0]);
+  RT_CUDA_LAUNCH_CHECK("rms_norm_kernel");
+}
+
+void layer_norm_l(CudaExec& ex, Tensor* t) {
+  const Tensor* x = t->src[0];
+  check_norm(t, x);
+  layer_norm_kernel<<<row_grid(x->nrows()), row_block(x->ne[0]), 0, ex.stream>>>(desc(t), desc(x), t->fp[0]);
+  RT_CUDA_LAUNCH_CHECK("layer_norm_kernel");
+}
+
+void rms_norm_back_l(CudaExec& ex, Tensor* t) {
+  check_norm(t, t->src[0]);
+  check_norm(t, t->src[1]);
+  rms_norm_back_kernel<<<row_grid(t->nrows()), row_block(t->ne[0]), 0, ex.stream>>>(
+      desc(t), desc(t->src[0]), desc(t->src[1]), t->fp[0]);
+  RT_CUDA_LAUNCH_CHECK("rms_norm_back_kernel");
+}
+
+void layer_norm_back_l(CudaExec& ex, Tensor* t) {
+  check_norm(t, t->src[0]);
+  check_norm(t, t->src[1]);
+  layer_norm_back_kernel<<<row_grid(t->nrows()), row_block(t->ne[0]), 0, ex.stream>>>(
+      desc(t), desc(t->src[0]), desc(t->src[1]), t->fp[0]);
+  RT_CUDA_LAUNCH_CHECK("layer_norm_back_kernel");
+}
+
+void rope_l(CudaExec& ex, Tensor* t) {
+  const Tensor* x = t->src[0];
+  const Tensor* pos = t->src[1];
+  check_norm(t, x);
+  RT_CHECK(x->ne[0] % 2 == 0 && is_int(pos->dtype) && pos->ne[0] == x->ne[2], "cuda rope: positions ",
+           pos->describe(), " do not fit x ", x->describe());
+  const int64_t n = x->nelements() / 2;
+  rope_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(
+      desc(t), desc(x), desc(pos), RopeMode(t->ip[0]) == RopeMode::Neox, t->ip[1] != 0, double(t->fp[0]), n);
+  RT_CUDA_LAUNCH_CHECK("rope_kernel");
+}
+
+}  // namespace
+
+void register_cuda_norm_ops(CudaOpTable& t) {
+  t[size_t(Op::RmsNorm)] = rms_norm_l;
+  t[size_t(Op::RmsNormBack)] = rms_norm_back_l;
+  t[size_t(Op::LayerNorm)] = layer_norm_l;
+  t[size_t(Op::LayerNormBack)] = layer_norm_back_l;
+  t[size_t(Op::Rope)] = rope_l;
+}
+
+}  // namespace retort::cuda

@@ -1,0 +1,210 @@
+// Device helpers shared by the row-loss kernels: typed 8-wide loads and stores, the online softmax state,
+// and block-wide reductions. One CTA owns one row at a time; rows are visited grid-stride (persistent grid).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace retort::cuda::rowk {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+#define RT_NEG_INF (-INFINITY)
+
+template <typename T>
+__device__ __forceinline__ float to_f(T v);
+template <>
+__device__ __forceinline__ float to_f<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <>
+__device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+
+// 2^x in one MUFU instruction (flush-to-zero: results below 2^-126 become 0, harmless for softmax terms).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The raw bytes of 8 consecutive elements (16 bytes for 2-byte types, 32 for f32).
+template <typename T>
+struct Raw8 {
+  uint4 v[sizeof(T) / 2];
+};
+
+// Loads 8 consecutive elements aligned to 8 elements: kGlobal from global memory through the read-only path,
+// otherwise from shared memory with an explicit shared-space load (a generic load would cost more).
+template <bool kGlobal, typename T>
+__device__ __forceinline__ Raw8<T> load_raw8(const T* p) {
+  Raw8<T> r;
+  const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(T) / 2); ++i) {
+    if constexpr (kGlobal) {
+      r.v[i] = __ldg(q + i);
+    } else {
+      uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(q + i));
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(r.v[i].x), "=r"(r.v[i].y), "=r"(r.v[i].z), "=r"(r.v[i].w)
+                   : "r"(a));
+    }
+  }
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack8(const Raw8<T>& r, float (&x)[8]) {
+  const T* h = reinterpret_cast<const T*>(&r);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = to_f<T>(h[i]);
+}
+
+template <bool kGlobal = true, typename T>
+__device__ __forceinline__ void load8(const T* p, float (&x)[8]) {
+  unpack8(load_raw8<kGlobal>(p), x);
+}
+
+// Streaming store: the gradient is not read again soon, so keep it from evicting logits still to be re-read.
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float (&x)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    __stcs(reinterpret_cast<float4*>(p), make_float4(x[0], x[1], x[2], x[3]));
+    __stcs(reinterpret_cast<float4*>(p) + 1, make_float4(x[4], x[5], x[6], x[7]));
+  } else {
+    uint4 u;
+    T* h = reinterpret_cast<T*>(&u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) h[i] = from_f<T>(x[i]);
+    __stcs(reinterpret_cast<uint4*>(p), u);
+  }
+}
+
+// Visits n values at p: f.template apply<N>(j0, x) gets N consecutive values starting at column base + offset
+// (N = 8 on the vector path, 1 on the scalar path). The vector path keeps U loads in flight per thread before
+// using any. With `cache`, the raw values are also copied to cache[0..n) (shared memory) on the way.
+template <int U, bool kGlobal = true, typename T, typename F>
+__device__ __forceinline__ void for_row(const T* p, int64_t n, bool vec, F& f, int64_t base = 0,
+                                        T* cache = nullptr) {
+  if (vec) {
+    const int64_t nvec = n / 8;
+    int64_t v = threadIdx.x;
+    const int64_t step = blockDim.x;
+    for (; v + (U - 1) * step < nvec; v += U * step) {
+      Raw8<T> raw[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) raw[u] = load_raw8<kGlobal>(p + (v + u * step) * 8);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (cache) *reinterpret_cast<Raw8<T>*>(cache + (v + u * step) * 8) = raw[u];
+        float x[8];
+        unpack8(raw[u], x);
+        f.template apply<8>(base + (v + u * step) * 8, x);
+      }
+    }
+    for (; v < nvec; v += step) {
+      Raw8<T> raw = load_raw8<kGlobal>(p + v * 8);
+      if (cache) *reinterpret_cast<Raw8<T>*>(cache + v * 8) = raw;
+      float x[8];
+      unpack8(raw, x);
+      f.template apply<8>(base + v * 8, x);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      T raw = p[j];
+      if (cache) cache[j] = raw;
+      float x[1] = {to_f<T>(raw)};
+      f.template apply<1>(base + j, x);
+    }
+  }
+}
+
+// Online softmax state over a set of values: max m, s = Σ exp(x - m), t = Σ exp(x - m)·x (for entropy).
+struct Online {
+  float m = RT_NEG_INF, s = 0.0f, t = 0.0f;
+
+  template <int N, bool kT>
+  __device__ __forceinline__ void add(const float* x) {
+    float mx = m;
+#pragma unroll
+    for (int i = 0; i < N; ++i) mx = fmaxf(mx, x[i]);
+    if (mx == RT_NEG_INF) return;  // all -inf so far: nothing to add
+    if (mx != m) {
+      float r = fast_exp2((m - mx) * kLog2e);  // m = -inf gives 0
+      s *= r;
+      if (kT) t *= r;
+      m = mx;
+    }
+    const float ml = mx * kLog2e;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float e = fast_exp2(fmaf(x[i], kLog2e, -ml));
+      s += e;
+      if (kT) t += e * x[i];
+    }
+  }
+
+  __device__ __forceinline__ void merge(const Online& o) {
+    float mx = fmaxf(m, o.m);
+    if (mx == RT_NEG_INF) return;
+    float a = exp2f((m - mx) * kLog2e), b = exp2f((o.m - mx) * kLog2e);
+    s = s * a + o.s * b;
+    t = t * a + o.t * b;
+    m = mx;
+  }
+  __device__ __forceinline__ float lse() const { return m + logf(s); }
+};
+
+__device__ __forceinline__ Online shfl_xor(const Online& v, int lane_mask) {
+  Online o;
+  o.m = __shfl_xor_sync(0xffffffffu, v.m, lane_mask);
+  o.s = __shfl_xor_sync(0xffffffffu, v.s, lane_mask);
+  o.t = __shfl_xor_sync(0xffffffffu, v.t, lane_mask);
+  return o;
+}
+
+// Block-wide merge of Online states; every thread gets the result. `scratch` holds 32 entries.
+__device__ __forceinline__ Online block_merge(Online v, Online* scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v.merge(shfl_xor(v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = (blockDim.x + 31) / 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  Online r = lane < nwarps ? scratch[lane] : Online{};
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) r.merge(shfl_xor(r, o));
+  __syncthreads();  // scratch may be reused right after
+  return r;
+}
+
+// Block-wide sum (fixed order: deterministic); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = (blockDim.x + 31) / 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float r = lane < nwarps ? scratch[lane] : 0.0f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  __syncthreads();
+  return r;
+}
+
+__device__ __forceinline__ int64_t load_index(const void* p, bool is_i64, int64_t i) {
+  return is_i64 ? static_cast<const int64_t*>(p)[i] : int64_t(static_cast<const int32_t*>(p)[i]);
+}
+
+}  // namespace retort::cuda::rowk

@@ -1,0 +1,646 @@
+// Cross-entropy, entropy and selective log-softmax row kernels (see row_losses.h for the contract).
+//
+// Forward reads each row once with an online softmax (running max and rescaled sum, one exp per element).
+// With a gradient the same CTA re-reads the row right away: with one row per CTA in flight the working set is
+// about (CTAs in flight × row bytes), which stays in L2, so the second read costs little HBM traffic; the
+// gradient goes out with streaming stores so it does not evict rows still to be re-read.
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "../../core/error.h"
+#include "row_common.cuh"
+#include "row_losses.h"
+
+namespace retort::cuda {
+
+namespace {
+
+using namespace rowk;
+
+constexpr int kThreads = 512;
+// Threads per cluster CTA: 1024 (one CTA per SM) or 512 (two per SM, so one streams while the other computes).
+int cluster_threads() {
+  static int v = [] {
+    const char* e = std::getenv("RETORT_CLUSTER_THREADS");
+    return e && std::atoi(e) == 512 ? 512 : 1024;
+  }();
+  return v;
+}
+// Shared memory for one row segment of a cluster CTA (it holds two: RETORT_SEGMENT_KB overrides, for tuning).
+int64_t segment_bytes() {
+  static int64_t v = [] {
+    const char* e = std::getenv("RETORT_SEGMENT_KB");
+    int64_t kb = e ? std::atoll(e) : 100;
+    return std::max<int64_t>(16, std::min<int64_t>(kb, 110)) * 1024;
+  }();
+  return v;
+}
+constexpr int kMaxCluster = 8;
+constexpr int64_t kSmemBudget = 220 * 1024;  // of the 227 KB a CTA may use on H100
+constexpr int kUnroll = 4;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) RT_FAIL("cuda: ", what, " failed: ", cudaGetErrorString(e));
+}
+
+int grid_for(int64_t rows) {
+  static int sms = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n > 0 ? n : 80;
+  }();
+  // Two 512-thread CTAs per SM keep enough loads in flight; more rows are visited grid-stride.
+  return int(std::min<int64_t>(rows, int64_t(sms) * 2));
+}
+
+// RETORT_NO_CLUSTER=1 forces the two-pass kernel (to compare the two in a benchmark).
+bool cluster_disabled() {
+  static bool off = [] {
+    const char* e = std::getenv("RETORT_NO_CLUSTER");
+    return e && e[0] == '1';
+  }();
+  return off;
+}
+
+bool vec_ok(const void* p, int64_t V, int64_t stride, size_t elsize) {
+  return V % 8 == 0 && stride % 8 == 0 && (reinterpret_cast<uintptr_t>(p) % (8 * elsize)) == 0;
+}
+
+__device__ __forceinline__ float grad_scale(const RowBlock& b) {
+  return b.scale_dev ? b.scale * *b.scale_dev : b.scale;
+}
+
+// ---- row drivers --------------------------------------------------------------------------------------------
+//
+// A policy P describes one loss: begin_row(b, r) loads the row's side data; acc() makes the per-thread pass-1
+// accumulator (an object with apply<N>(j0, x)); fold(acc, on, aux) extracts its statistics (an online-softmax
+// state plus one additive extra); finish(b, r, row, on, aux) writes the row's loss and lse (thread 0 only); and
+// grad<G>(out_row, on, aux, scale) makes the pass-2 functor that writes the gradient.
+
+// Two passes per row from global memory; the second read is meant to hit L2. Works on every architecture and
+// for rows of any length.
+template <class P, typename T, typename G>
+__global__ void __launch_bounds__(kThreads) rows_l2_kernel(RowBlock b, P p, bool vec, bool gvec) {
+  __shared__ alignas(16) unsigned char scratch_raw[32 * sizeof(Online)];
+  Online* scratch = reinterpret_cast<Online*>(scratch_raw);
+  __shared__ float fscratch[32];
+  for (int64_t r = blockIdx.x; r < b.rows; r += gridDim.x) {
+    const T* row = static_cast<const T*>(b.logits) + r * b.stride;
+    p.begin_row(b, r);
+    auto acc = p.acc();
+    for_row<kUnroll>(row, b.V, vec, acc);
+    Online on;
+    float aux;
+    p.fold(acc, on, aux);
+    on = block_merge(on, scratch);
+    aux = block_sum(aux, fscratch);
+    if (threadIdx.x == 0) p.finish(b, r, row, on, aux);
+    if (b.grad) {
+      auto gr = p.template grad<G>(static_cast<G*>(b.grad) + r * b.grad_stride, on, aux, grad_scale(b));
+      for_row<kUnroll>(row, b.V, vec && gvec, gr);
+    }
+    __syncthreads();  // the row (when the gradient aliases it) and scratch are done before the next row
+  }
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define RT_HAS_CLUSTERS 1
+#endif
+
+// Hopper: a cluster of CTAs owns a row, each CTA a segment of `seg` columns held in its shared memory, so the
+// gradient pass reads shared memory instead of HBM or L2: the row crosses HBM once and the gradient once, which
+// is the floor. Each CTA has two segment buffers: the bulk-copy engine (cp.async.bulk, completing on an
+// mbarrier) streams the next row's segment into one while the threads work on the other, so HBM reads never
+// wait for the softmax statistics, the cluster barrier or the gradient stores. Segment statistics are merged
+// across the cluster through distributed shared memory.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+constexpr int kMaxBuffers = 3;
+
+template <class P, typename T, typename G, int kCT>
+__global__ void __launch_bounds__(kCT) rows_cluster_kernel(RowBlock b, P p, int64_t seg, int nbuf,
+                                                                      bool gvec) {
+#ifdef RT_HAS_CLUSTERS
+  extern __shared__ uint4 dyn_smem[];
+  T* const base = reinterpret_cast<T*>(dyn_smem);
+  __shared__ alignas(8) uint64_t bars[kMaxBuffers];
+  __shared__ alignas(16) unsigned char scratch_raw[32 * sizeof(Online)];
+  Online* scratch = reinterpret_cast<Online*>(scratch_raw);
+  __shared__ float fscratch[32];
+  // Double-buffered by row parity: a peer may still read slot i%2 while this CTA already writes slot (i+1)%2;
+  // slot i%2 is rewritten only after every peer passed the cluster barrier of row i+1.
+  __shared__ alignas(16) unsigned char state_raw[2 * sizeof(Online)];
+  Online* state = reinterpret_cast<Online*>(state_raw);
+  __shared__ float state_aux[2];
+  __shared__ alignas(16) unsigned char merged_raw[sizeof(Online)];
+  Online* merged = reinterpret_cast<Online*>(merged_raw);
+  __shared__ float merged_aux;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  const int cs = int(cl.num_blocks()), rank = int(cl.block_rank());
+  const int64_t c0 = int64_t(rank) * seg, n = std::max<int64_t>(0, std::min<int64_t>(b.V, c0 + seg) - c0);
+  const uint32_t seg_bytes = uint32_t(n * int64_t(sizeof(T)));
+  const int64_t first = blockIdx.x / cs, step = gridDim.x / cs;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < nbuf; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[i])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  // One thread asks the copy engine for row r's segment into buffer i (in pieces of at most 32 KB).
+  auto issue = [&](int64_t r, int i) {
+    if (threadIdx.x != 0 || seg_bytes == 0) return;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // earlier generic reads of the buffer are done
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&bars[i])),
+                 "r"(seg_bytes)
+                 : "memory");
+    const char* src = reinterpret_cast<const char*>(static_cast<const T*>(b.logits) + r * b.stride + c0);
+    char* dst = reinterpret_cast<char*>(base + i * seg);
+    for (uint32_t off = 0; off < seg_bytes; off += 32768) {
+      uint32_t len = min(32768u, seg_bytes - off);
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+              smem_u32(dst + off)),
+          "l"(src + off), "r"(len), "r"(smem_u32(&bars[i]))
+          : "memory");
+    }
+  };
+  // Rows i+1 .. i+nbuf-1 stream in while row i is worked on.
+  uint32_t phases = 0;  // bit i: the parity to wait for on buffer i
+  for (int k = 0; k < nbuf - 1; ++k)
+    if (first + k * step < b.rows) issue(first + k * step, k);
+  int it = 0;
+  for (int64_t r = first; r < b.rows; r += step, ++it) {
+    const int cur = it % nbuf;
+    const int64_t ahead = r + int64_t(nbuf - 1) * step;
+    if (ahead < b.rows) issue(ahead, (it + nbuf - 1) % nbuf);  // the buffer row i-1 used, released below
+    if (seg_bytes) {
+      asm volatile(
+          "{\n .reg .pred done;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+          " @!done bra WAIT_%=;\n}" ::"r"(smem_u32(&bars[cur])),
+          "r"((phases >> cur) & 1u)
+          : "memory");
+      phases ^= 1u << cur;
+    }
+    T* const buf = base + cur * seg;
+    const T* row = static_cast<const T*>(b.logits) + r * b.stride;
+    p.begin_row(b, r);
+    auto acc = p.acc();
+    for_row<1, false>(buf, n, true, acc, c0);
+    Online on;
+    float aux;
+    p.fold(acc, on, aux);
+    on = block_merge(on, scratch);
+    aux = block_sum(aux, fscratch);
+    const int slot = it & 1;
+    if (threadIdx.x == 0) {
+      state[slot] = on;
+      state_aux[slot] = aux;
+    }
+    cl.sync();
+    if (threadIdx.x < 32) {
+      Online o;
+      float a = 0.0f;
+      if (int(threadIdx.x) < cs) {
+        o = *cl.map_shared_rank(&state[slot], int(threadIdx.x));
+        a = *cl.map_shared_rank(&state_aux[slot], int(threadIdx.x));
+      }
+#pragma unroll
+      for (int m = 16; m > 0; m >>= 1) {
+        o.merge(shfl_xor(o, m));
+        a += __shfl_xor_sync(0xffffffffu, a, m);
+      }
+      if (threadIdx.x == 0) {
+        *merged = o;
+        merged_aux = a;
+      }
+    }
+    __syncthreads();
+    on = *merged;
+    aux = merged_aux;
+    if (rank == 0 && threadIdx.x == 0) p.finish(b, r, row, on, aux);
+    auto gr = p.template grad<G>(static_cast<G*>(b.grad) + r * b.grad_stride, on, aux, grad_scale(b));
+    for_row<1, false>(buf, n, gvec, gr, c0);
+    __syncthreads();  // the buffer and `merged` are rewritten two rows on / by the next row
+  }
+  cl.sync();  // no CTA leaves while a peer may still read its state
+#endif
+}
+
+// ---- cross-entropy ----------------------------------------------------------------------------------------
+
+struct CePolicy {
+  CrossEntropyRows o;
+  float inv_cap;
+  int* err;
+  int64_t label;
+  bool valid;
+  float inv_v;
+
+  __device__ __forceinline__ float xf(float z) const { return o.softcap > 0.0f ? o.softcap * tanhf(z * inv_cap) : z; }
+
+  __device__ __forceinline__ void begin_row(const RowBlock& b, int64_t r) {
+    inv_v = 1.0f / float(b.V);
+    label = load_index(o.labels, o.label_dtype == DType::I64, r);
+    valid = label != o.ignore_index;
+    if (valid && (label < 0 || label >= b.V)) {
+      if (threadIdx.x == 0 && err) atomicCAS(err, 0, int(r) + 1);
+      valid = false;
+    }
+  }
+
+  struct Acc {
+    Online on;
+    float sumx = 0.0f, cap = 0.0f, inv_cap = 0.0f;
+    bool smooth = false;
+    template <int N>
+    __device__ __forceinline__ void apply(int64_t, float* x) {
+      if (cap > 0.0f) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) x[i] = cap * tanhf(x[i] * inv_cap);
+      }
+      on.add<N, false>(x);
+      if (smooth) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) sumx += x[i];
+      }
+    }
+  };
+  __device__ __forceinline__ Acc acc() const {
+    Acc a;
+    a.cap = o.softcap;
+    a.inv_cap = inv_cap;
+    a.smooth = o.label_smoothing > 0.0f;
+    return a;
+  }
+  __device__ __forceinline__ static void fold(const Acc& a, Online& on, float& aux) {
+    on = a.on;
+    aux = a.sumx;
+  }
+
+  template <typename T>
+  __device__ __forceinline__ void finish(const RowBlock& b, int64_t r, const T* row, const Online& on, float sumx) const {
+    const float lse = on.lse(), eps = o.label_smoothing;
+    float loss = 0.0f;
+    if (valid) {
+      float zy = xf(to_f<T>(row[label]));
+      loss = (1.0f - eps) * (lse - zy) + (eps > 0.0f ? eps * (lse - sumx / float(b.V)) : 0.0f) +
+             o.z_loss * lse * lse;
+    }
+    if (b.loss) b.loss[r] = loss;
+    if (b.lse) b.lse[r] = lse;
+  }
+
+  template <typename G>
+  struct Grad {
+    G* out;
+    float lse2, scale, cap, inv_cap, coef, offset, hit;
+    int64_t label;
+    template <int N>
+    __device__ __forceinline__ void apply(int64_t j0, float* z) {
+      float g[8];
+      if (cap > 0.0f) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          float th = tanhf(z[i] * inv_cap);
+          float p = fast_exp2(fmaf(cap * th, kLog2e, -lse2));
+          g[i] = fmaf(p, coef, -offset) * (1.0f - th * th);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) g[i] = fmaf(fast_exp2(fmaf(z[i], kLog2e, -lse2)), coef, -offset);
+      }
+      // The label column: one range test per vector, the unrolled compare only when it is inside.
+      if (label >= j0 && label < j0 + N) {
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+          if (j0 + i == label) {
+            float d = 1.0f;
+            if (cap > 0.0f) {
+              float th = tanhf(z[i] * inv_cap);
+              d = 1.0f - th * th;
+            }
+            g[i] -= hit * d;
+          }
+      }
+      if constexpr (N == 8) {
+        store8(out + j0, g);
+      } else {
+        out[j0] = from_f<G>(g[0]);
+      }
+    }
+  };
+  template <typename G>
+  __device__ __forceinline__ Grad<G> grad(G* out, const Online& on, float, float scale) const {
+    const float lse = on.lse();
+    // An ignored row gets a zero gradient: scale 0 (the softmax of a finite row is finite).
+    const float sc = valid ? scale : 0.0f;
+    // g = scale·(p·(1 + 2·z_loss·lse) − eps/V − (1 − eps)·[j = label]), times the softcap derivative.
+    return Grad<G>{out, lse * kLog2e, sc, o.softcap, inv_cap, sc * (1.0f + 2.0f * o.z_loss * lse),
+                   sc * o.label_smoothing * inv_v, sc * (1.0f - o.label_smoothing), label};
+  }
+};
+
+// ---- entropy ----------------------------------------------------------------------------------------------
+
+struct EntropyPolicy {
+  float inv_t;
+  __device__ __forceinline__ void begin_row(const RowBlock&, int64_t) {}
+  struct Acc {
+    Online on;
+    float inv_t;
+    template <int N>
+    __device__ __forceinline__ void apply(int64_t, float* x) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) x[i] *= inv_t;
+      on.add<N, true>(x);
+    }
+  };
+  __device__ __forceinline__ Acc acc() const { return Acc{Online{}, inv_t}; }
+  __device__ __forceinline__ static void fold(const Acc& a, Online& on, float& aux) {
+    on = a.on;
+    aux = 0.0f;
+  }
+  // H = lse - E_p[x] with x = z / T.
+  __device__ __forceinline__ static float entropy(const Online& on) { return on.lse() - on.t / on.s; }
+  template <typename T>
+  __device__ __forceinline__ void finish(const RowBlock& b, int64_t r, const T*, const Online& on, float) const {
+    if (b.loss) b.loss[r] = entropy(on);
+    if (b.lse) b.lse[r] = on.lse();
+  }
+  template <typename G>
+  struct Grad {
+    G* out;
+    float lse, h, inv_t, coef;
+    template <int N>
+    __device__ __forceinline__ void apply(int64_t j0, float* z) {
+      float g[8];
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        float lp = fmaf(z[i], inv_t, -lse);  // log p
+        float p = fast_exp2(lp * kLog2e);
+        g[i] = -p * (lp + h) * coef;  // dH/dz = -(1/T) p (log p + H)
+      }
+      if constexpr (N == 8) {
+        store8(out + j0, g);
+      } else {
+        out[j0] = from_f<G>(g[0]);
+      }
+    }
+  };
+  template <typename G>
+  __device__ __forceinline__ Grad<G> grad(G* out, const Online& on, float, float scale) const {
+    return Grad<G>{out, on.lse(), entropy(on), inv_t, inv_t * scale};
+  }
+};
+
+// ---- selective log-softmax --------------------------------------------------------------------------------
+
+template <typename G>
+struct SelGrad {
+  G* out;
+  float lse, gsum, scale;
+  template <int N>
+  __device__ __forceinline__ void apply(int64_t j0, float* z) {
+    float g[N > 1 ? 8 : 1];
+#pragma unroll
+    for (int i = 0; i < N; ++i) g[i] = -fast_exp2(fmaf(z[i], kLog2e, -lse * kLog2e)) * gsum * scale;
+    if constexpr (N == 8) {
+      store8(out + j0, reinterpret_cast<float(&)[8]>(g));
+    } else {
+      out[j0] = from_f<G>(g[0]);
+    }
+  }
+};
+
+// Forward: lse by an online pass, then out[k] = z[id_k] - lse. Backward (upstream given, lse from the forward):
+// one dense pass writes -p_j·Σg, then, after a barrier, the K id columns are overwritten with
+// Σ_{k: id_k = j} g_k - p_j·Σg. Each distinct id is written by one thread (its first occurrence), so
+// duplicate ids need no atomics and the result is deterministic. p at an id comes from the forward's
+// log-probabilities, so the logits may already be overwritten (in-place gradient).
+template <typename T, typename G>
+__global__ void __launch_bounds__(kThreads) selective_kernel(RowBlock b, SelectiveRows o, int* err, bool vec,
+                                                             bool gvec) {
+  __shared__ alignas(16) unsigned char scratch_raw[32 * sizeof(Online)];
+  Online* scratch = reinterpret_cast<Online*>(scratch_raw);
+  __shared__ float fscratch[32];
+  __shared__ int bad;
+  const bool i64 = o.id_dtype == DType::I64;
+  for (int64_t r = blockIdx.x; r < b.rows; r += gridDim.x) {
+    const T* row = static_cast<const T*>(b.logits) + r * b.stride;
+    const int64_t* ids64 = static_cast<const int64_t*>(o.ids) + r * o.K;
+    const int32_t* ids32 = static_cast<const int32_t*>(o.ids) + r * o.K;
+    auto id_at = [&](int64_t k) { return i64 ? ids64[k] : int64_t(ids32[k]); };
+    if (threadIdx.x == 0) bad = 0;
+    __syncthreads();
+    for (int64_t k = threadIdx.x; k < o.K; k += blockDim.x) {
+      int64_t id = id_at(k);
+      if (id < 0 || id >= b.V) bad = 1;
+    }
+    __syncthreads();
+    if (bad) {
+      if (threadIdx.x == 0 && err) atomicCAS(err, 0, int(r) + 1);
+      continue;  // uniform across the block
+    }
+    if (!o.upstream) {
+      CePolicy::Acc acc;  // plain online softmax
+      for_row<kUnroll>(row, b.V, vec, acc);
+      Online on = block_merge(acc.on, scratch);
+      const float lse = on.lse();
+      if (threadIdx.x == 0 && b.lse) b.lse[r] = lse;
+      for (int64_t k = threadIdx.x; k < o.K; k += blockDim.x) o.out[r * o.K + k] = to_f<T>(row[id_at(k)]) - lse;
+    } else {
+      const float* g = o.upstream + r * o.K;
+      const float* lp = o.out + r * o.K;  // forward log-probabilities
+      float gs = 0.0f;
+      for (int64_t k = threadIdx.x; k < o.K; k += blockDim.x) gs += g[k];
+      gs = block_sum(gs, fscratch);
+      const float scale = grad_scale(b);
+      G* grow = static_cast<G*>(b.grad) + r * b.grad_stride;
+      SelGrad<G> gr{grow, b.lse[r], gs, scale};
+      for_row<kUnroll>(row, b.V, vec && gvec, gr);
+      __syncthreads();  // dense writes land before the id columns are overwritten
+      for (int64_t k = threadIdx.x; k < o.K; k += blockDim.x) {
+        int64_t id = id_at(k);
+        bool first = true;
+        for (int64_t q = 0; q < k && first; ++q) first = id_at(q) != id;
+        if (!first) continue;
+        float acc = 0.0f;
+        for (int64_t q = k; q < o.K; ++q)
+          if (id_at(q) == id) acc += g[q];
+        float p = fast_exp2(lp[k] * kLog2e);
+        grow[id] = from_f<G>((acc - p * gs) * scale);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// ---- small helpers ----------------------------------------------------------------------------------------
+
+__global__ void count_kernel(const void* labels, bool i64, int64_t rows, int64_t ignore, float weight,
+                             float* inv_count, int* count) {
+  __shared__ float scratch[32];
+  float c = 0.0f;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) c += load_index(labels, i64, r) != ignore ? 1.0f : 0.0f;
+  c = block_sum(c, scratch);
+  if (threadIdx.x == 0) {
+    *inv_count = weight / fmaxf(c, 1.0f);
+    if (count) *count = int(c);
+  }
+}
+
+__global__ void sum_kernel(const float* v, int64_t n, const float* scale_dev, float scale, float* out) {
+  __shared__ float scratch[32];
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += v[i];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) *out = s * scale * (scale_dev ? *scale_dev : 1.0f);
+}
+
+// Calls f.template operator()<T, G>() for the logits and gradient dtypes.
+template <typename F>
+void dispatch(DType t, DType g, F&& f) {
+  auto with_g = [&](auto tt) {
+    using T = decltype(tt);
+    switch (g) {
+      case DType::F32: f.template operator()<T, float>(); return;
+      case DType::BF16: f.template operator()<T, __nv_bfloat16>(); return;
+      case DType::F16: f.template operator()<T, __half>(); return;
+      default: RT_FAIL("row loss: gradient dtype must be f32, bf16 or f16, got ", dtype_name(g));
+    }
+  };
+  switch (t) {
+    case DType::F32: with_g(float{}); return;
+    case DType::BF16: with_g(__nv_bfloat16{}); return;
+    case DType::F16: with_g(__half{}); return;
+    default: RT_FAIL("row loss: logits dtype must be f32, bf16 or f16, got ", dtype_name(t));
+  }
+}
+
+void check_block(const RowBlock& b, const char* op) {
+  RT_CHECK(b.rows >= 0 && b.V >= 1 && b.stride >= b.V, op, ": bad row block (rows ", b.rows, ", V ", b.V,
+           ", stride ", b.stride, ")");
+  RT_CHECK(!b.grad || b.grad_stride >= b.V, op, ": gradient row stride ", b.grad_stride, " < V ", b.V);
+}
+
+
+int device_sm_count_and_arch(int* major) {
+  static int sms = 0, maj = 0;
+  if (sms == 0) {
+    int dev = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+  }
+  *major = maj;
+  return sms;
+}
+
+// Runs policy p over the rows: on Hopper with a gradient to write, the cluster kernel keeps each row in shared
+// memory (when it fits in at most kMaxCluster segments); otherwise the two-pass kernel.
+template <class P>
+void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
+  if (b.rows == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, [&]<typename T, typename G>() {
+    const bool vec = vec_ok(b.logits, b.V, b.stride, sizeof(T));
+    const bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
+    int major = 0;
+    const int sms = device_sm_count_and_arch(&major);
+    const int64_t row_bytes = b.V * int64_t(sizeof(T));
+    const int cs = int((row_bytes + segment_bytes() - 1) / segment_bytes());
+    if (b.grad && vec && major >= 9 && cs <= kMaxCluster && !cluster_disabled()) {
+      // Segments are whole 8-element vectors so every CTA's slice stays 16-byte aligned.
+      const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
+      // Three buffers when they fit (two rows streaming in while one is used), else two.
+      const int64_t budget = kSmemBudget * cluster_threads() / 1024;  // two 512-thread CTAs share an SM
+      const int nbuf = 3 * seg * int64_t(sizeof(T)) <= budget ? 3 : 2;
+      const size_t smem = size_t(nbuf) * size_t(seg) * sizeof(T);
+      auto kernel = cluster_threads() == 512 ? rows_cluster_kernel<P, T, G, 512> : rows_cluster_kernel<P, T, G, 1024>;
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+            "cudaFuncSetAttribute(max dynamic shared memory)");
+      cudaLaunchConfig_t cfg = {};
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = cs;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.blockDim = dim3(cluster_threads());
+      cfg.dynamicSmemBytes = smem;
+      cfg.stream = s;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      cfg.gridDim = dim3(cs);
+      int clusters = 0;
+      check(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
+      clusters = int(std::max<int64_t>(1, std::min<int64_t>(b.rows, clusters > 0 ? clusters : sms / cs)));
+      cfg.gridDim = dim3(clusters * cs);
+      if (std::getenv("RETORT_ROWLOSS_DEBUG"))
+        std::fprintf(stderr, "%s: cluster path, %d CTAs per row, segment %lld elements, %d buffers, %d clusters, %d threads\n",
+                     what, cs, (long long)seg, nbuf, clusters, cluster_threads());
+      int64_t seg_arg = seg;
+      int nbuf_arg = nbuf;
+      bool gvec_arg = gvec;
+      check(cudaLaunchKernelEx(&cfg, kernel, b, p, seg_arg, nbuf_arg, gvec_arg), what);
+    } else {
+      rows_l2_kernel<P, T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, p, vec, gvec);
+    }
+  });
+  check(cudaGetLastError(), what);
+}
+
+}  // namespace
+
+void cross_entropy_rows(const RowBlock& b, const CrossEntropyRows& o, int* err, void* stream) {
+  check_block(b, "cross_entropy");
+  RT_CHECK(o.softcap >= 0.0f && o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f,
+           "cross_entropy: softcap must be >= 0 and label_smoothing in [0, 1]");
+  CePolicy p{};
+  p.o = o;
+  p.inv_cap = o.softcap > 0.0f ? 1.0f / o.softcap : 0.0f;
+  p.err = err;
+  launch_rows(b, p, stream, "cross_entropy_rows");
+}
+
+void entropy_rows(const RowBlock& b, const EntropyRows& o, void* stream) {
+  check_block(b, "entropy");
+  RT_CHECK(o.temperature > 0.0f, "entropy: temperature must be > 0, got ", o.temperature);
+  launch_rows(b, EntropyPolicy{1.0f / o.temperature}, stream, "entropy_rows");
+}
+
+void selective_log_softmax_rows(const RowBlock& b, const SelectiveRows& o, int* err, void* stream) {
+  check_block(b, "selective_log_softmax");
+  RT_CHECK(o.K >= 1 && o.ids && o.out, "selective_log_softmax: need K >= 1, ids and out");
+  RT_CHECK(!o.upstream || (b.grad && b.lse), "selective_log_softmax: the backward needs grad and the forward lse");
+  if (b.rows == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, [&]<typename T, typename G>() {
+    bool vec = vec_ok(b.logits, b.V, b.stride, sizeof(T));
+    bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
+    selective_kernel<T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, o, err, vec, gvec);
+  });
+  check(cudaGetLastError(), "selective_log_softmax_rows launch");
+}
+
+void count_valid_rows(const void* labels, DType label_dtype, int64_t rows, int64_t ignore_index, float weight,
+                      float* inv_count, int* count, void* stream) {
+  count_kernel<<<1, 1024, 0, static_cast<cudaStream_t>(stream)>>>(labels, label_dtype == DType::I64, rows,
+                                                                   ignore_index, weight, inv_count, count);
+  check(cudaGetLastError(), "count_valid_rows launch");
+}
+
+void sum_rows_scalar(const float* values, int64_t n, const float* scale_dev, float scale, float* out,
+                     void* stream) {
+  sum_kernel<<<1, 1024, 0, static_cast<cudaStream_t>(stream)>>>(values, n, scale_dev, scale, out);
+  check(cudaGetLastError(), "sum_rows_scalar launch");
+}
+
+}  // namespace retort::cuda

@@ -1,0 +1,175 @@
+#include "transformer.h"
+
+#include <cmath>
+#include <random>
+#include <sstream>
+
+#include "../core/error.h"
+#include "../ops/ops.h"
+
+namespace retort {
+
+TransformerConfig TransformerConfig::resolved() const {
+  TransformerConfig c = *this;
+  RT_CHECK(c.vocab >= 1, "transformer: vocab must be >= 1, got ", c.vocab);
+  RT_CHECK(c.context >= 1, "transformer: context must be >= 1, got ", c.context);
+  RT_CHECK(c.layers >= 1, "transformer: layers must be >= 1, got ", c.layers);
+  RT_CHECK(c.heads >= 1, "transformer: heads must be >= 1, got ", c.heads);
+  RT_CHECK(c.d_model >= 2 && c.d_model % c.heads == 0, "transformer: d_model ", c.d_model,
+           " must be a positive multiple of heads ", c.heads);
+  RT_CHECK(c.head_dim() % 2 == 0, "transformer: head_dim = d_model / heads = ", c.head_dim(),
+           " must be even (RoPE rotates pairs)");
+  if (c.kv_heads == 0) c.kv_heads = c.heads;
+  RT_CHECK(c.kv_heads >= 1 && c.heads % c.kv_heads == 0, "transformer: kv_heads ", c.kv_heads,
+           " must divide heads ", c.heads);
+  // SwiGLU has three d_ff-wide matrices where a plain MLP has two 4·d_model ones: 8/3·d_model keeps the
+  // parameter count of the plain MLP; a multiple of 32 keeps the matmul rows aligned.
+  if (c.d_ff == 0) c.d_ff = (c.d_model * 8 / 3 + 31) / 32 * 32;
+  RT_CHECK(c.d_ff >= 1, "transformer: d_ff must be >= 1, got ", c.d_ff);
+  RT_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "transformer: rope_theta must be > 0, got ",
+           c.rope_theta);
+  RT_CHECK(c.norm_eps > 0, "transformer: norm_eps must be > 0, got ", c.norm_eps);
+  return c;
+}
+
+std::string TransformerConfig::describe() const {
+  std::ostringstream os;
+  os << "layers=" << layers << " d_model=" << d_model << " heads=" << heads << " kv_heads=" << kv_heads
+     << " d_ff=" << d_ff << " vocab=" << vocab << " context=" << context
+     << (tie_embeddings ? " tied" : " untied");
+  return os.str();
+}
+
+Transformer::Transformer(Context& ctx, const TransformerConfig& config, uint64_t seed)
+    : config_(config.resolved()), ctx_(&ctx) {
+  const TransformerConfig& c = config_;
+  const int64_t hd = c.head_dim();
+  std::mt19937_64 rng(seed);
+  // GPT-2's init: small normal weights, and the projections that write into the residual stream scaled down
+  // by 1/sqrt(2·layers), since each block adds two of them and the stream's variance would otherwise grow
+  // with depth.
+  auto normal = [&](const Shape& shape, const std::string& name, float stddev) {
+    Tensor* t = ctx.param(DType::F32, shape, name);
+    std::normal_distribution<float> dist(0.0f, stddev);
+    std::vector<float> v(size_t(t->nelements()));
+    for (float& x : v) x = dist(rng);
+    set_data(t, v);
+    params_.push_back(t);
+    return t;
+  };
+  auto ones = [&](const Shape& shape, const std::string& name) {
+    Tensor* t = ctx.param(DType::F32, shape, name);
+    set_data(t, std::vector<float>(size_t(t->nelements()), 1.0f));
+    params_.push_back(t);
+    return t;
+  };
+  const float std0 = 0.02f;
+  const float std_resid = std0 / std::sqrt(2.0f * float(c.layers));
+
+  tok_emb_ = normal({c.vocab, c.d_model}, "tok_emb", std0);
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const std::string p = "layer" + std::to_string(l) + ".";
+    TransformerBlock b;
+    b.attn_norm = ones({c.d_model}, p + "attn_norm");
+    b.wq = normal({c.heads * hd, c.d_model}, p + "wq", std0);
+    b.wk = normal({c.kv_heads * hd, c.d_model}, p + "wk", std0);
+    b.wv = normal({c.kv_heads * hd, c.d_model}, p + "wv", std0);
+    b.wo = normal({c.d_model, c.heads * hd}, p + "wo", std_resid);
+    b.mlp_norm = ones({c.d_model}, p + "mlp_norm");
+    b.w_gate = normal({c.d_ff, c.d_model}, p + "w_gate", std0);
+    b.w_up = normal({c.d_ff, c.d_model}, p + "w_up", std0);
+    b.w_down = normal({c.d_model, c.d_ff}, p + "w_down", std_resid);
+    blocks_.push_back(b);
+  }
+  final_norm_ = ones({c.d_model}, "final_norm");
+  lm_head_ = c.tie_embeddings ? tok_emb_ : normal({c.vocab, c.d_model}, "lm_head", std0);
+}
+
+int64_t Transformer::parameter_count() const {
+  int64_t n = 0;
+  for (const Tensor* p : params_) n += p->nelements();
+  return n;
+}
+
+// h [B*T, d_model] -> [B*T, d_model]. Shapes in comments are outermost first.
+Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor* h, Tensor* positions,
+                               int64_t B, int64_t T) {
+  const TransformerConfig& c = config_;
+  const int64_t H = c.heads, KV = c.kv_heads, hd = c.head_dim();
+  Tensor* q = matmul(ctx, h, blk.wq, false, true);  // [B*T, H*hd]
+  Tensor* k = matmul(ctx, h, blk.wk, false, true);  // [B*T, KV*hd]
+  Tensor* v = matmul(ctx, h, blk.wv, false, true);  // [B*T, KV*hd]
+  q = rope(ctx, reshape(ctx, q, {B, T, H, hd}), positions, RopeMode::Normal, c.rope_theta);
+  k = rope(ctx, reshape(ctx, k, {B, T, KV, hd}), positions, RopeMode::Normal, c.rope_theta);
+  v = reshape(ctx, v, {B, T, KV, hd});
+  if (KV != H) {
+    // Grouped-query attention: query head h reads kv head h / (H/KV). Repeating each kv head H/KV times in
+    // place ([B*T, KV, 1, hd] -> [B*T, KV, H/KV, hd]) lines the heads up for a plain batched matmul; the
+    // gradient of repeat sums the copies back.
+    auto widen = [&](Tensor* x) {
+      Tensor* x4 = reshape(ctx, x->is_contiguous() ? x : contiguous(ctx, x), {B * T, KV, 1, hd});
+      const int64_t ne[kMaxDims] = {hd, H / KV, KV, B * T};
+      return reshape(ctx, repeat(ctx, x4, ne), {B, T, H, hd});
+    };
+    k = widen(k);
+    v = widen(v);
+  }
+  // [B, T, H, hd] -> [B, H, T, hd]: heads become a batch dim of the matmuls (ggml dims 1 and 2 swap).
+  auto heads_major = [&](Tensor* x) { return contiguous(ctx, permute(ctx, x, 0, 2, 1, 3)); };
+  Tensor* qh = heads_major(q);
+  Tensor* kh = heads_major(k);
+  Tensor* vh = heads_major(v);
+  Tensor* scores = matmul(ctx, qh, kh, false, true);  // [B, H, T_q, T_k]
+  Tensor* probs = causal_softmax(ctx, scores, 1.0f / std::sqrt(float(hd)));
+  Tensor* out = matmul(ctx, probs, vh);  // [B, H, T, hd]
+  // Back to [B, T, H, hd], then heads side by side: [B*T, H*hd].
+  out = reshape(ctx, contiguous(ctx, permute(ctx, out, 0, 2, 1, 3)), {B * T, H * hd});
+  return matmul(ctx, out, blk.wo, false, true);  // [B*T, d_model]
+}
+
+// SwiGLU: down(silu(gate(h)) * up(h)).
+Tensor* Transformer::mlp(Context& ctx, const TransformerBlock& blk, Tensor* h) {
+  Tensor* gate = matmul(ctx, h, blk.w_gate, false, true);                      // [B*T, d_ff]
+  Tensor* up = matmul(ctx, h, blk.w_up, false, true);                          // [B*T, d_ff]
+  return matmul(ctx, mul(ctx, silu(ctx, gate), up), blk.w_down, false, true);  // [B*T, d_model]
+}
+
+Tensor* Transformer::forward(Context& ctx, Tensor* tokens) {
+  RT_CHECK(&ctx == ctx_, "transformer.forward: ctx must be the context that holds the parameters");
+  RT_CHECK(tokens != nullptr, "transformer.forward: tokens is null");
+  RT_CHECK(is_int(tokens->dtype) && tokens->n_dims() <= 2 && tokens->ne[2] == 1 && tokens->ne[3] == 1,
+           "transformer.forward: tokens must be an integer tensor [B, T], got ", tokens->describe());
+  const int64_t T = tokens->ne[0], B = tokens->ne[1];
+  RT_CHECK(T <= config_.context, "transformer.forward: tokens ", tokens->describe(), " has T = ", T,
+           " positions, more than the model's context ", config_.context);
+  Tensor* ids = tokens->is_contiguous() ? tokens : contiguous(ctx, tokens);
+  ids = reshape(ctx, ids, {B * T});
+
+  // Positions 0..T-1, shared by every sequence of the batch and every layer.
+  Tensor* positions = ctx.input(DType::I32, {T}, "positions");
+  std::vector<int64_t> pos(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = t;
+  set_data_int(positions, pos);
+
+  const float eps = config_.norm_eps;
+  Tensor* x = get_rows(ctx, tok_emb_, ids);  // the residual stream [B*T, d_model]
+  for (const TransformerBlock& blk : blocks_) {
+    x = add(ctx, x, attention(ctx, blk, mul(ctx, rms_norm(ctx, x, eps), blk.attn_norm), positions, B, T));
+    x = add(ctx, x, mlp(ctx, blk, mul(ctx, rms_norm(ctx, x, eps), blk.mlp_norm)));
+  }
+  Tensor* h = mul(ctx, rms_norm(ctx, x, eps), final_norm_);
+  return matmul(ctx, h, lm_head_, false, true);  // [B*T, vocab]
+}
+
+Tensor* lm_loss(Context& ctx, Tensor* logits, Tensor* targets, int64_t ignore_index) {
+  RT_CHECK(logits != nullptr && targets != nullptr, "lm_loss: null operand");
+  RT_CHECK(targets->nelements() == logits->nrows(), "lm_loss: targets ", targets->describe(),
+           " must have one ", "label per row of logits ", logits->describe());
+  Tensor* labels = targets;
+  if (targets->ne[0] != logits->nrows()) {
+    labels = reshape(ctx, targets->is_contiguous() ? targets : contiguous(ctx, targets), {logits->nrows()});
+  }
+  return cross_entropy(ctx, logits, labels, ignore_index);
+}
+
+}  // namespace retort

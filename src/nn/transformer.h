@@ -1,0 +1,82 @@
+// A Llama-style decoder-only transformer language model built from graph ops: token embedding, pre-norm
+// blocks of RMSNorm → causal multi-head attention with RoPE (grouped-query when kv_heads < heads) and
+// RMSNorm → SwiGLU MLP, a final RMSNorm and an lm head (tied to the embedding or its own weight).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../core/context.h"
+#include "../core/tensor.h"
+
+namespace retort {
+
+struct TransformerConfig {
+  int64_t vocab = 256;    // byte-level by default
+  int64_t context = 128;  // longest sequence forward() accepts
+  int64_t layers = 4;
+  int64_t d_model = 128;
+  int64_t heads = 4;
+  int64_t kv_heads = 0;  // 0: same as heads (plain multi-head attention); else must divide heads
+  int64_t d_ff = 0;      // 0: about 8/3 d_model rounded up to a multiple of 32 (SwiGLU's usual width)
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-5f;
+  bool tie_embeddings = true;  // lm head = token embedding
+
+  // The config with the 0 defaults resolved. Throws retort::Error naming the bad field.
+  TransformerConfig resolved() const;
+  int64_t head_dim() const { return d_model / heads; }
+  std::string describe() const;  // "layers=4 d_model=128 heads=4 ..."
+};
+
+// The parameters of one block (shapes outermost first; linear weights are [out, in]).
+struct TransformerBlock {
+  Tensor* attn_norm;  // [d_model]
+  Tensor* wq;         // [heads * head_dim, d_model]
+  Tensor* wk;         // [kv_heads * head_dim, d_model]
+  Tensor* wv;         // [kv_heads * head_dim, d_model]
+  Tensor* wo;         // [d_model, heads * head_dim]
+  Tensor* mlp_norm;   // [d_model]
+  Tensor* w_gate;     // [d_ff, d_model]
+  Tensor* w_up;       // [d_ff, d_model]
+  Tensor* w_down;     // [d_model, d_ff]
+};
+
+class Transformer {
+ public:
+  // Creates every parameter in ctx (f32) with a seeded init: N(0, 0.02) weights, the residual projections
+  // (wo, w_down) scaled by 1/sqrt(2 layers), norm weights 1. Throws retort::Error on a bad config.
+  Transformer(Context& ctx, const TransformerConfig& config, uint64_t seed = 0);
+
+  // Logits f32 [B*T, vocab] (row b*T + t predicts the token after position t) for tokens i32 [B, T] with
+  // T <= context. Adds nodes to ctx (which must be the parameters' context); throws retort::Error on a bad
+  // tokens tensor. Token ids outside [0, vocab) throw when the graph runs.
+  Tensor* forward(Context& ctx, Tensor* tokens);
+
+  const TransformerConfig& config() const { return config_; }
+  // Every parameter, in a fixed order (embedding, blocks, final norm, untied head).
+  const std::vector<Tensor*>& parameters() const { return params_; }
+  int64_t parameter_count() const;
+
+  Tensor* embedding() const { return tok_emb_; }
+  const std::vector<TransformerBlock>& blocks() const { return blocks_; }
+
+ private:
+  Tensor* attention(Context& ctx, const TransformerBlock& blk, Tensor* h, Tensor* positions, int64_t B,
+                    int64_t T);
+  Tensor* mlp(Context& ctx, const TransformerBlock& blk, Tensor* h);
+
+  TransformerConfig config_;
+  Context* ctx_;
+  Tensor* tok_emb_;     // [vocab, d_model]
+  Tensor* final_norm_;  // [d_model]
+  Tensor* lm_head_;     // [vocab, d_model]: tok_emb_ when tied
+  std::vector<TransformerBlock> blocks_;
+  std::vector<Tensor*> params_;
+};
+
+// Mean next-token cross-entropy of logits [N, vocab] against targets int [N] (or [B, T], flattened);
+// targets equal to ignore_index do not count.
+Tensor* lm_loss(Context& ctx, Tensor* logits, Tensor* targets, int64_t ignore_index = -100);
+
+}  // namespace retort

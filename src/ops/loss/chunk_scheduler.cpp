@@ -1,0 +1,222 @@
+// The chunk loop of the fused linear losses (see chunk_scheduler.h). Backend-neutral: everything that
+// touches data goes through the ChunkExecutor.
+#include "chunk_scheduler.h"
+
+#include <algorithm>
+
+#include "../../core/error.h"
+
+namespace retort::loss {
+
+const char* loss_kind_name(LossKind k) {
+  switch (k) {
+    case LossKind::CrossEntropy:
+      return "cross_entropy";
+    case LossKind::TopK:
+      return "topk_kd";
+    case LossKind::Distill:
+      return "distill";
+    case LossKind::Entropy:
+      return "entropy";
+    case LossKind::SelectiveLogSoftmax:
+      return "selective_log_softmax";
+  }
+  return "?";
+}
+
+SelectiveSide SelectiveSide::sub_rows(int64_t r0, int64_t n) const {
+  SelectiveSide s = *this;
+  s.ids = ids.sub_rows(r0, n);
+  s.values = values.sub_rows(r0, n);
+  if (lse) s.lse = lse + r0;
+  return s;
+}
+
+LossSpec LossSpec::sub_rows(int64_t r0, int64_t n) const {
+  LossSpec s = *this;
+  switch (kind) {
+    case LossKind::CrossEntropy:
+      s.ce = ce.sub_rows(r0, n);
+      break;
+    case LossKind::TopK:
+      s.topk = topk.sub_rows(r0, n);
+      break;
+    case LossKind::Distill:
+      s.distill = distill.sub_rows(r0, n);
+      break;
+    case LossKind::Entropy:
+      break;
+    case LossKind::SelectiveLogSoftmax:
+      s.selective = selective.sub_rows(r0, n);
+      break;
+  }
+  return s;
+}
+
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+// The loss reads only the K student logits at the teacher ids: Q normalized over the valid slots, no hard
+// loss (it needs the full row's LSE), and neither the full-vocabulary LSE nor a hard part reported.
+bool sparse_topk(const FusedLinearProblem& p) {
+  if (p.spec.kind != LossKind::TopK) return false;
+  const TopKSide& s = p.spec.topk;
+  if (!s.normalize_topk || s.w_hard != 0.0f || s.ids.empty()) return false;
+  if (p.lse) return false;
+  if (p.hard && !s.labels.empty()) return false;
+  return true;
+}
+
+bool reduced(const FusedLinearProblem& p) {
+  return p.reduction != Reduction::None && p.spec.kind != LossKind::SelectiveLogSoftmax;
+}
+
+// Per-row buffers the scheduler must provide itself: the per-row loss (and parts) that a Mean / Sum reduces
+// when the caller did not ask to see them.
+struct RowBuffers {
+  bool loss = false, hard = false, soft = false;
+  int64_t count() const { return int64_t(loss) + int64_t(hard) + int64_t(soft); }
+};
+
+RowBuffers row_buffers(const FusedLinearProblem& p) {
+  RowBuffers b;
+  if (!reduced(p)) return b;
+  b.loss = p.loss && !p.per_row;
+  b.hard = p.hard != nullptr;
+  b.soft = p.soft != nullptr;
+  return b;
+}
+
+Block f32_rows(void* data, int64_t rows, int64_t cols, int64_t ld) {
+  return {data, DType::F32, rows, cols, size_t(ld) * sizeof(float), sizeof(float)};
+}
+
+}  // namespace
+
+ChunkPlan plan_chunks(const FusedLinearProblem& p) {
+  ChunkPlan plan;
+  const int64_t n = p.hidden.rows, v = p.weight.rows;
+  plan.padded_vocab = (v + kVocabPad - 1) / kVocabPad * kVocabPad;
+  plan.sparse = sparse_topk(p);
+  // Bytes per chunk row: the logits (or the K gathered logits) and the teacher's logits when online.
+  size_t per_row = 0;
+  if (plan.sparse) {
+    per_row = size_t(p.spec.topk.logprobs.cols) * sizeof(float);
+  } else {
+    per_row = size_t(plan.padded_vocab) * sizeof(float) * (p.online_teacher() ? 2 : 1);
+  }
+  int64_t rows = p.chunk_rows > 0 ? p.chunk_rows : int64_t(std::max<size_t>(1, p.memory_budget / per_row));
+  plan.chunk_rows = std::clamp<int64_t>(rows, 1, n);
+  const size_t chunk_bytes = align_up(size_t(plan.chunk_rows) * per_row);
+  plan.scratch_bytes = chunk_bytes + size_t(row_buffers(p).count()) * align_up(size_t(n) * sizeof(float));
+  return plan;
+}
+
+void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
+  const int64_t n = p.hidden.rows, v = p.weight.rows;
+  RT_ASSERT(n > 0 && v > 0 && p.weight.cols == p.hidden.cols);
+  const LossKind kind = p.spec.kind;
+  const bool online = p.online_teacher();
+  RT_ASSERT(!online || (kind == LossKind::Distill && p.teacher_weight.rows == v &&
+                        p.teacher_hidden.rows == n && p.teacher_hidden.cols == p.teacher_weight.cols));
+  const bool grad = p.wants_grad();
+  RT_ASSERT(!grad || kind != LossKind::SelectiveLogSoftmax || p.spec.selective.lse);
+
+  // Validation first: nothing is written when the side data is bad, and the mean's divisor is known before
+  // the first chunk, so every gradient is scaled in the row loss's own pass.
+  const bool red = reduced(p);
+  const bool mean = red && p.reduction == Reduction::Mean;
+  const int64_t valid = ex.validate(p.spec, n, v, red ? p.reduction : Reduction::None, p.what);
+  RT_ASSERT(valid >= 0 || valid == ChunkExecutor::kCountOnDevice);
+  float inv = 1.0f;  // kCountOnDevice: the executor applies 1/count itself
+  if (mean && valid != ChunkExecutor::kCountOnDevice) inv = valid > 0 ? 1.0f / float(valid) : 0.0f;
+
+  const ChunkPlan plan = plan_chunks(p);
+  const int64_t c_max = plan.chunk_rows, vp = plan.padded_vocab;
+  char* base = static_cast<char*>(ex.scratch(plan.scratch_bytes));
+  size_t off = 0;
+  auto carve = [&](size_t bytes) {
+    char* q = base + off;
+    off += align_up(bytes);
+    RT_ASSERT(off <= plan.scratch_bytes);
+    return q;
+  };
+  const int64_t kk = plan.sparse ? p.spec.topk.logprobs.cols : 0;
+  // Student logits [C, Vp] (gathered [C, K] on the sparse path) and the teacher's [C, Vp] after them.
+  const size_t logits_bytes = size_t(c_max) * (plan.sparse ? size_t(kk) : size_t(vp)) * sizeof(float);
+  char* chunk = carve(online ? 2 * logits_bytes : logits_bytes);
+  float* logits_buf = reinterpret_cast<float*>(chunk);
+  float* teacher_buf = online ? reinterpret_cast<float*>(chunk + logits_bytes) : nullptr;
+
+  // Per-row outputs over all N rows; sub_rows() cuts them per chunk.
+  const RowBuffers rb = row_buffers(p);
+  RowOut all;
+  if (kind != LossKind::SelectiveLogSoftmax) {
+    if (!red)
+      all.loss = p.loss;
+    else
+      all.loss = rb.loss ? reinterpret_cast<float*>(carve(size_t(n) * sizeof(float))) : p.per_row;
+    all.hard = !red ? p.hard : rb.hard ? reinterpret_cast<float*>(carve(size_t(n) * sizeof(float))) : nullptr;
+    all.soft = !red ? p.soft : rb.soft ? reinterpret_cast<float*>(carve(size_t(n) * sizeof(float))) : nullptr;
+  }
+  all.lse = p.lse;
+  all.grad_scale = p.grad_scale * inv;
+
+  // The K-sparse path accumulates dW and dbias slot by slot, so they start at zero; the dense path
+  // overwrites them with the first chunk's GEMM and column sums instead.
+  if (plan.sparse && grad) {
+    if (!p.dweight.empty()) ex.zero(p.dweight);
+    if (!p.dbias.empty()) ex.zero(p.dbias);
+  }
+
+  for (int64_t r0 = 0; r0 < n; r0 += c_max) {
+    const int64_t c = std::min(c_max, n - r0);
+    const bool first = r0 == 0;
+    const Block hc = p.hidden.sub_rows(r0, c);
+    LossSpec spec = p.spec.sub_rows(r0, c);
+    RowOut out = all.sub_rows(r0, c);
+
+    if (plan.sparse) {
+      const Block g = f32_rows(logits_buf, c, kk, kk);
+      ex.gather_logits(hc, p.weight, p.bias, spec.topk, g);
+      // The row loss sees the gathered block: slot k is column k, normalized over the valid slots.
+      LossSpec gathered = spec;
+      gathered.topk.ids = Block{};
+      if (grad) out.grad = g;
+      ex.row_loss(gathered, g, out);
+      if (!grad) continue;
+      if (!p.row_upstream.empty()) ex.scale_rows(g, p.row_upstream.sub_rows(r0, c));
+      ex.scatter_grads(g, hc, p.weight, spec.topk, p.dhidden.sub_rows(r0, c), p.dweight, p.dbias);
+      continue;
+    }
+
+    const Block logits = f32_rows(logits_buf, c, v, vp);
+    ex.gemm(hc, false, p.weight, true, logits, 1.0f, 0.0f);
+    if (!p.bias.empty()) ex.add_bias(logits, p.bias);
+    if (online) {
+      const Block teacher = f32_rows(teacher_buf, c, v, vp);
+      ex.gemm(p.teacher_hidden.sub_rows(r0, c), false, p.teacher_weight, true, teacher, 1.0f, 0.0f);
+      if (!p.teacher_bias.empty()) ex.add_bias(teacher, p.teacher_bias);
+      spec.distill.teacher = teacher;
+    }
+    if (grad) out.grad = logits;  // in place: each row is read before its gradient overwrites it
+    ex.row_loss(spec, logits, out);
+    if (!grad) continue;
+    if (!p.row_upstream.empty()) ex.scale_rows(logits, p.row_upstream.sub_rows(r0, c));
+    if (!p.dhidden.empty()) ex.gemm(logits, false, p.weight, false, p.dhidden.sub_rows(r0, c), 1.0f, 0.0f);
+    if (!p.dweight.empty()) ex.gemm(logits, true, hc, false, p.dweight, 1.0f, first ? 0.0f : 1.0f);
+    if (!p.dbias.empty()) ex.column_sums(logits, p.dbias, !first);
+  }
+
+  if (!red) return;
+  if (p.loss) ex.reduce(all.loss, n, inv, p.loss);
+  if (p.hard) ex.reduce(all.hard, n, inv, p.hard);
+  if (p.soft) ex.reduce(all.soft, n, inv, p.soft);
+}
+
+}  // namespace retort::loss

@@ -1,0 +1,191 @@
+// The chunked lm-head + loss scheduler behind the fused linear losses (fused_linear.h), shared by the CPU and
+// CUDA backends. It owns the loop — chunk size from a memory budget, per chunk the logits GEMM(s), the row
+// loss with its gradient written in place, the gradient GEMMs — and talks to a backend only through the
+// ChunkExecutor interface below, so that the [N, V] logits never exist whole on any backend.
+//
+// Rules the scheduler keeps so that a device backend can run it unchanged:
+//   - It never reads or writes executor memory itself: every pointer it holds (inputs, outputs, scratch) is
+//     only passed back to the executor, offset by whole rows. A device pointer is never dereferenced on the
+//     host.
+//   - The one value it needs from the data, the number of rows that count (the mean's divisor, hence the
+//     gradient's scale), comes from ChunkExecutor::validate, called once before the loop; nothing in the
+//     loop waits for the device. An executor may even keep that count on the device (kCountOnDevice) and
+//     apply the mean's 1/count itself, so that nothing waits at all.
+//   - Scratch is requested once, before the loop, and reused by every chunk: work on one chunk must finish
+//     (in stream order) before the next chunk's GEMM overwrites it, which in-order execution gives for free.
+//
+// Per chunk of C rows (hidden_c [C, H], W [V, H]):
+//   logits_c = hidden_c · Wᵀ (+ bias)              GEMM into scratch [C, Vp], Vp = V rounded up to 128
+//   teacher_c = t_hidden_c · t_Wᵀ (+ t_bias)        only for distillation against an online teacher
+//   row loss → per-row outputs, and d(loss)/d(logits) written over logits_c, already scaled
+//   dhidden_c = dlogits · W                         GEMM into the dhidden output
+//   dW (+)= dlogitsᵀ · hidden_c                     GEMM, f32 accumulator (overwritten by the first chunk)
+//   dbias (+)= column sums of dlogits
+// The K-sparse top-K path (normalize_topk, no hard loss, no full-vocabulary LSE asked for) replaces the three
+// GEMMs with K dot products per row and K-sparse gradient updates.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "fused_linear.h"
+#include "losses.h"
+#include "row_kernels.h"
+
+namespace retort {
+class ThreadPool;
+struct Tensor;
+}  // namespace retort
+
+namespace retort::loss {
+
+// The default memory budget: bytes of chunk logits (student, plus teacher when it is computed online).
+// 256 MiB is ~1,300 rows of a 50,257-entry vocabulary: large enough that the GEMMs run at full speed, small
+// next to the [N, V] logits of a real batch.
+inline constexpr size_t kDefaultFusedBudget = kFusedLinearDefaultBudget;
+// Logit rows in scratch are padded to a multiple of this many entries (alignment of every row; the GEMMs
+// still compute exactly V columns).
+inline constexpr int64_t kVocabPad = 128;
+
+enum class LossKind { CrossEntropy, TopK, Distill, Entropy, SelectiveLogSoftmax };
+const char* loss_kind_name(LossKind k);
+
+// Selective log-softmax's side data. Forward: values receives log softmax(z)[ids] [rows, K] (f32) and out.lse
+// the row LSE. Backward (the executor's row_loss is given out.grad): values is the upstream gradient
+// [rows, K] and lse the forward's row LSE.
+struct SelectiveSide {
+  Block ids;                   // [rows, K] i32 / i64
+  Block values;                // [rows, K]
+  const float* lse = nullptr;  // [rows] (backward)
+  SelectiveSide sub_rows(int64_t r0, int64_t n) const;
+};
+
+// The loss and its per-row side data (only the member of `kind` is used). For distillation, distill.teacher
+// is the teacher's logits block; with an online teacher the scheduler fills it per chunk.
+struct LossSpec {
+  LossKind kind = LossKind::CrossEntropy;
+  CrossEntropySide ce;
+  TopKSide topk;
+  DistillSide distill;
+  EntropySide entropy;
+  SelectiveSide selective;
+  LossSpec sub_rows(int64_t r0, int64_t n) const;
+};
+
+// What a backend provides. All Blocks and pointers address executor memory (host memory on the CPU, device
+// memory on a GPU); calls are issued in order and may run asynchronously on a device, except validate().
+// f32 blocks the scheduler allocates are row-major with a unit column stride; input blocks keep the
+// caller's strides (an executor that cannot read a layout throws retort::Error naming it).
+class ChunkExecutor {
+ public:
+  virtual ~ChunkExecutor() = default;
+
+  // validate() may return this instead of the count: see there.
+  static constexpr int64_t kCountOnDevice = -1;
+
+  // Checks the side data of all `rows` rows (labels and ids in [0, v)) and returns the number of rows that
+  // count (label != ignore_index; all rows for losses without labels). Throws retort::Error naming `what`
+  // before anything is computed. The only call that may wait for the device. `reduction` is how the
+  // per-row losses are reduced (None for selective log-softmax): under Mean the scheduler scales every
+  // gradient (RowOut::grad_scale) and every reduce() by 1/count. An executor that would rather not wait may
+  // return kCountOnDevice instead: the scheduler then leaves 1/count out of those scales, and the executor
+  // multiplies it in itself, from device memory, in row_loss() and reduce() under Mean (and reports bad side
+  // data when it can, at the latest when the results are read).
+  virtual int64_t validate(const LossSpec& spec, int64_t rows, int64_t v, Reduction reduction,
+                           const std::string& what) = 0;
+
+  // At least `bytes` of uninitialized memory, aligned to 256 bytes, valid until the executor is destroyed.
+  virtual void* scratch(size_t bytes) = 0;
+
+  // c = alpha · op(a) · op(b) + beta · c, op(x) = x or xᵀ (trans): op(a) is [m, k], op(b) [k, n], c an f32
+  // [m, n] block. a and b may be f32, bf16 or f16; products accumulate in f32. beta is 0 (c is not read,
+  // NaN there does not leak) or 1.
+  virtual void gemm(const Block& a, bool trans_a, const Block& b, bool trans_b, const Block& c, float alpha,
+                    float beta) = 0;
+  // c[r, j] += bias[0, j]: c f32 [rows, V], bias [1, V] of any float dtype.
+  virtual void add_bias(const Block& c, const Block& bias) = 0;
+  // dbias[0, j] = (accumulate ? dbias[0, j] : 0) + Σ_r g[r, j]: g f32 [rows, V], dbias f32 [1, V]. Rows are
+  // summed in order (the result does not depend on how the work is split).
+  virtual void column_sums(const Block& g, const Block& dbias, bool accumulate) = 0;
+  // g[r, :] *= u[r, 0]: g f32 [rows, V], u [rows, 1] of any float dtype (a per-row upstream gradient).
+  virtual void scale_rows(const Block& g, const Block& u) = 0;
+  // Every element of the f32 block b = 0.
+  virtual void zero(const Block& b) = 0;
+  // The row loss spec.kind on one chunk, by the contract of row_kernels.h: logits f32 [rows, V] (spec already
+  // cut to the same rows), per-row outputs into out, the gradient scaled by out.grad_scale over the logits
+  // when out.grad is set (it is the logits block itself).
+  virtual void row_loss(const LossSpec& spec, const Block& logits, const RowOut& out) = 0;
+  // out[0] = scale · Σ_{r < n} v[r], summed in a fixed order.
+  virtual void reduce(const float* v, int64_t n, float scale, float* out) = 0;
+
+  // K-sparse top-K. out f32 [rows, K]: out[r, k] = hidden[r, :] · w[id_rk, :] (+ bias[0, id_rk]) for the
+  // valid slots of side (mask != 0 and logprob != −inf), 0 for the others (whose ids are never read).
+  virtual void gather_logits(const Block& hidden, const Block& w, const Block& bias, const TopKSide& side,
+                             const Block& out) = 0;
+  // From g f32 [rows, K] (d loss / d gathered logit; 0 on padding slots), over the valid slots of side:
+  // dhidden[r, :] = Σ_k g[r, k]·w[id_rk, :] (overwritten); dw[id, :] += g[r, k]·hidden[r, :] and
+  // dbias[0, id] += g[r, k], accumulated per id in row order, so the result is deterministic and does not
+  // depend on the chunking. Empty blocks are not wanted.
+  virtual void scatter_grads(const Block& g, const Block& hidden, const Block& w, const TopKSide& side,
+                             const Block& dhidden, const Block& dw, const Block& dbias) = 0;
+};
+
+// The CPU executor (cpu_chunk_exec.cpp): the packed CPU GEMM and the CPU row kernels, on pool's threads.
+std::unique_ptr<ChunkExecutor> make_cpu_chunk_executor(ThreadPool& pool);
+
+// One fused linear loss problem: inputs, options, and where the results go. Null pointers and empty blocks
+// are outputs not wanted. Any gradient wanted puts the scheduler in gradient mode: the row loss writes the
+// logits gradient and the gradient GEMMs run.
+struct FusedLinearProblem {
+  LossSpec spec;  // side data of all N rows
+  Block hidden;   // [N, H]
+  Block weight;   // [V, H]
+  Block bias;     // [1, V] or empty
+  // Distillation against an online teacher: [N, Ht], [V, Ht], [1, V] (or empty); empty teacher_weight: the
+  // teacher logits are spec.distill.teacher.
+  Block teacher_hidden, teacher_weight, teacher_bias;
+  Reduction reduction = Reduction::Mean;
+
+  // Outputs. loss: [1] (Mean, Sum) or [N] (None: the per-row losses; per_row is then not written). per_row,
+  // lse: [N]. hard, soft: like loss. Selective log-softmax writes spec.selective.values and lse instead.
+  float* loss = nullptr;
+  float* per_row = nullptr;
+  float* lse = nullptr;
+  float* hard = nullptr;
+  float* soft = nullptr;
+
+  // Gradients, f32: dhidden [N, H], dweight [V, H], dbias [1, V]. Each gradient is d(loss)/d(input) times
+  // grad_scale, and per row times row_upstream [N, 1] when that is given (the backward of a Reduction::None
+  // loss, whose upstream gradient is one value per row). Selective log-softmax takes its upstream gradient
+  // [N, K] in spec.selective.values instead.
+  Block dhidden, dweight, dbias;
+  float grad_scale = 1.0f;
+  Block row_upstream;
+
+  size_t memory_budget = kDefaultFusedBudget;  // bytes of chunk logits (see kDefaultFusedBudget)
+  int64_t chunk_rows = 0;                      // > 0: exactly this many rows per chunk, whatever the budget
+  std::string what;                            // the op and shapes, for error messages
+
+  bool wants_grad() const { return !dhidden.empty() || !dweight.empty() || !dbias.empty(); }
+  bool online_teacher() const { return !teacher_weight.empty(); }
+};
+
+// How a problem will run.
+struct ChunkPlan {
+  int64_t chunk_rows = 0;    // rows per chunk (the last chunk may be shorter)
+  int64_t padded_vocab = 0;  // Vp: row length of the logits scratch, in floats
+  bool sparse = false;       // the K-sparse top-K path
+  size_t scratch_bytes = 0;  // everything the scheduler asks the executor for
+};
+ChunkPlan plan_chunks(const FusedLinearProblem& p);
+
+// Runs the problem on ex. Throws retort::Error (from validation) before anything is written.
+void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p);
+
+// The problem a placed fused-linear graph node describes (one of the five forward ops, or FusedLinearBack),
+// every input, option, output and gradient wired to the node's tensors (fused_linear.cpp). A backend's node
+// kernel is run_fused_linear(its executor, problem_from_node(node)): the CPU's is exactly that.
+FusedLinearProblem problem_from_node(const Tensor* node);
+
+}  // namespace retort::loss

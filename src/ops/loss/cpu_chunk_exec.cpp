@@ -1,0 +1,422 @@
+// The CPU ChunkExecutor: the packed CPU GEMM (matmul_kernel.h) and the CPU row kernels (row_kernels.h), on
+// the thread pool of the backend. Every helper splits its work by rows or columns so that each output
+// element is computed by one thread in a fixed order: results do not depend on the thread count.
+#if defined(__x86_64__) || defined(__i386__)
+#define RETORT_FUSED_X86 1
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "../../core/error.h"
+#include "../../core/thread_pool.h"
+#include "../matmul_kernel.h"
+#include "chunk_scheduler.h"
+
+namespace retort::loss {
+
+namespace {
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using Memory = std::unique_ptr<void, FreeDeleter>;
+
+Memory alloc_aligned(size_t bytes) {
+  const size_t size = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, size);
+  if (!p) RT_FAIL("fused linear loss: cannot allocate ", bytes, " bytes of scratch");
+  return Memory(p);
+}
+
+// The GEMM operand for op(b): element (r, c) of b, or of bᵀ when trans.
+gemm::Operand operand(const Block& b, bool trans) {
+  gemm::Operand o;
+  o.data = b.data;
+  o.dtype = b.dtype;
+  o.rs = int64_t(trans ? b.col_stride : b.row_stride);
+  o.cs = int64_t(trans ? b.row_stride : b.col_stride);
+  return o;
+}
+
+float* f32_row(const Block& b, int64_t r) {
+  return reinterpret_cast<float*>(b.row(r));
+}
+
+// Element (r, c) of a float block as f32.
+float get_f(const Block& b, int64_t r, int64_t c) {
+  return load_f32(b.row(r) + size_t(c) * b.col_stride, b.dtype, 0);
+}
+
+int64_t get_i(const Block& b, int64_t r, int64_t c) {
+  return load_i64(b.row(r) + size_t(c) * b.col_stride, b.dtype, 0);
+}
+
+// Row r of a float block as f32 into out[0..cols).
+void load_row_f32(const Block& b, int64_t r, float* out) {
+  if (b.dtype == DType::F32 && b.col_stride == sizeof(float)) {
+    std::memcpy(out, b.row(r), size_t(b.cols) * sizeof(float));
+    return;
+  }
+  for (int64_t c = 0; c < b.cols; ++c) out[c] = get_f(b, r, c);
+}
+
+// The same slot rule as the top-K row kernel: padding (mask 0 or logprob −inf) is never looked up.
+bool slot_valid(const TopKSide& s, int64_t r, int64_t k) {
+  if (!s.mask.empty()) {
+    const bool on = is_int(s.mask.dtype) ? get_i(s.mask, r, k) != 0 : get_f(s.mask, r, k) != 0.0f;
+    if (!on) return false;
+  }
+  return get_f(s.logprobs, r, k) != -std::numeric_limits<float>::infinity();
+}
+
+// Dot products and axpy for the K-sparse path, whose rows of W are scattered over the vocabulary: AVX2+FMA
+// when the CPU has it (decided once, like the GEMM's kernel), a portable loop otherwise. Each is a fixed
+// sequence of operations for a given n, so results do not depend on threads or chunks.
+float dot_portable(const float* a, const float* b, int64_t n) {
+  // Four partial sums let the compiler keep independent chains.
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += a[i] * b[i];
+    s1 += a[i + 1] * b[i + 1];
+    s2 += a[i + 2] * b[i + 2];
+    s3 += a[i + 3] * b[i + 3];
+  }
+  for (; i < n; ++i) s0 += a[i] * b[i];
+  return (s0 + s1) + (s2 + s3);
+}
+
+void axpy_portable(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+#ifdef RETORT_FUSED_X86
+__attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  const __m256 s = _mm256_add_ps(s0, s1);
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
+  float r = _mm_cvtss_f32(q);
+  for (; i < n; ++i) r += a[i] * b[i];
+  return r;
+}
+
+__attribute__((target("avx2,fma"))) void axpy_avx2(float a, const float* x, float* y, int64_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+#endif
+
+using DotFn = float (*)(const float*, const float*, int64_t);
+using AxpyFn = void (*)(float, const float*, float*, int64_t);
+
+DotFn dot_fn() {
+#ifdef RETORT_FUSED_X86
+  if (gemm::best_kernel() == gemm::Kernel::Avx2) return dot_avx2;
+#endif
+  return dot_portable;
+}
+
+AxpyFn axpy_fn() {
+#ifdef RETORT_FUSED_X86
+  if (gemm::best_kernel() == gemm::Kernel::Avx2) return axpy_avx2;
+#endif
+  return axpy_portable;
+}
+
+class CpuChunkExecutor final : public ChunkExecutor {
+ public:
+  explicit CpuChunkExecutor(ThreadPool& pool)
+      : pool_(pool), kernel_(gemm::best_kernel()), dot_(dot_fn()), axpy_(axpy_fn()) {}
+
+  int64_t validate(const LossSpec& spec, int64_t rows, int64_t v, Reduction,
+                   const std::string& what) override {
+    switch (spec.kind) {
+      case LossKind::CrossEntropy:
+        return check_cross_entropy(spec.ce, v, what);
+      case LossKind::TopK:
+        return check_topk(spec.topk, rows, v, what);
+      case LossKind::Distill:
+        return check_distill(spec.distill, rows, v, what);
+      case LossKind::Entropy:
+        return rows;
+      case LossKind::SelectiveLogSoftmax:
+        check_ids(spec.selective.ids, v, what);
+        return rows;
+    }
+    return rows;
+  }
+
+  void* scratch(size_t bytes) override {
+    buffers_.push_back(alloc_aligned(bytes));
+    return buffers_.back().get();
+  }
+
+  void gemm(const Block& a, bool trans_a, const Block& b, bool trans_b, const Block& c, float alpha,
+            float beta) override {
+    const int64_t m = trans_a ? a.cols : a.rows, k = trans_a ? a.rows : a.cols;
+    const int64_t n = trans_b ? b.rows : b.cols;
+    RT_ASSERT(c.rows == m && c.cols == n && (trans_b ? b.cols : b.rows) == k);
+    RT_ASSERT(c.dtype == DType::F32 && c.col_stride == sizeof(float));
+    RT_ASSERT(beta == 0.0f || beta == 1.0f);
+    const int64_t ldc = int64_t(c.row_stride / sizeof(float));
+    const gemm::Operand oa = operand(a, trans_a), ob = operand(b, trans_b);
+    if (beta == 0.0f) {
+      gemm::sgemm(m, n, k, oa, ob, f32_row(c, 0), ldc, &pool_, kernel_);
+      if (alpha != 1.0f) scale_block(c, alpha);
+      return;
+    }
+    // The CPU GEMM overwrites C, so C += alpha·A·B goes through a bounded temporary, a block of rows of C at
+    // a time: a few MiB, not another C (dW is [V, H], as large as the weight).
+    const int64_t rows = std::min(m, std::max<int64_t>(16, kTempBytes / (int64_t(sizeof(float)) * n)));
+    float* tmp = temp(rows * n);
+    for (int64_t i0 = 0; i0 < m; i0 += rows) {
+      const int64_t mb = std::min(rows, m - i0);
+      gemm::Operand ai = oa;
+      ai.data = static_cast<const char*>(oa.data) + i0 * oa.rs;
+      gemm::sgemm(mb, n, k, ai, ob, tmp, n, &pool_, kernel_);
+      pool_.parallel_for(
+          mb,
+          [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r) {
+              float* dst = f32_row(c, i0 + r);
+              const float* src = tmp + r * n;
+              for (int64_t j = 0; j < n; ++j) dst[j] += alpha * src[j];
+            }
+          },
+          std::max<int64_t>(1, 16384 / n));
+    }
+  }
+
+  void add_bias(const Block& c, const Block& bias) override {
+    std::vector<float> b(static_cast<size_t>(c.cols));
+    load_row_f32(bias, 0, b.data());
+    for_rows(c, [&](float* row) {
+      for (int64_t j = 0; j < c.cols; ++j) row[j] += b[size_t(j)];
+    });
+  }
+
+  void column_sums(const Block& g, const Block& dbias, bool accumulate) override {
+    // Columns in strips, each strip summed by one thread down the rows in order, in double.
+    constexpr int64_t kStrip = 256;
+    const int64_t strips = (g.cols + kStrip - 1) / kStrip;
+    float* out = f32_row(dbias, 0);
+    pool_.parallel_for(strips, [&](int64_t s0, int64_t s1) {
+      double acc[kStrip];
+      for (int64_t s = s0; s < s1; ++s) {
+        const int64_t j0 = s * kStrip, j1 = std::min(g.cols, j0 + kStrip);
+        std::fill(acc, acc + (j1 - j0), 0.0);
+        for (int64_t r = 0; r < g.rows; ++r) {
+          const float* row = f32_row(g, r);
+          for (int64_t j = j0; j < j1; ++j) acc[j - j0] += row[j];
+        }
+        for (int64_t j = j0; j < j1; ++j) out[j] = float((accumulate ? out[j] : 0.0) + acc[j - j0]);
+      }
+    });
+  }
+
+  void scale_rows(const Block& g, const Block& u) override {
+    pool_.parallel_for(g.rows, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float s = get_f(u, r, 0);
+        float* row = f32_row(g, r);
+        for (int64_t j = 0; j < g.cols; ++j) row[j] *= s;
+      }
+    });
+  }
+
+  void zero(const Block& b) override {
+    for_rows(b, [&](float* row) { std::memset(row, 0, size_t(b.cols) * sizeof(float)); });
+  }
+
+  void row_loss(const LossSpec& spec, const Block& logits, const RowOut& out) override {
+    switch (spec.kind) {
+      case LossKind::CrossEntropy:
+        cross_entropy_rows(logits, spec.ce, out, pool_);
+        return;
+      case LossKind::TopK:
+        topk_rows(logits, spec.topk, out, pool_);
+        return;
+      case LossKind::Distill:
+        distill_rows(logits, spec.distill, out, pool_);
+        return;
+      case LossKind::Entropy:
+        entropy_rows(logits, spec.entropy, out, pool_);
+        return;
+      case LossKind::SelectiveLogSoftmax:
+        if (out.grad.empty())
+          selective_log_softmax_rows(logits, spec.selective.ids, spec.selective.values, out.lse, pool_);
+        else
+          selective_log_softmax_back_rows(logits, spec.selective.ids, spec.selective.values,
+                                          spec.selective.lse, out.grad, pool_);
+        return;
+    }
+  }
+
+  void reduce(const float* v, int64_t n, float scale, float* out) override {
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += v[i];
+    *out = float(s * double(scale));
+  }
+
+  void gather_logits(const Block& hidden, const Block& w, const Block& bias, const TopKSide& side,
+                     const Block& out) override {
+    const int64_t h = hidden.cols, kk = out.cols;
+    pool_.parallel_for(
+        hidden.rows,
+        [&](int64_t r0, int64_t r1) {
+          std::vector<float> buf(2 * size_t(h));
+          float* x = buf.data();
+          float* wr = x + h;
+          for (int64_t r = r0; r < r1; ++r) {
+            load_row_f32(hidden, r, x);
+            float* o = f32_row(out, r);
+            for (int64_t k = 0; k < kk; ++k) {
+              if (!slot_valid(side, r, k)) {
+                o[k] = 0.0f;
+                continue;
+              }
+              const int64_t id = get_i(side.ids, r, k);
+              const float* wp = weight_row(w, id, wr);
+              o[k] = dot_(x, wp, h) + (bias.empty() ? 0.0f : get_f(bias, 0, id));
+            }
+          }
+        },
+        std::max<int64_t>(1, 4096 / std::max<int64_t>(1, h * kk)));
+  }
+
+  void scatter_grads(const Block& g, const Block& hidden, const Block& w, const TopKSide& side,
+                     const Block& dhidden, const Block& dw, const Block& dbias) override {
+    const int64_t rows = g.rows, kk = g.cols, h = hidden.cols;
+    if (!dhidden.empty()) {
+      pool_.parallel_for(rows, [&](int64_t r0, int64_t r1) {
+        std::vector<float> wr(static_cast<size_t>(h));
+        for (int64_t r = r0; r < r1; ++r) {
+          float* d = f32_row(dhidden, r);
+          std::fill(d, d + h, 0.0f);
+          const float* gr = f32_row(g, r);
+          for (int64_t k = 0; k < kk; ++k) {
+            if (gr[k] == 0.0f || !slot_valid(side, r, k)) continue;
+            const float* wp = weight_row(w, get_i(side.ids, r, k), wr.data());
+            axpy_(gr[k], wp, d, h);
+          }
+        }
+      });
+    }
+    if (dw.empty() && dbias.empty()) return;
+    // Every (id, row, slot) of a valid slot, sorted by id with rows in order: each id's updates are then
+    // applied by one thread in row order, so dW does not depend on threads or chunks, and needs no atomics.
+    struct Entry {
+      int64_t id;
+      int64_t r, k;
+    };
+    std::vector<Entry> entries;
+    entries.reserve(size_t(rows * kk));
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* gr = f32_row(g, r);
+      for (int64_t k = 0; k < kk; ++k)
+        if (gr[k] != 0.0f && slot_valid(side, r, k)) entries.push_back({get_i(side.ids, r, k), r, k});
+    }
+    std::stable_sort(entries.begin(), entries.end(),
+                     [](const Entry& a, const Entry& b) { return a.id < b.id; });
+    // Hidden rows as f32 once (a row may feed K updates).
+    std::vector<float> xs;
+    const bool direct = hidden.dtype == DType::F32 && hidden.col_stride == sizeof(float);
+    if (!direct && !dw.empty()) {
+      xs.resize(size_t(rows * h));
+      for (int64_t r = 0; r < rows; ++r) load_row_f32(hidden, r, xs.data() + r * h);
+    }
+    auto x_row = [&](int64_t r) {
+      return direct ? reinterpret_cast<const float*>(hidden.row(r)) : xs.data() + r * h;
+    };
+    // Split the sorted list into parts that start at a new id.
+    const int64_t total = int64_t(entries.size());
+    const int64_t parts = std::min<int64_t>(total, 4 * int64_t(pool_.size()));
+    std::vector<int64_t> starts{0};
+    for (int64_t p = 1; p < parts; ++p) {
+      int64_t s = std::max(starts.back(), total * p / parts);
+      while (s < total && s > 0 && entries[size_t(s)].id == entries[size_t(s - 1)].id) ++s;
+      if (s > starts.back() && s < total) starts.push_back(s);
+    }
+    starts.push_back(total);
+    pool_.parallel_for(int64_t(starts.size()) - 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t e = starts[size_t(p0)]; e < starts[size_t(p1)]; ++e) {
+        const Entry& en = entries[size_t(e)];
+        const float gv = f32_row(g, en.r)[en.k];
+        if (!dbias.empty()) f32_row(dbias, 0)[en.id] += gv;
+        if (dw.empty()) continue;
+        float* d = f32_row(dw, en.id);
+        const float* x = x_row(en.r);
+        axpy_(gv, x, d, h);
+      }
+    });
+  }
+
+ private:
+  static constexpr int64_t kTempBytes = int64_t(8) << 20;
+
+  // Row id of the weight as f32: a pointer into w when it is f32 and dense along the row, else a copy.
+  static const float* weight_row(const Block& w, int64_t id, float* buf) {
+    if (w.dtype == DType::F32 && w.col_stride == sizeof(float))
+      return reinterpret_cast<const float*>(w.row(id));
+    load_row_f32(w, id, buf);
+    return buf;
+  }
+
+  float* temp(int64_t floats) {
+    const size_t bytes = size_t(floats) * sizeof(float);
+    if (temp_bytes_ < bytes) {
+      temp_ = alloc_aligned(bytes);
+      temp_bytes_ = bytes;
+    }
+    return static_cast<float*>(temp_.get());
+  }
+
+  template <typename F>
+  void for_rows(const Block& b, F&& fn) {
+    pool_.parallel_for(
+        b.rows,
+        [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) fn(f32_row(b, r));
+        },
+        std::max<int64_t>(1, 16384 / std::max<int64_t>(1, b.cols)));
+  }
+
+  void scale_block(const Block& c, float s) {
+    for_rows(c, [&](float* row) {
+      for (int64_t j = 0; j < c.cols; ++j) row[j] *= s;
+    });
+  }
+
+  ThreadPool& pool_;
+  gemm::Kernel kernel_;
+  DotFn dot_;
+  AxpyFn axpy_;
+  std::vector<Memory> buffers_;
+  Memory temp_;
+  size_t temp_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ChunkExecutor> make_cpu_chunk_executor(ThreadPool& pool) {
+  return std::make_unique<CpuChunkExecutor>(pool);
+}
+
+}  // namespace retort::loss

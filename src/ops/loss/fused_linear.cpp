@@ -1,0 +1,540 @@
+// Fused linear losses as graph nodes: constructors (shape and option checks), CPU node kernels (the node's
+// tensors wired into a FusedLinearProblem and run by the chunk scheduler on the CPU executor), and backward
+// rules.
+//
+// Node layout, shared by the five forward ops and FusedLinearBack:
+//   src[0] = hidden [N, H], src[1] = weight [V, H], src[2] = bias [V] or null, then per loss
+//     cross-entropy: src[3] = labels
+//     top-K:         src[3] = teacher ids, src[4] = teacher logprobs, src[5] = mask, src[6] = labels
+//     distill:       src[3] = teacher hidden, src[4] = teacher weight, src[5] = teacher bias, src[6] = labels
+//     selective:     src[3] = ids
+//   ip: reduction, gradient bits (which of dhidden / dW / dbias the node writes), ignore_index,
+//     normalize_topk, memory budget, chunk rows, the forward op (FusedLinearBack), stats bits (which extra
+//     outputs are wanted), allowed-gradient bits (FusedLinearOptions); fp: as in losses.cpp.
+//   aux[0] = stats f32 [6, N]: row 0 per-row loss, 1 lse, 2 / 3 per-row hard / soft (Reduction::None),
+//     element 0 of rows 4 / 5 the reduced hard / soft. One tensor, because a node has four extra outputs and
+//     the other three are the gradients: aux[1] = dhidden [N, H], aux[2] = dW [V, H], aux[3] = dbias [V].
+// FusedLinearBack (Reduction::None and selective log-softmax, whose upstream gradient is per row or per
+// element): src[0..6] as the forward node, src[7] = upstream gradient, src[8] = the forward's stats (the
+// selective backward reads its lse); it writes only its aux gradients (its own value is one float, unused
+// and never written).
+#include "fused_linear.h"
+
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+
+#include "../../core/error.h"
+#include "../../core/op_table.h"
+#include "../../core/thread_pool.h"
+#include "../ops.h"
+#include "chunk_scheduler.h"
+
+namespace retort {
+
+namespace {
+
+constexpr int kIpReduction = 0, kIpGrad = 1, kIpIgnore = 2, kIpNormalize = 3, kIpBudget = 4, kIpChunk = 5,
+              kIpKind = 6, kIpStats = 7, kIpAllow = 8;
+constexpr int kFpTemp = 0, kFpBeta = 1, kFpHard = 2, kFpSoft = 3, kFpSmooth = 4, kFpZLoss = 5, kFpCap = 6;
+constexpr int kAuxStats = 0;
+constexpr int kSrcUpstream = 7, kSrcStats = 8, kSrcLossInputs = 7;
+constexpr int64_t kStatPerRow = 1, kStatLse = 2, kStatParts = 4;
+constexpr int64_t kStatRows = 6;
+// Gradient i (0 hidden, 1 weight, 2 bias) is bit i of ip[kIpGrad] / ip[kIpAllow], lives in aux[1 + i] and
+// belongs to src[i].
+constexpr int kGrads = 3;
+
+const char* const* roles(Op op) {
+  static const char* const ce[] = {"hidden", "weight", "bias", "labels"};
+  static const char* const topk[] = {"hidden",           "weight", "bias",  "teacher_ids",
+                                     "teacher_logprobs", "mask",   "labels"};
+  static const char* const dist[] = {"hidden",         "weight",       "bias",  "teacher_hidden",
+                                     "teacher_weight", "teacher_bias", "labels"};
+  static const char* const ids[] = {"hidden", "weight", "bias", "ids"};
+  switch (op) {
+    case Op::FusedLinearCrossEntropy:
+      return ce;
+    case Op::FusedLinearTopKDistill:
+      return topk;
+    case Op::FusedLinearDistill:
+      return dist;
+    default:
+      return ids;  // entropy uses the first three
+  }
+}
+
+Op forward_op(const Tensor* node) {
+  return node->op == Op::FusedLinearBack ? Op(node->ip[kIpKind]) : node->op;
+}
+
+// "fused_linear_cross_entropy (hidden f32[8, 16], weight f32[50, 16], labels i32[8])", for run-time errors.
+std::string what(const Tensor* node) {
+  const Op op = forward_op(node);
+  std::ostringstream os;
+  os << op_name(op) << " (";
+  const char* const* r = roles(op);
+  bool first = true;
+  for (int i = 0; i < kSrcLossInputs; ++i) {
+    const Tensor* s = node->src[size_t(i)];
+    if (!s) continue;
+    os << (first ? "" : ", ") << r[i] << " " << s->describe();
+    first = false;
+  }
+  os << ")";
+  return os.str();
+}
+
+// ---- build-time checks --------------------------------------------------------------------------------
+
+// Errors name the op, the role and the lm-head's shapes: "fused_linear_topk_kd: beta must be in [0, 1] ...,
+// got 1.5 (hidden f32[4, 8], weight f32[6, 8])".
+struct Checker {
+  const char* op;
+  Tensor* hidden;
+  Tensor* weight;
+
+  std::string shapes() const {
+    return " (hidden " + hidden->describe() + ", weight " + weight->describe() + ")";
+  }
+
+  void matrix(const char* role, const Tensor* t, bool want_float) const {
+    RT_CHECK(t != nullptr, op, ": ", role, " is null");
+    RT_CHECK(t->ne[2] == 1 && t->ne[3] == 1, op, ": ", role, " must be 2-D, got ", t->describe());
+    if (want_float)
+      RT_CHECK(is_float(t->dtype), op, ": ", role, " must be f32, bf16 or f16, got ", t->describe());
+    else
+      RT_CHECK(is_int(t->dtype), op, ": ", role, " must be i32 or i64, got ", t->describe());
+  }
+  void vector(const char* role, const Tensor* t, int64_t len, const char* what_len) const {
+    RT_CHECK(is_float(t->dtype), op, ": ", role, " must be f32, bf16 or f16, got ", t->describe());
+    RT_CHECK(t->n_dims() == 1 && t->ne[0] == len, op, ": ", role, " ", t->describe(), " must be [", what_len,
+             "] with ", what_len, " = ", len, shapes());
+  }
+  void rows(const char* role, const Tensor* t) const {
+    RT_CHECK(t->ne[1] == hidden->ne[1], op, ": ", role, " ", t->describe(), " must have N = ", hidden->ne[1],
+             " rows like hidden", shapes());
+  }
+  void labels(const Tensor* t) const {
+    RT_CHECK(is_int(t->dtype), op, ": labels must be i32 or i64, got ", t->describe());
+    RT_CHECK(t->n_dims() == 1 && t->ne[0] == hidden->ne[1], op, ": labels ", t->describe(),
+             " must be [N] with N = ", hidden->ne[1], shapes());
+  }
+  void same_slots(const char* role, const Tensor* t, const Tensor* like) const {
+    RT_CHECK(t->ne[2] == 1 && t->ne[3] == 1 && t->ne[0] == like->ne[0] && t->ne[1] == like->ne[1], op, ": ",
+             role, " ", t->describe(), " must be [N, K] like ", like->describe());
+  }
+  void reduction(Reduction r) const {
+    RT_CHECK(r == Reduction::Mean || r == Reduction::Sum || r == Reduction::None, op, ": unknown reduction ",
+             int64_t(r), shapes());
+  }
+  void temperature(float t) const {
+    RT_CHECK(std::isfinite(t) && t > 0.0f, op, ": temperature must be a finite number > 0, got ", t,
+             shapes());
+  }
+  void beta(float b) const {
+    RT_CHECK(b >= 0.0f && b <= 1.0f, op, ": beta must be in [0, 1] (0 forward KL, 1 reverse KL), got ", b,
+             shapes());
+  }
+  void weight_opt(const char* name, float w) const {
+    RT_CHECK(std::isfinite(w) && w >= 0.0f, op, ": ", name, " must be a finite number >= 0, got ", w,
+             shapes());
+  }
+};
+
+// Checks the lm-head and the fused options, and creates the node with src[0..2] and the options set.
+Tensor* fused_node(Context& ctx, Op op, const Checker& ck, Tensor* bias, Reduction red,
+                   const FusedLinearOptions& f, const int64_t ne[kMaxDims]) {
+  RT_CHECK(f.memory_budget > 0, ck.op, ": memory_budget must be > 0 bytes", ck.shapes());
+  RT_CHECK(f.chunk_rows >= 0, ck.op, ": chunk_rows must be >= 0 (0: from the memory budget), got ",
+           f.chunk_rows, ck.shapes());
+  RT_CHECK(f.memory_budget <= size_t(INT64_MAX), ck.op, ": memory_budget ", f.memory_budget, " is too large");
+  Tensor* t = ctx.node(op, DType::F32, ne);
+  t->src[0] = ck.hidden;
+  t->src[1] = ck.weight;
+  t->src[2] = bias;
+  t->ip[kIpReduction] = int64_t(red);
+  t->ip[kIpBudget] = int64_t(f.memory_budget);
+  t->ip[kIpChunk] = f.chunk_rows;
+  t->ip[kIpAllow] = (f.grad_hidden ? 1 : 0) | (f.grad_weight ? 2 : 0) | (f.grad_bias ? 4 : 0);
+  return t;
+}
+
+Checker check_head(const char* op, Tensor* hidden, Tensor* weight, Tensor* bias) {
+  RT_CHECK(hidden != nullptr && weight != nullptr, op, ": hidden and weight must not be null");
+  Checker ck{op, hidden, weight};
+  ck.matrix("hidden", hidden, true);
+  ck.matrix("weight", weight, true);
+  RT_CHECK(weight->ne[0] == hidden->ne[0], op, ": weight ", weight->describe(),
+           " must be [V, H] with H = ", hidden->ne[0], " like hidden ", hidden->describe());
+  if (bias) ck.vector("bias", bias, weight->ne[1], "V");
+  return ck;
+}
+
+Tensor* loss_node(Context& ctx, Op op, const Checker& ck, Tensor* bias, Reduction red,
+                  const FusedLinearOptions& f) {
+  int64_t ne[kMaxDims] = {1, 1, 1, 1};
+  if (red == Reduction::None) ne[0] = ck.hidden->ne[1];
+  return fused_node(ctx, op, ck, bias, red, f, ne);
+}
+
+Tensor* stats_aux(Context& ctx, Tensor* node) {
+  Tensor*& s = node->aux[kAuxStats];
+  if (!s) {
+    int64_t ne[kMaxDims] = {node->src[0]->ne[1], kStatRows, 1, 1};
+    s = ctx.node(Op::AuxOutput, DType::F32, ne);
+    s->src[0] = node;
+  }
+  return s;
+}
+
+// A row of the stats as a view: all N elements, or element 0 only (a reduced part).
+Tensor* stats_row(Context& ctx, Tensor* stats, int64_t row, bool scalar) {
+  Tensor* r = slice(ctx, stats, 1, row, 1);
+  if (scalar) r = slice(ctx, r, 0, 0, 1);
+  r->flags |= kOutput;
+  return r;
+}
+
+LossOutputs make_outputs(Context& ctx, Tensor* node, bool per_row, bool lse, bool parts) {
+  LossOutputs o;
+  o.loss = node;
+  const bool none = Reduction(node->ip[kIpReduction]) == Reduction::None;
+  if (per_row && none) o.per_row = node;  // under None the loss is the per-row loss
+  if (!(per_row && !none) && !lse && !parts) return o;
+  Tensor* s = stats_aux(ctx, node);
+  s->flags |= kOutput;  // asked for by name, so read after the run: never reuse its memory
+  node->ip[kIpStats] = (per_row ? kStatPerRow : 0) | (lse ? kStatLse : 0) | (parts ? kStatParts : 0);
+  if (per_row && !none) o.per_row = stats_row(ctx, s, 0, false);
+  if (lse) o.lse = stats_row(ctx, s, 1, false);
+  if (parts) {
+    o.hard = stats_row(ctx, s, none ? 2 : 4, !none);
+    o.soft = stats_row(ctx, s, none ? 3 : 5, !none);
+  }
+  return o;
+}
+
+// ---- CPU kernels --------------------------------------------------------------------------------------
+
+loss::Block matrix(const Tensor* t) {
+  if (!t) return {};
+  return {t->data, t->dtype, t->ne[1], t->ne[0], t->nb[1], t->nb[0]};
+}
+loss::Block column(const Tensor* t) {  // a 1-D [N] tensor as N rows of one element
+  if (!t) return {};
+  return {t->data, t->dtype, t->ne[0], 1, t->nb[0], t->nb[0]};
+}
+loss::Block row_vector(const Tensor* t) {  // a 1-D [V] tensor as one row of V elements
+  if (!t) return {};
+  return {t->data, t->dtype, 1, t->ne[0], t->nb[0] * size_t(t->ne[0]), t->nb[0]};
+}
+float* f32(const Tensor* t) {
+  return t ? static_cast<float*>(t->data) : nullptr;
+}
+
+// The problem a node describes: inputs, side data and options (outputs are wired by the callers).
+loss::FusedLinearProblem inputs_of(const Tensor* node) {
+  const Op op = forward_op(node);
+  loss::FusedLinearProblem p;
+  p.hidden = matrix(node->src[0]);
+  p.weight = matrix(node->src[1]);
+  p.bias = row_vector(node->src[2]);
+  p.reduction = Reduction(node->ip[kIpReduction]);
+  p.memory_budget = size_t(node->ip[kIpBudget]);
+  p.chunk_rows = node->ip[kIpChunk];
+  p.what = what(node);
+  loss::LossSpec& s = p.spec;
+  const int64_t ignore = node->ip[kIpIgnore];
+  const float t = node->fp[kFpTemp], beta = node->fp[kFpBeta], wh = node->fp[kFpHard], ws = node->fp[kFpSoft];
+  switch (op) {
+    case Op::FusedLinearCrossEntropy:
+      s.kind = loss::LossKind::CrossEntropy;
+      s.ce.labels = column(node->src[3]);
+      s.ce.ignore_index = ignore;
+      s.ce.label_smoothing = node->fp[kFpSmooth];
+      s.ce.z_loss = node->fp[kFpZLoss];
+      s.ce.softcap = node->fp[kFpCap];
+      break;
+    case Op::FusedLinearTopKDistill:
+      s.kind = loss::LossKind::TopK;
+      s.topk.ids = matrix(node->src[3]);
+      s.topk.logprobs = matrix(node->src[4]);
+      s.topk.mask = matrix(node->src[5]);
+      s.topk.labels = column(node->src[6]);
+      s.topk.ignore_index = ignore;
+      s.topk.normalize_topk = node->ip[kIpNormalize] != 0;
+      s.topk.temperature = t;
+      s.topk.beta = beta;
+      s.topk.w_hard = wh;
+      s.topk.w_soft = ws;
+      break;
+    case Op::FusedLinearDistill:
+      s.kind = loss::LossKind::Distill;
+      p.teacher_hidden = matrix(node->src[3]);
+      p.teacher_weight = matrix(node->src[4]);
+      p.teacher_bias = row_vector(node->src[5]);
+      s.distill.labels = column(node->src[6]);
+      s.distill.ignore_index = ignore;
+      s.distill.temperature = t;
+      s.distill.beta = beta;
+      s.distill.w_hard = wh;
+      s.distill.w_soft = ws;
+      break;
+    case Op::FusedLinearEntropy:
+      s.kind = loss::LossKind::Entropy;
+      s.entropy.temperature = t;
+      break;
+    default:
+      RT_ASSERT(op == Op::FusedLinearSelectiveLogSoftmax);
+      s.kind = loss::LossKind::SelectiveLogSoftmax;
+      s.selective.ids = matrix(node->src[3]);
+      break;
+  }
+  return p;
+}
+
+// The gradient outputs the node writes (aux[1..3], by ip[kIpGrad]).
+void wire_grads(const Tensor* node, loss::FusedLinearProblem& p) {
+  const int64_t bits = node->ip[kIpGrad];
+  auto dense = [](const Tensor* t) { return loss::Block::dense(t->data, DType::F32, t->ne[1], t->ne[0]); };
+  if ((bits & 1) && node->aux[1]) p.dhidden = dense(node->aux[1]);
+  if ((bits & 2) && node->aux[2]) p.dweight = dense(node->aux[2]);
+  if ((bits & 4) && node->aux[3])
+    p.dbias = loss::Block::dense(node->aux[3]->data, DType::F32, 1, node->aux[3]->ne[0]);
+}
+
+// Selective log-softmax writes its [N, K] output; the other losses their loss and the asked-for stats.
+void wire_forward_outputs(const Tensor* node, loss::FusedLinearProblem& p) {
+  const int64_t n = node->src[0]->ne[1];
+  const int64_t stats = node->aux[kAuxStats] ? node->ip[kIpStats] : 0;
+  float* st = f32(node->aux[kAuxStats]);
+  const bool none = p.reduction == Reduction::None;
+  if (p.spec.kind == loss::LossKind::SelectiveLogSoftmax) {
+    p.spec.selective.values = loss::Block::dense(node->data, DType::F32, n, node->ne[0]);
+  } else {
+    p.loss = f32(node);
+    if ((stats & kStatPerRow) && !none) p.per_row = st;
+    if (stats & kStatParts) {
+      p.hard = st + (none ? 2 : 4) * n;
+      p.soft = st + (none ? 3 : 5) * n;
+    }
+  }
+  if (stats & kStatLse) p.lse = st + n;
+}
+
+// The recomputing backward reads the upstream gradient (and selective log-softmax its forward's LSE).
+void wire_back_inputs(const Tensor* node, loss::FusedLinearProblem& p) {
+  const Tensor* up = node->src[kSrcUpstream];
+  if (p.spec.kind == loss::LossKind::SelectiveLogSoftmax) {
+    p.spec.selective.values = matrix(up);
+    p.spec.selective.lse = f32(node->src[kSrcStats]) + node->src[0]->ne[1];
+  } else {
+    p.row_upstream = column(up);
+  }
+}
+
+void cpu_fused(Tensor* node, ThreadPool& pool) {
+  auto ex = loss::make_cpu_chunk_executor(pool);
+  loss::run_fused_linear(*ex, loss::problem_from_node(node));
+}
+
+// ---- backward -----------------------------------------------------------------------------------------
+
+bool is_unit_fill(const Tensor* g) {
+  return g->op == Op::Fill && g->fp[0] == 1.0f;
+}
+
+Tensor* grad_aux(Context& ctx, Tensor* owner, int i) {
+  Tensor*& a = owner->aux[size_t(1 + i)];
+  if (!a) {
+    a = ctx.node(Op::AuxOutput, DType::F32, owner->src[size_t(i)]->ne);
+    a->src[0] = owner;
+  }
+  return a;
+}
+
+void back_fused(BackwardCtx& bc, Tensor* node, Tensor* grad) {
+  const char* const* r = roles(node->op);
+  for (int i = 3; i < kSrcLossInputs; ++i) {
+    Tensor* s = node->src[size_t(i)];
+    // Every float input beyond the lm-head is teacher data (labels and ids are integers).
+    RT_CHECK(!(s && is_float(s->dtype) && bc.needs(s)), op_name(node->op), ": ", r[i], " ", s->describe(),
+             " needs a gradient (it is a parameter or computed from one), but teacher inputs are constants: "
+             "no gradient flows to them");
+  }
+  Context& ctx = bc.ctx;
+  int64_t bits = 0;
+  for (int i = 0; i < kGrads; ++i) {
+    Tensor* s = node->src[size_t(i)];
+    if (!bc.needs(s)) continue;
+    if (node->ip[kIpAllow] >> i & 1)
+      bits |= int64_t(1) << i;
+    else  // switched off: this loss contributes nothing (the graph still wants a gradient for a parameter)
+      bc.add(s, fill(ctx, DType::F32, s->ne, 0.0f));
+  }
+  if (!bits) return;
+  const bool per_row_upstream =
+      Reduction(node->ip[kIpReduction]) == Reduction::None || node->op == Op::FusedLinearSelectiveLogSoftmax;
+  if (per_row_upstream) {
+    // The upstream gradient is not a scalar, and dW = Σ_n u_n·dlogits_nᵀ·hidden_n cannot be rescaled after
+    // the fact: a second chunked pass recomputes the logits and takes the upstream row by row.
+    int64_t one[kMaxDims] = {1, 1, 1, 1};
+    Tensor* b = ctx.node(Op::FusedLinearBack, DType::F32, one);
+    for (int i = 0; i < kSrcLossInputs; ++i) b->src[size_t(i)] = node->src[size_t(i)];
+    b->ip = node->ip;
+    b->fp = node->fp;
+    b->ip[kIpKind] = int64_t(node->op);
+    b->ip[kIpGrad] = bits;
+    b->src[kSrcUpstream] = grad;
+    if (node->op == Op::FusedLinearSelectiveLogSoftmax) {
+      b->src[kSrcStats] = stats_aux(ctx, node);  // the forward keeps its row LSE for this pass
+      node->ip[kIpStats] |= kStatLse;
+    }
+    for (int i = 0; i < kGrads; ++i)
+      if (bits >> i & 1) bc.add(node->src[size_t(i)], grad_aux(ctx, b, i));
+    return;
+  }
+  node->ip[kIpGrad] = bits;  // the forward pass now writes these gradients too
+  const bool unit = is_unit_fill(grad);
+  for (int i = 0; i < kGrads; ++i) {
+    if (!(bits >> i & 1)) continue;
+    Tensor* g = grad_aux(ctx, node, i);
+    bc.add(node->src[size_t(i)], unit ? g : mul(ctx, g, grad));
+  }
+}
+
+}  // namespace
+
+loss::FusedLinearProblem loss::problem_from_node(const Tensor* node) {
+  RT_ASSERT(node->op == Op::FusedLinearBack ||
+            (node->op >= Op::FusedLinearCrossEntropy && node->op <= Op::FusedLinearSelectiveLogSoftmax));
+  FusedLinearProblem p = inputs_of(node);
+  if (node->op == Op::FusedLinearBack)
+    wire_back_inputs(node, p);
+  else
+    wire_forward_outputs(node, p);
+  wire_grads(node, p);
+  return p;
+}
+
+// ---- constructors -------------------------------------------------------------------------------------
+
+LossOutputs fused_linear_cross_entropy(Context& ctx, Tensor* hidden, Tensor* weight, Tensor* bias,
+                                       Tensor* labels, const CrossEntropyOptions& o,
+                                       const FusedLinearOptions& f) {
+  const Checker ck = check_head("fused_linear_cross_entropy", hidden, weight, bias);
+  RT_CHECK(labels != nullptr, ck.op, ": labels are null");
+  ck.labels(labels);
+  ck.reduction(o.reduction);
+  RT_CHECK(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f, ck.op,
+           ": label_smoothing must be in [0, 1], got ", o.label_smoothing, ck.shapes());
+  ck.weight_opt("z_loss", o.z_loss);
+  ck.weight_opt("softcap", o.softcap);
+  Tensor* t = loss_node(ctx, Op::FusedLinearCrossEntropy, ck, bias, o.reduction, f);
+  t->src[3] = labels;
+  t->ip[kIpIgnore] = o.ignore_index;
+  t->fp[kFpSmooth] = o.label_smoothing;
+  t->fp[kFpZLoss] = o.z_loss;
+  t->fp[kFpCap] = o.softcap;
+  return make_outputs(ctx, t, o.return_per_row, o.return_lse, false);
+}
+
+LossOutputs fused_linear_topk_kd(Context& ctx, Tensor* hidden, Tensor* weight, Tensor* bias,
+                                 Tensor* teacher_ids, Tensor* teacher_logprobs, Tensor* mask, Tensor* labels,
+                                 const TopKDistillOptions& o, const FusedLinearOptions& f) {
+  const Checker ck = check_head("fused_linear_topk_kd", hidden, weight, bias);
+  ck.matrix("teacher_ids", teacher_ids, false);
+  ck.matrix("teacher_logprobs", teacher_logprobs, true);
+  ck.rows("teacher_ids", teacher_ids);
+  ck.same_slots("teacher_logprobs", teacher_logprobs, teacher_ids);
+  RT_CHECK(teacher_ids->ne[0] <= weight->ne[1], ck.op, ": teacher_ids ", teacher_ids->describe(),
+           " has K = ", teacher_ids->ne[0], " slots but the vocabulary has only V = ", weight->ne[1],
+           " entries (K must be <= V)", ck.shapes());
+  if (mask) ck.same_slots("mask", mask, teacher_ids);
+  if (labels) ck.labels(labels);
+  ck.reduction(o.reduction);
+  ck.temperature(o.temperature);
+  ck.beta(o.beta);
+  ck.weight_opt("w_hard", o.w_hard);
+  ck.weight_opt("w_soft", o.w_soft);
+  RT_CHECK(o.w_hard == 0.0f || labels, ck.op, ": w_hard = ", o.w_hard, " needs labels, got none",
+           ck.shapes());
+  Tensor* t = loss_node(ctx, Op::FusedLinearTopKDistill, ck, bias, o.reduction, f);
+  t->src[3] = teacher_ids;
+  t->src[4] = teacher_logprobs;
+  t->src[5] = mask;
+  t->src[6] = labels;
+  t->ip[kIpIgnore] = o.ignore_index;
+  t->ip[kIpNormalize] = o.normalize_topk ? 1 : 0;
+  t->fp[kFpTemp] = o.temperature;
+  t->fp[kFpBeta] = o.beta;
+  t->fp[kFpHard] = o.w_hard;
+  t->fp[kFpSoft] = o.w_soft;
+  return make_outputs(ctx, t, o.return_per_row, o.return_lse, o.return_parts);
+}
+
+LossOutputs fused_linear_distill(Context& ctx, Tensor* hidden, Tensor* weight, Tensor* bias,
+                                 Tensor* teacher_hidden, Tensor* teacher_weight, Tensor* teacher_bias,
+                                 Tensor* labels, const DistillOptions& o, const FusedLinearOptions& f) {
+  const Checker ck = check_head("fused_linear_distill", hidden, weight, bias);
+  ck.matrix("teacher_hidden", teacher_hidden, true);
+  ck.matrix("teacher_weight", teacher_weight, true);
+  ck.rows("teacher_hidden", teacher_hidden);
+  RT_CHECK(teacher_weight->ne[1] == weight->ne[1] && teacher_weight->ne[0] == teacher_hidden->ne[0], ck.op,
+           ": teacher_weight ", teacher_weight->describe(), " must be [V, Ht] with V = ", weight->ne[1],
+           " like weight and Ht = ", teacher_hidden->ne[0], " like teacher_hidden ",
+           teacher_hidden->describe(), ck.shapes());
+  if (teacher_bias) ck.vector("teacher_bias", teacher_bias, weight->ne[1], "V");
+  if (labels) ck.labels(labels);
+  ck.reduction(o.reduction);
+  ck.temperature(o.temperature);
+  ck.beta(o.beta);
+  ck.weight_opt("w_hard", o.w_hard);
+  ck.weight_opt("w_soft", o.w_soft);
+  RT_CHECK(o.w_hard == 0.0f || labels, ck.op, ": w_hard = ", o.w_hard, " needs labels, got none",
+           ck.shapes());
+  Tensor* t = loss_node(ctx, Op::FusedLinearDistill, ck, bias, o.reduction, f);
+  t->src[3] = teacher_hidden;
+  t->src[4] = teacher_weight;
+  t->src[5] = teacher_bias;
+  t->src[6] = labels;
+  t->ip[kIpIgnore] = o.ignore_index;
+  t->fp[kFpTemp] = o.temperature;
+  t->fp[kFpBeta] = o.beta;
+  t->fp[kFpHard] = o.w_hard;
+  t->fp[kFpSoft] = o.w_soft;
+  return make_outputs(ctx, t, o.return_per_row, o.return_lse, o.return_parts);
+}
+
+Tensor* fused_linear_entropy(Context& ctx, Tensor* hidden, Tensor* weight, Tensor* bias, float temperature,
+                             Reduction reduction, const FusedLinearOptions& f) {
+  const Checker ck = check_head("fused_linear_entropy", hidden, weight, bias);
+  ck.reduction(reduction);
+  ck.temperature(temperature);
+  Tensor* t = loss_node(ctx, Op::FusedLinearEntropy, ck, bias, reduction, f);
+  t->fp[kFpTemp] = temperature;
+  return t;
+}
+
+Tensor* fused_linear_selective_log_softmax(Context& ctx, Tensor* hidden, Tensor* weight, Tensor* bias,
+                                           Tensor* ids, const FusedLinearOptions& f) {
+  const Checker ck = check_head("fused_linear_selective_log_softmax", hidden, weight, bias);
+  ck.matrix("ids", ids, false);
+  ck.rows("ids", ids);
+  int64_t ne[kMaxDims] = {ids->ne[0], ids->ne[1], 1, 1};
+  Tensor* t = fused_node(ctx, Op::FusedLinearSelectiveLogSoftmax, ck, bias, Reduction::None, f, ne);
+  t->src[3] = ids;
+  return t;
+}
+
+void register_fused_ops(OpTable& t) {
+  t[size_t(Op::FusedLinearCrossEntropy)] = {"fused_linear_cross_entropy", cpu_fused, back_fused, true};
+  t[size_t(Op::FusedLinearTopKDistill)] = {"fused_linear_topk_kd", cpu_fused, back_fused, true};
+  t[size_t(Op::FusedLinearDistill)] = {"fused_linear_distill", cpu_fused, back_fused, true};
+  t[size_t(Op::FusedLinearEntropy)] = {"fused_linear_entropy", cpu_fused, back_fused, true};
+  t[size_t(Op::FusedLinearSelectiveLogSoftmax)] = {"fused_linear_selective_log_softmax", cpu_fused,
+                                                   back_fused, true};
+  t[size_t(Op::FusedLinearBack)] = {"fused_linear_back", cpu_fused, nullptr, false};
+}
+
+}  // namespace retort

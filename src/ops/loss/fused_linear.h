@@ -1,0 +1,80 @@
+// Fused linear losses: the lm-head matmul and a loss of losses.h as ONE graph node that never holds the
+// [N, V] logits. The rows are processed in chunks (see "Fused linear losses" in DESIGN.md and
+// chunk_scheduler.h): per chunk the logits hidden_c · Wᵀ (+ bias) are computed into a bounded scratch, the
+// row loss runs on them and, when the node is differentiated, writes the logits gradient in place, from which
+// the gradients of hidden, W and bias are accumulated before the next chunk. A loss that is the graph's loss
+// gets all its gradients from its forward pass; its backward only scales them by the upstream gradient.
+//
+// Shapes are outermost first: hidden [N, H] (reshape [B, T, H] first), W [V, H] (the nn.Linear layout: one
+// row per vocabulary entry), bias [V] or null. Inputs may be f32, bf16 or f16 (strided views welcome); the
+// GEMMs accumulate in f32, the losses are f32, the gradients are f32. Each function equals its unfused
+// composition, loss(matmul(hidden, W, false, true) + bias, ...), up to f32 rounding, and the result does not
+// depend on the chunk size beyond f32 rounding.
+//
+// Extra outputs (per_row, lse, hard, soft) work as in losses.h: asked for in the options, marked as outputs,
+// views to add to the graph with Graph::forward; they carry no gradient. Teacher inputs (logprobs, mask,
+// teacher hidden / W / bias) are constants: backward throws retort::Error if one of them needs a gradient.
+//
+// Reduction::None and selective log-softmax have an upstream gradient per row (per element), which the
+// forward cannot know: their backward is a second chunked pass that recomputes the logits.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "losses.h"
+
+namespace retort {
+
+// Default memory budget: 256 MiB of chunk logits, ~1,300 rows of a 50,257-entry vocabulary (half that with
+// an online teacher, whose logits take the same room).
+inline constexpr size_t kFusedLinearDefaultBudget = size_t(256) << 20;
+
+struct FusedLinearOptions {
+  // Bytes of f32 chunk logits (student, plus teacher when computed online): the chunk has
+  // budget / (4·Vp·(1 or 2)) rows, Vp = V rounded up to 128, at least 1 and at most N (the K-sparse top-K
+  // path: budget / (4·K) rows). Not counted: the gradients themselves (f32, shaped like hidden, W and bias),
+  // per-row vectors, and a backend's own temporaries (on the CPU: GEMM packing buffers, an 8 MiB staging
+  // block for dW, and the chunk's hidden rows as f32 on the K-sparse path).
+  size_t memory_budget = kFusedLinearDefaultBudget;
+  int64_t chunk_rows = 0;  // > 0: exactly this many rows per chunk, overriding the budget (tests, tuning)
+  // Which gradients flow. Off: no gradient reaches that input through this loss, as if it were detached
+  // (e.g. a frozen lm-head tied to a trained embedding). On: produced when the input needs one.
+  bool grad_hidden = true;
+  bool grad_weight = true;
+  bool grad_bias = true;
+};
+
+// Cross-entropy of hidden · Wᵀ (+ bias) against integer labels [N]; options as cross_entropy_loss. Throws
+// retort::Error on bad shapes or options (build time) and labels out of range (run time).
+LossOutputs fused_linear_cross_entropy(Context& ctx, Tensor* hidden, Tensor* weight, Tensor* bias,
+                                       Tensor* labels, const CrossEntropyOptions& opts = {},
+                                       const FusedLinearOptions& fused = {});
+
+// Top-K distillation of the student logits hidden · Wᵀ (+ bias) against a teacher's top-K, as topk_kd:
+// ids int [N, K], logprobs float [N, K], mask [N, K] or null, labels int [N] or null. With normalize_topk
+// on, w_hard = 0, no return_lse and no hard part asked for with labels, the loss reads only the K student
+// logits at the teacher ids: they are computed as K dot products per row, and the gradients as K-sparse
+// updates, with no full-vocabulary GEMM (dW then accumulates per vocabulary entry in row order, so it is
+// the same for every chunk size).
+LossOutputs fused_linear_topk_kd(Context& ctx, Tensor* hidden, Tensor* weight, Tensor* bias,
+                                 Tensor* teacher_ids, Tensor* teacher_logprobs, Tensor* mask, Tensor* labels,
+                                 const TopKDistillOptions& opts = {}, const FusedLinearOptions& fused = {});
+
+// Full-vocabulary distillation against an online teacher: student logits hidden · Wᵀ (+ bias), teacher
+// logits teacher_hidden [N, Ht] · teacher_weightᵀ [V, Ht] (+ teacher_bias [V] or null), computed chunk by
+// chunk beside the student's; options and labels as distill.
+LossOutputs fused_linear_distill(Context& ctx, Tensor* hidden, Tensor* weight, Tensor* bias,
+                                 Tensor* teacher_hidden, Tensor* teacher_weight, Tensor* teacher_bias,
+                                 Tensor* labels, const DistillOptions& opts = {},
+                                 const FusedLinearOptions& fused = {});
+
+// Entropy of softmax((hidden · Wᵀ + bias) / T) per row, reduced as entropy().
+Tensor* fused_linear_entropy(Context& ctx, Tensor* hidden, Tensor* weight, Tensor* bias,
+                             float temperature = 1.0f, Reduction reduction = Reduction::None,
+                             const FusedLinearOptions& fused = {});
+
+// log softmax(hidden · Wᵀ + bias)[ids]: ids int [N, K] -> f32 [N, K], as selective_log_softmax.
+Tensor* fused_linear_selective_log_softmax(Context& ctx, Tensor* hidden, Tensor* weight, Tensor* bias,
+                                           Tensor* ids, const FusedLinearOptions& fused = {});
+
+}  // namespace retort

@@ -1,0 +1,358 @@
+// fused_linear_cross_entropy: every option against the float64 lm-head + cross-entropy reference, gradients
+// of hidden, weight and bias against central differences, equality with the unfused composition through the
+// graph, independence of the chunk size, storage dtypes and views, edge cases and bad input.
+#include <gtest/gtest.h>
+
+#include "ops/loss/chunk_scheduler.h"
+#include "test_fused_linear_ref.h"
+
+namespace retort::test {
+namespace {
+
+CrossEntropyOptions opts_of(const CeRef& r) {
+  CrossEntropyOptions o;
+  o.ignore_index = r.ignore;
+  o.label_smoothing = float(r.eps);
+  o.z_loss = float(r.z_loss);
+  o.softcap = float(r.cap);
+  o.reduction = r.red;
+  return o;
+}
+
+FusedLinearOptions chunked(int64_t rows) {
+  FusedLinearOptions f;
+  f.chunk_rows = rows;
+  return f;
+}
+
+// hidden [n, h], weight [v, h], bias [v] (when `bias`), labels in [-1, v) with ignore_index -1.
+OpCase ce_case(const std::string& name, int64_t n, int64_t h, int64_t v, CeRef r, bool bias, int64_t chunk,
+               DType dt = DType::F32, Out what = Out::Loss, double lo = -1, double hi = 1) {
+  r.ignore = -1;
+  LossCase c;
+  c.name = name;
+  c.inputs = {hidden_in(n, h, dt, lo, hi), weight_in(v, h, dt, lo, hi)};
+  if (bias) c.inputs.push_back(bias_in(v, dt));
+  c.inputs.push_back(LossInput(Shape{n}, DType::I32, false, -1, double(v)));
+  c.build = [=](Context& ctx, const std::vector<Tensor*>& in) {
+    CrossEntropyOptions o = opts_of(r);
+    o.return_per_row = what == Out::PerRow;
+    o.return_lse = what == Out::Lse;
+    return pick(
+        fused_linear_cross_entropy(ctx, in[0], in[1], bias ? in[2] : nullptr, in.back(), o, chunked(chunk)),
+        what);
+  };
+  c.reference = [=](const std::vector<Ref>& in) {
+    return ce_ref(head_ref(in[0], in[1], bias ? &in[2] : nullptr), ints(in.back()), r, what);
+  };
+  c.fwd_tol = 1e-10;
+  c.grad_tol = 1e-8;
+  c.check_grad = what == Out::Loss;
+  return to_op_case(c);
+}
+
+TEST(FusedLinearCE, OptionsGrid) {
+  for (double eps : {0.0, 0.1})
+    for (double zl : {0.0, 0.01})
+      for (double cap : {0.0, 2.5})
+        for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+          CeRef r;
+          r.eps = eps;
+          r.z_loss = zl;
+          r.cap = cap;
+          r.red = red;
+          const bool bias = cap == 0.0;
+          std::string name = "flce_eps" + std::to_string(eps) + "_z" + std::to_string(zl) + "_cap" +
+                             std::to_string(cap) + "_" + red_name(red);
+          // 7 rows in chunks of 3: the last chunk is short.
+          EXPECT_TRUE(run_case(ce_case(name, 7, 5, 11, r, bias, 3)));
+        }
+}
+
+TEST(FusedLinearCE, PerRowAndLse) {
+  CeRef r;
+  r.eps = 0.2;
+  r.cap = 4;
+  for (Reduction red : {Reduction::Mean, Reduction::None}) {
+    r.red = red;
+    for (Out what : {Out::PerRow, Out::Lse})
+      EXPECT_TRUE(run_case(ce_case(std::string("flce_out_") + red_name(red) + std::to_string(int(what)), 7, 4,
+                                   9, r, true, 2, DType::F32, what)));
+  }
+}
+
+TEST(FusedLinearCE, Bf16AndF16Inputs) {
+  CeRef r;
+  r.eps = 0.1;
+  r.z_loss = 1e-3;
+  for (DType dt : {DType::BF16, DType::F16}) {
+    OpCase c = ce_case(std::string("flce_") + dtype_name(dt), 6, 8, 13, r, true, 4, dt);
+    c.fwd_tol = 1e-9;  // the reference sees the stored values; only f32 accumulation differs
+    EXPECT_TRUE(run_case(c));
+  }
+  // Mixed: bf16 hidden, f32 weight, f16 bias.
+  LossCase c;
+  c.name = "flce_mixed";
+  c.inputs = {hidden_in(5, 6, DType::BF16), weight_in(9, 6), bias_in(9, DType::F16),
+              LossInput(Shape{5}, DType::I64, false, 0, 9)};
+  c.build = [](Context& ctx, const std::vector<Tensor*>& in) {
+    return fused_linear_cross_entropy(ctx, in[0], in[1], in[2], in[3], {}, chunked(2)).loss;
+  };
+  c.reference = [](const std::vector<Ref>& in) {
+    return ce_ref(head_ref(in[0], in[1], &in[2]), ints(in[3]), {});
+  };
+  EXPECT_TRUE(run_case(to_op_case(c)));
+  check_single_pass(c);
+}
+
+TEST(FusedLinearCE, StridedInputs) {
+  CeRef r;
+  r.eps = 0.1;
+  r.ignore = -1;
+  // hidden: a column window of a wider tensor; weight: the transpose of a stored [H, V].
+  LossCase c;
+  c.name = "flce_views";
+  c.inputs = {hidden_in(6, 9), LossInput(Shape{5, 11}, DType::F32, true),
+              LossInput(Shape{6}, DType::I32, false, -1, 11)};
+  c.build = [r](Context& ctx, const std::vector<Tensor*>& in) {
+    return fused_linear_cross_entropy(ctx, slice(ctx, in[0], 0, 3, 5), transpose(ctx, in[1]), nullptr, in[2],
+                                      opts_of(r), chunked(4))
+        .loss;
+  };
+  c.reference = [r](const std::vector<Ref>& in) {
+    Ref h;
+    h.ne[0] = 5;
+    h.ne[1] = 6;
+    for (int64_t i = 0; i < 6; ++i)
+      for (int64_t j = 0; j < 5; ++j) h.v.push_back(in[0].at(j + 3, i));
+    Ref w;  // [V, H] = the stored [H, V] transposed
+    w.ne[0] = 5;
+    w.ne[1] = 11;
+    for (int64_t vv = 0; vv < 11; ++vv)
+      for (int64_t k = 0; k < 5; ++k) w.v.push_back(in[1].at(vv, k));
+    return ce_ref(head_ref(h, w, nullptr), ints(in[2]), r);
+  };
+  EXPECT_TRUE(run_case(to_op_case(c)));
+}
+
+TEST(FusedLinearCE, SinglePassGradient) {
+  // Backward on the loss itself: the forward writes every gradient, nothing multiplies them afterwards.
+  LossCase c;
+  c.name = "flce_single";
+  c.inputs = {hidden_in(7, 4), weight_in(10, 4), bias_in(10), LossInput(Shape{7}, DType::I32, false, -1, 10)};
+  CeRef r;
+  r.ignore = -1;
+  r.eps = 0.1;
+  c.build = [r](Context& ctx, const std::vector<Tensor*>& in) {
+    return fused_linear_cross_entropy(ctx, in[0], in[1], in[2], in[3], opts_of(r), chunked(3)).loss;
+  };
+  c.reference = [r](const std::vector<Ref>& in) {
+    return ce_ref(head_ref(in[0], in[1], &in[2]), ints(in[3]), r);
+  };
+  check_single_pass(c);
+}
+
+// The fused node and matmul + bias + cross_entropy_loss on the same values: outputs and gradients agree.
+TEST(FusedLinearCE, EqualsUnfusedComposition) {
+  const int64_t n = 37, h = 24, v = 301;
+  std::vector<LossInput> in = {hidden_in(n, h, DType::F32, -2, 2), weight_in(v, h), bias_in(v),
+                               LossInput(Shape{n}, DType::I32, false, -1, double(v))};
+  const std::vector<Vec> vals = draw_values("flce_unfused", in);
+  for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+    CeRef r;
+    r.ignore = -1;
+    r.eps = 0.05;
+    r.z_loss = 1e-3;
+    r.cap = red == Reduction::Sum ? 20 : 0;
+    r.red = red;
+    CrossEntropyOptions o = opts_of(r);
+    o.return_lse = true;
+    o.return_per_row = true;
+    const BuildFn unfused = [o](Context& ctx, const std::vector<Tensor*>& x) {
+      Tensor* z = add(ctx, matmul(ctx, x[0], x[1], false, true), x[2]);
+      LossOutputs l = cross_entropy_loss(ctx, z, x[3], o);
+      return std::vector<Tensor*>{l.loss, l.per_row, l.lse};
+    };
+    for (Seed seed : {Seed::Unit, Seed::Weighted}) {
+      if (seed == Seed::Unit && red == Reduction::None) continue;
+      const GraphResult want = run_graph(in, vals, unfused, seed);
+      for (int64_t chunk : chunk_sizes(n)) {
+        const BuildFn fused = [o, chunk](Context& ctx, const std::vector<Tensor*>& x) {
+          LossOutputs l = fused_linear_cross_entropy(ctx, x[0], x[1], x[2], x[3], o, chunked(chunk));
+          return std::vector<Tensor*>{l.loss, l.per_row, l.lse};
+        };
+        expect_close(run_graph(in, vals, fused, seed), want, 1e-11,
+                     std::string("ce ") + red_name(red) + " chunk " + std::to_string(chunk) +
+                         (seed == Seed::Unit ? " unit" : " weighted"));
+      }
+    }
+  }
+}
+
+// The memory budget sets the chunk rows: the same results for budgets of one row, a few rows and all rows.
+TEST(FusedLinearCE, BudgetSetsChunkRows) {
+  const int64_t n = 19, h = 6, v = 130;  // Vp = 256
+  std::vector<LossInput> in = {hidden_in(n, h), weight_in(v, h),
+                               LossInput(Shape{n}, DType::I32, false, 0, double(v))};
+  const std::vector<Vec> vals = draw_values("flce_budget", in);
+  auto run = [&](size_t budget) {
+    return run_graph(
+        in, vals,
+        [budget](Context& ctx, const std::vector<Tensor*>& x) {
+          FusedLinearOptions f;
+          f.memory_budget = budget;
+          return std::vector<Tensor*>{fused_linear_cross_entropy(ctx, x[0], x[1], nullptr, x[2], {}, f).loss};
+        },
+        Seed::Unit);
+  };
+  const GraphResult whole = run(kFusedLinearDefaultBudget);
+  for (size_t budget : {size_t(1), size_t(256 * 4), size_t(256 * 4 * 5 + 17), size_t(256 * 4 * 19)})
+    expect_close(run(budget), whole, 1e-12, "budget " + std::to_string(budget));
+
+  // Planning reads only sizes (any non-null address marks a block as present).
+  float dummy = 0;
+  loss::FusedLinearProblem p;
+  p.hidden = loss::Block::dense(&dummy, DType::F32, n, h);
+  p.weight = loss::Block::dense(&dummy, DType::F32, v, h);
+  p.memory_budget = 256 * 4 * 5 + 17;
+  EXPECT_EQ(loss::plan_chunks(p).chunk_rows, 5);
+  EXPECT_EQ(loss::plan_chunks(p).padded_vocab, 256);
+  p.memory_budget = 1;
+  EXPECT_EQ(loss::plan_chunks(p).chunk_rows, 1);  // at least one row, whatever the budget
+  p.memory_budget = size_t(1) << 40;
+  EXPECT_EQ(loss::plan_chunks(p).chunk_rows, n);
+  p.chunk_rows = 4;
+  EXPECT_EQ(loss::plan_chunks(p).chunk_rows, 4);
+  // An online teacher's logits take the same room again.
+  p.chunk_rows = 0;
+  p.memory_budget = 256 * 4 * 6;
+  p.teacher_hidden = p.hidden;
+  p.teacher_weight = p.weight;
+  EXPECT_EQ(loss::plan_chunks(p).chunk_rows, 3);
+}
+
+TEST(FusedLinearCE, Gpt2Vocabulary) {
+  // V = 50,257 is not a multiple of any block size; rows are padded to 50,304 in scratch. 5 rows in chunks
+  // of 2 against the float64 reference, gradients against the unfused graph.
+  const int64_t n = 5, h = 4, v = 50257;
+  std::vector<LossInput> in = {hidden_in(n, h, DType::F32, -2, 2), weight_in(v, h, DType::BF16), bias_in(v),
+                               LossInput(Shape{n}, DType::I32, false, -1, double(v))};
+  const std::vector<Vec> vals = draw_values("flce_gpt2", in);
+  CeRef r;
+  r.ignore = -1;
+  r.eps = 0.1;
+  r.z_loss = 1e-4;
+  const BuildFn fused = [r](Context& ctx, const std::vector<Tensor*>& x) {
+    CrossEntropyOptions o = opts_of(r);
+    o.return_lse = true;
+    LossOutputs l = fused_linear_cross_entropy(ctx, x[0], x[1], x[2], x[3], o, chunked(2));
+    return std::vector<Tensor*>{l.loss, l.lse};
+  };
+  const GraphResult got = run_graph(in, vals, fused, Seed::Unit);
+  std::vector<Ref> refs(4);
+  for (int i = 0; i < 4; ++i) {
+    Context ctx(default_cpu_backend());
+    Tensor* t = ctx.tensor(in[size_t(i)].dtype, in[size_t(i)].shape);
+    for (int d = 0; d < 4; ++d) refs[size_t(i)].ne[d] = t->ne[d];
+    refs[size_t(i)].v = vals[size_t(i)];
+  }
+  const Mat z = head_ref(refs[0], refs[1], &refs[2]);
+  EXPECT_LE(nmse(got.outs[0], ce_ref(z, ints(refs[3]), r)), 1e-10);
+  EXPECT_LE(nmse(got.outs[1], ce_ref(z, ints(refs[3]), r, Out::Lse)), 1e-12);
+  const BuildFn unfused = [r](Context& ctx, const std::vector<Tensor*>& x) {
+    Tensor* zz = add(ctx, matmul(ctx, x[0], x[1], false, true), x[2]);
+    CrossEntropyOptions o = opts_of(r);
+    o.return_lse = true;
+    LossOutputs l = cross_entropy_loss(ctx, zz, x[3], o);
+    return std::vector<Tensor*>{l.loss, l.lse};
+  };
+  expect_close(got, run_graph(in, vals, unfused, Seed::Unit), 1e-10, "gpt2 vocabulary");
+}
+
+TEST(FusedLinearCE, HugeLogitsStayFinite) {
+  // hidden and weight of ±100 over H = 1 give logits of ±1e4.
+  CeRef r;
+  r.eps = 0.05;
+  for (Reduction red : {Reduction::Mean, Reduction::None}) {
+    r.red = red;
+    OpCase c = ce_case(std::string("flce_huge_") + red_name(red), 4, 1, 9, r, false, 3, DType::F32, Out::Loss,
+                       -100, 100);
+    c.fwd_tol = 1e-9;
+    c.grad_tol = 1e-6;
+    c.fd_step = 1e-7;
+    EXPECT_TRUE(run_case(c));
+  }
+}
+
+TEST(FusedLinearCE, AllRowsIgnored) {
+  std::vector<LossInput> in = {hidden_in(5, 3), weight_in(7, 3), bias_in(7),
+                               LossInput(Shape{5}, DType::I32, false, 0, 1, Vec(5, -100.0))};
+  const std::vector<Vec> vals = draw_values("flce_ignored", in);
+  for (Reduction red : {Reduction::Mean, Reduction::Sum}) {
+    const GraphResult g = run_graph(
+        in, vals,
+        [red](Context& ctx, const std::vector<Tensor*>& x) {
+          CrossEntropyOptions o;
+          o.reduction = red;
+          return std::vector<Tensor*>{
+              fused_linear_cross_entropy(ctx, x[0], x[1], x[2], x[3], o, chunked(2)).loss};
+        },
+        Seed::Unit);
+    EXPECT_EQ(g.outs[0], Vec{0.0});
+    for (const Vec& gr : g.grads)
+      for (double x : gr) EXPECT_EQ(x, 0.0);
+  }
+}
+
+TEST(FusedLinearCE, BadInputThrows) {
+  Context ctx(default_cpu_backend());
+  Tensor* h = ctx.tensor(DType::F32, {4, 6});
+  Tensor* w = ctx.tensor(DType::F32, {10, 6});
+  Tensor* y = ctx.tensor(DType::I32, {4});
+  expect_error(
+      [&] {
+        fused_linear_cross_entropy(ctx, h, ctx.tensor(DType::F32, {10, 5}), nullptr, y);
+      },
+      {"fused_linear_cross_entropy", "weight", "[10, 5]", "H = 6"});
+  expect_error([&] { fused_linear_cross_entropy(ctx, h, w, ctx.tensor(DType::F32, {9}), y); },
+               {"fused_linear_cross_entropy", "bias", "[9]", "V = 10"});
+  expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, ctx.tensor(DType::I32, {5})); },
+               {"fused_linear_cross_entropy", "labels", "[5]", "N = 4"});
+  expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, ctx.tensor(DType::F32, {4})); },
+               {"fused_linear_cross_entropy", "labels", "i32"});
+  expect_error(
+      [&] {
+        fused_linear_cross_entropy(ctx, ctx.tensor(DType::I32, {4, 6}), w, nullptr, y);
+      },
+      {"fused_linear_cross_entropy", "hidden", "f32"});
+  expect_error(
+      [&] {
+        fused_linear_cross_entropy(ctx, ctx.tensor(DType::F32, {2, 4, 6}), w, nullptr, y);
+      },
+      {"fused_linear_cross_entropy", "hidden", "2-D"});
+  expect_error([&] { fused_linear_cross_entropy(ctx, h, nullptr, nullptr, y); },
+               {"fused_linear_cross_entropy", "null"});
+  CrossEntropyOptions o;
+  o.label_smoothing = 1.5f;
+  expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, y, o); },
+               {"fused_linear_cross_entropy", "label_smoothing", "[4, 6]", "[10, 6]"});
+  o = {};
+  o.z_loss = -1;
+  expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, y, o); }, {"z_loss"});
+  FusedLinearOptions f;
+  f.memory_budget = 0;
+  expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, y, {}, f); }, {"memory_budget"});
+  f = {};
+  f.chunk_rows = -2;
+  expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, y, {}, f); }, {"chunk_rows"});
+
+  // A label out of range throws when the graph runs, naming the op, the inputs and the row.
+  Tensor* bad = ctx.tensor(DType::I32, {4});
+  set_data_int(bad, {1, 2, 10, 0});
+  Graph g(ctx);
+  g.forward(fused_linear_cross_entropy(ctx, h, w, nullptr, bad, {}, chunked(1)).loss);
+  expect_error([&] { g.compute(); }, {"fused_linear_cross_entropy", "label 10", "row 2", "hidden f32[4, 6]"});
+}
+
+}  // namespace
+}  // namespace retort::test

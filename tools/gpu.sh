@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The GPU machine's script: builds retort with CUDA in build-gpu/, runs the CUDA test suite, then every benchmark
+# in build-gpu/bench/, and prints a short table last. Full logs go to $OUT/gpu-logs (or build-gpu/gpu-logs).
+#
+# The GPU machine has no network and no GoogleTest. Before sending the tree there, copy a GoogleTest source tree
+# into the repo-ignored folder .gtest/ on this machine:
+#     cp -r /usr/src/googletest .gtest        # then carry .gtest to the GPU machine
+# The build points the meson option gtest_source at it.
+#
+# Usage: tools/gpu.sh [--all]     --all: run every meson test, not only the cuda suite
+# Environment: SM_ARCH (default 80,90), BENCH_TIMEOUT seconds per benchmark (default 120).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+. tools/lib.sh
+
+all=0
+[ "${1:-}" = "--all" ] && all=1
+logs=${OUT:-$ROOT/build-gpu}/gpu-logs
+mkdir -p "$logs"
+rows=()
+row() { rows+=("$(printf '%-28s %-6s %8s  %s' "$1" "$2" "$3" "$4")"); }
+
+find_nvcc || die "nvcc not found (looked on PATH and in /usr/local/cuda/bin)"
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+echo "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), meson $(meson --version), $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+
+gtest_opt=()
+if [ -f .gtest/googletest/src/gtest-all.cc ]; then
+  gtest_opt=(-Dgtest_source="$ROOT/.gtest")
+elif ! pkg-config --exists gtest 2>/dev/null && [ ! -d /usr/src/googletest ]; then
+  die "no GoogleTest: run 'cp -r /usr/src/googletest .gtest' on a machine that has it, and carry .gtest here"
+fi
+
+t0=$(date +%s)
+setup_build build-gpu -Dcuda=enabled -Dsm_arch="${SM_ARCH:-80,90}" -Dpython=disabled -Dtests=true \
+  -Dexamples=true -Dbench=true -Dbuildtype=release "${gtest_opt[@]}"
+if ninja -C build-gpu >"$logs/build.log" 2>&1; then
+  row build ok "$(($(date +%s) - t0))s" "build-gpu (sm ${SM_ARCH:-80,90})"
+else
+  grep -v '^\[[0-9]*/[0-9]*\] ' "$logs/build.log" | grep -m 40 -B2 -A8 'error\|FAILED'
+  die "build failed (log: $logs/build.log)"
+fi
+
+# ---- tests ----------------------------------------------------------------------------------------------
+suites=(cuda)
+[ "$all" -eq 1 ] && suites=()
+t0=$(date +%s)
+if meson test -C build-gpu --no-rebuild --print-errorlogs "${suites[@]}" >"$logs/test.log" 2>&1; then st=ok; else st=FAIL; fi
+counts=$(python3 tools/test_summary.py --meson build-gpu 2>/dev/null | tail -1)
+row "test ${suites[*]:-all}" "$st" "$(($(date +%s) - t0))s" "$counts"
+if [ "$st" != ok ]; then
+  python3 tools/test_summary.py --meson build-gpu | grep '^FAILED' | head -20
+  grep -A15 -m 5 'Failure\|error:' "$logs/test.log" | head -60
+fi
+python3 tools/test_summary.py --skips build-gpu/meson-logs/testlog.junit.xml | head -8
+
+# ---- benchmarks -----------------------------------------------------------------------------------------
+shopt -s nullglob
+for b in build-gpu/bench/*; do
+  if [ ! -f "$b" ] || [ ! -x "$b" ]; then continue; fi
+  name=$(basename "$b")
+  t0=$(date +%s)
+  if timeout "${BENCH_TIMEOUT:-120}" "$b" >"$logs/bench-$name.log" 2>&1; then st=ok; else st=FAIL; fi
+  # A benchmark ends with its verdict (ratio against its floor): show that line.
+  last=$(grep -v '^[[:space:]]*$' "$logs/bench-$name.log" | tail -1 | cut -c1-100)
+  row "bench $name" "$st" "$(($(date +%s) - t0))s" "$last"
+done
+[ -d build-gpu/bench ] || row bench - - "no build-gpu/bench folder"
+
+echo
+printf '%-28s %-6s %8s  %s\n' step status time result
+for r in "${rows[@]}"; do echo "$r"; done
+echo "logs: $logs"
