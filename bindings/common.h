@@ -170,5 +170,6 @@ void bind_tensor(pyb::module_& m);  // tensor.cpp: Tensor, Context, tensor/param
 void bind_ops(pyb::module_& m);     // ops.cpp: retort.ops and Tensor operators
 void bind_graph(pyb::module_& m);   // graph.cpp: Graph, optimizers, schedules
 void bind_losses(pyb::module_& m);  // losses.cpp: retort.losses
+void bind_fused(pyb::module_& m);   // fused.cpp: the fused linear losses in retort.losses and retort.ops
 
 }  // namespace retort::py

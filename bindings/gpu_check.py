@@ -33,10 +33,9 @@ TOL = {
              "out": 1e-5},
 }
 
-# The fused linear losses (lm-head matmul + loss in chunks), checked once retort.losses has them. Expected
-# Python signatures: the C++ function's arguments without ctx, bias last as a keyword (bias=None), the loss
-# options and the FusedLinearOptions as keywords, return_grad giving grad_hidden and grad_weight (and
-# grad_bias with a bias). A function with another signature is reported, not failed silently.
+# The fused linear losses (lm-head matmul + loss in chunks), as bound in bindings/fused.cpp: positional
+# arguments are the C++ function's without ctx, bias is a keyword, return_grad gives grad_hidden and
+# grad_weight. A build without them is reported as skipped.
 FUSED = ["fused_linear_cross_entropy", "fused_linear_topk_kd", "fused_linear_distill", "fused_linear_entropy",
          "fused_linear_selective_log_softmax"]
 

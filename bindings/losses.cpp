@@ -4,120 +4,11 @@
 // and, when asked, the gradient with respect to the student's logits, per-row values and log-sum-exps.
 // Results are NumPy arrays when the call ran on the CPU, retort Tensors (DLPack-ready, kept alive with their
 // graph) when it ran on a device.
-#include "common.h"
+#include "loss_call.h"
 
 namespace retort::py {
 
 namespace {
-
-// One plain loss call: a context and a graph of its own on the backend the inputs decide.
-class LossCall {
- public:
-  LossCall(const char* op, std::initializer_list<pyb::handle> inputs, pyb::handle backend) : op_(op) {
-    be_ = parse_backend(backend);
-    for (pyb::handle h : inputs)
-      if (!be_ && !h.is_none()) be_ = backend_of(h);
-    if (!be_) be_ = cpu_backend(0);
-    ctx_ = std::make_shared<PyCtx>(be_);
-  }
-
-  // An input as a fresh leaf of this call's context: retort Tensors are aliased (their values must exist),
-  // arrays wrapped or copied onto the backend. Null for an optional None.
-  Tensor* input(pyb::handle obj, const char* role, bool optional = false) {
-    if (obj.is_none()) {
-      RT_CHECK(optional, op_, ": ", role, " is required, got None");
-      return nullptr;
-    }
-    if (pyb::isinstance<TensorRef>(obj)) {
-      TensorRef r = obj.cast<TensorRef>();
-      if (r.ctx->backend_ref()->backend != be_->backend) r = copy_to(r, be_);
-      return alias_leaf(r, *ctx_, role);
-    }
-    return to_tensor(obj, be_, std::nullopt, role, ctx_).t;
-  }
-
-  // The student's logits: with want_grad, a trainable leaf whose gradient the result returns as grad_name.
-  Tensor* student(pyb::handle obj, const char* role, bool want_grad, const char* grad_name = "grad") {
-    Tensor* t = input(obj, role);
-    if (want_grad) {
-      RT_CHECK(is_float(t->dtype), op_, ": ", role, " must be f32, bf16 or f16, got ", t->describe());
-      t->flags |= kParam;  // a leaf of this call only: the caller's data is not marked
-      grads_.push_back({grad_name, t});
-    }
-    return t;
-  }
-
-  Context& ctx() { return *ctx_; }
-
-  // Runs the graph for loss (and the extra outputs), with the gradients asked for, and packs the results:
-  // the loss alone when nothing else was asked for, else LossResult(loss, grad, per_row, lse, hard, soft).
-  pyb::object finish(Tensor* loss, Reduction red, const LossOutputs& extra = {}) {
-    const int loss_nd = red == Reduction::None ? 1 : 0;
-    auto graph = std::make_shared<GraphBox>(be_);
-    std::vector<std::pair<std::string, TensorRef>> outs;
-    outs.push_back({"loss", make_ref(loss, loss_nd)});
-    auto add = [&](const char* name, Tensor* t, int nd) {
-      if (t) outs.push_back({name, make_ref(t, nd)});
-    };
-    add("per_row", extra.per_row, 1);
-    add("lse", extra.lse, 1);
-    add("hard", extra.hard, loss_nd);
-    add("soft", extra.soft, loss_nd);
-    std::vector<TensorRef> roots;
-    for (auto& o : outs) roots.push_back(o.second);
-    graph->forward(roots);
-    std::vector<std::pair<std::string, TensorRef>> grads;
-    if (!grads_.empty()) {
-      RT_CHECK(red != Reduction::None, op_,
-               ": return_grad needs reduction 'mean' or 'sum' (a gradient is taken of a single number)");
-      graph->backward(outs[0].second);
-      for (auto& [name, t] : grads_) grads.push_back({name, *graph->grad(make_ref(t))});
-    }
-    graph->compute();
-
-    const bool host = be_->backend->is_host();
-    auto result = [&](const TensorRef& r) -> pyb::object {
-      TensorRef kept = r;
-      kept.graph = graph;  // a device result is read through DLPack later: its graph must stay
-      return host ? pyb::object(to_numpy(kept, true)) : pyb::cast(kept);
-    };
-    if (outs.size() == 1 && grads.empty()) return result(outs[0].second);
-
-    pyb::list fields, values;
-    fields.append("loss");
-    values.append(result(outs[0].second));
-    for (auto& [name, r] : grads) {
-      fields.append(name);
-      values.append(result(r));
-    }
-    if (grads.empty()) {  // the standard tuple always has a grad slot
-      fields.append("grad");
-      values.append(pyb::none());
-    }
-    for (const char* name : {"per_row", "lse", "hard", "soft"}) {
-      fields.append(name);
-      pyb::object v = pyb::none();
-      for (size_t i = 1; i < outs.size(); ++i)
-        if (outs[i].first == name) v = result(outs[i].second);
-      values.append(v);
-    }
-    return result_type(pyb::tuple(fields))(*pyb::tuple(values));
-  }
-
- private:
-  // A namedtuple class per field list ("LossResult"), made once and kept in retort.losses._result_types.
-  static pyb::object result_type(const pyb::tuple& fields) {
-    pyb::dict cache = pyb::module_::import("retort").attr("losses").attr("_result_types");
-    if (!cache.contains(fields))
-      cache[fields] = pyb::module_::import("collections").attr("namedtuple")("LossResult", fields);
-    return cache[fields];
-  }
-
-  const char* op_;
-  BackendPtr be_;
-  std::shared_ptr<PyCtx> ctx_;
-  std::vector<std::pair<std::string, Tensor*>> grads_;
-};
 
 const char* const kResults =
     "\n\nInputs are NumPy arrays, DLPack producers (PyTorch, CuPy, JAX: CUDA tensors are used in place on "
@@ -142,7 +33,7 @@ void bind_losses(pyb::module_& m) {
       "f16, strided views welcome; math is f32. Keyword names match the C++ options. For graph building "
       "(losses inside a model) use the nodes in retort.ops.");
 
-  losses.attr("_result_types") = pyb::dict();
+  losses.attr("_result_types") = pyb::dict();  // LossCall's namedtuple classes, one per field list
 
   losses.def(
       "cross_entropy",
@@ -288,13 +179,8 @@ void bind_losses(pyb::module_& m) {
       "log softmax(logits)[ids] for logits [N, V] and integer ids [N, K]: f32 [N, K] (a NumPy array on the "
       "CPU, a retort Tensor on a device). Raises retort.Error on bad shapes or an id outside [0, V).");
 
-  // ---- fused linear losses --------------------------------------------------------------------------------
-  // The lm-head matmul and a loss in chunks, so [N, V] logits never exist whole (src/ops/loss, being
-  // written). Add each here the same way: LossCall c(op, {hidden, weight, labels, ...}, backend); the
-  // trainable inputs come from c.student(obj, role, return_grad, "grad_hidden") (one per gradient: e.g.
-  // grad_hidden and grad_weight become fields of the LossResult), the others from c.input(...); then return
-  // c.finish(out.loss, reduction, out). Keyword names follow the C++ options struct; bindings/gpu_check.py
-  // picks a function up by name (fused_linear_cross_entropy, fused_linear_topk_kd, ...) once it exists.
+  // The fused linear losses (lm-head matmul + loss in chunks) are in fused.cpp.
+  bind_fused(m);
 }
 
 }  // namespace retort::py

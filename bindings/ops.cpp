@@ -1,54 +1,11 @@
 // retort.ops: the graph op constructors of src/ops/ops.h and src/ops/loss/losses.h, and Tensor's operators
 // and methods. Nothing runs here: each call adds a node, which a retort.Graph computes later. Axes are
 // NumPy's (outermost first, negatives count from the end); retort's C++ API counts dims from the innermost.
-#include "common.h"
+#include "op_args.h"
 
 namespace retort::py {
 
 namespace {
-
-// The operands of one op: tensors on one backend (arrays and numbers become leaves there), and the fresh
-// context the result goes into, which keeps the operands' contexts alive.
-class OpArgs {
- public:
-  OpArgs(const char* op, std::initializer_list<pyb::handle> operands) : op_(op) {
-    for (pyb::handle h : operands)
-      if (!h.is_none() && !be_) be_ = backend_of(h);
-    if (!be_) be_ = cpu_backend(0);
-    ctx_ = std::make_shared<PyCtx>(be_);
-  }
-  // Operand obj as a tensor (null for None when optional).
-  Tensor* get(pyb::handle obj, const char* role, bool optional = false) {
-    if (obj.is_none()) {
-      RT_CHECK(optional, op_, ": ", role, " is required, got None");
-      return nullptr;
-    }
-    TensorRef r;
-    if (pyb::isinstance<TensorRef>(obj)) {
-      r = obj.cast<TensorRef>();
-      RT_CHECK(r.ctx->backend_ref()->backend == be_->backend, op_, ": ", role, " ", r.t->describe(),
-               " lives on ", r.t->backend().name(), " but the other operands on ", be_->name(),
-               "; copy it with Tensor.to(backend)");
-    } else if (pyb::isinstance<pyb::float_>(obj) || pyb::isinstance<pyb::int_>(obj)) {
-      r = to_tensor(pyb::float_(obj.cast<double>()), be_, DType::F32, role);  // numbers join float math
-    } else {
-      r = to_tensor(obj, be_, std::nullopt, role);
-    }
-    ctx_->depend_on(r.ctx);
-    ndims_.push_back(py_ndim(r));
-    return r.t;
-  }
-  int ndim(size_t i) const { return ndims_.at(i); }
-  Context& ctx() { return *ctx_; }
-  TensorRef out(Tensor* t, int ndim) { return make_ref(t, ndim); }
-  const char* op() const { return op_; }
-
- private:
-  const char* op_;
-  BackendPtr be_;
-  std::shared_ptr<PyCtx> ctx_;
-  std::vector<int> ndims_;
-};
 
 // NumPy axis -> retort dim (0 = innermost).
 int dim_of(int axis, int ndim, const char* op) {
@@ -117,16 +74,6 @@ TensorRef permute_op(pyb::handle x_obj, const std::vector<int>& axes) {
   return args.out(permute(args.ctx(), x, p[0], p[1], p[2], p[3]), n);
 }
 
-// The LossOutputs of a loss node as a namedtuple of Tensors (None where not asked for).
-pyb::object loss_tuple(OpArgs& args, const LossOutputs& o, Reduction red) {
-  static pyb::object cls =
-      pyb::module_::import("collections")
-          .attr("namedtuple")("LossOutputs", pyb::make_tuple("loss", "per_row", "lse", "hard", "soft"));
-  const int loss_nd = red == Reduction::None ? 1 : 0;
-  auto t = [&](Tensor* x, int nd) -> pyb::object { return x ? pyb::cast(args.out(x, nd)) : pyb::none(); };
-  return cls(t(o.loss, loss_nd), t(o.per_row, 1), t(o.lse, 1), t(o.hard, loss_nd), t(o.soft, loss_nd));
-}
-
 }  // namespace
 
 void bind_ops(pyb::module_& m) {
@@ -135,6 +82,11 @@ void bind_ops(pyb::module_& m) {
       "Graph ops: each call adds a node and returns its Tensor; a retort.Graph computes it. Arguments may be "
       "retort Tensors, NumPy arrays, DLPack producers or numbers (all operands on one backend). Axes and "
       "shapes are NumPy's, outermost first; 'rows' are the last axis.");
+
+  // The loss nodes' outputs (made here, not in a static, so it goes with the module).
+  ops.attr("LossOutputs") =
+      pyb::module_::import("collections")
+          .attr("namedtuple")("LossOutputs", pyb::make_tuple("loss", "per_row", "lse", "hard", "soft"));
 
   // ---- elementwise --------------------------------------------------------------------------------------
 #define RT_BINARY(name, doc)                                                                                 \
