@@ -193,7 +193,7 @@ class Inputs:
 
 
 def cases(inp):
-    """(function name, display options, positional inputs, keyword options, which input gets a gradient)."""
+    """(function name, positional inputs, keyword options); the first input is the one differentiated."""
     L, T, Y = inp.logits, inp.teacher, inp.labels
     ids, lp, mk, gs = inp.ids, inp.logprobs, inp.mask, inp.gathered
     out = []
@@ -253,7 +253,10 @@ def run_fused_case(torch, retort, name, opts, inputs, ref_fn, tols):
     selective = name.endswith("selective_log_softmax")
     flags = {} if selective else {"return_grad": True}
     if name in ("fused_linear_cross_entropy", "fused_linear_topk_kd", "fused_linear_distill"):
-        flags.update(return_per_row=True, return_lse=True)
+        flags.update(return_per_row=True)
+        # normalize_topk without lse takes the K-sparse path (K dot products per row, no full GEMM).
+        if not opts.get("normalize_topk"):
+            flags.update(return_lse=True)
     if inputs[0].is_cuda:
         torch.cuda.synchronize()
     r = fn(*inputs, **opts, **flags)
