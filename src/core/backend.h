@@ -46,6 +46,9 @@ class Backend {
   virtual void run(Tensor* node) = 0;
   // Waits for queued work.
   virtual void synchronize() = 0;
+  // The native queue work runs on (a cudaStream_t for CUDA), so other libraries can order their work with
+  // ours (DLPack's stream exchange); nullptr when the backend has none or runs synchronously.
+  virtual void* stream_handle() const { return nullptr; }
 
   // Optimizer updates on tensors this backend holds (grad, m, v are f32 with p's shape; p is contiguous).
   virtual void adamw_update(Tensor* p, const Tensor* grad, Tensor* m, Tensor* v, const AdamWParams& o) = 0;

@@ -1,6 +1,7 @@
 #include "context.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "error.h"
@@ -32,6 +33,47 @@ Tensor* Context::input(DType dtype, const Shape& shape, const std::string& name)
   Tensor* t = tensor(dtype, shape, name);
   t->flags |= kInput;
   return t;
+}
+
+namespace {
+
+// Storage a leaf borrows: it frees nothing itself, it only keeps the real owner alive.
+class ExternalBuffer : public Buffer {
+ public:
+  ExternalBuffer(void* data, size_t size, std::shared_ptr<void> owner) : owner_(std::move(owner)) {
+    data_ = data;
+    size_ = size;
+  }
+
+ private:
+  std::shared_ptr<void> owner_;
+};
+
+}  // namespace
+
+Tensor* Context::wrap(DType dtype, const Shape& shape, void* data, std::shared_ptr<void> owner,
+                      const std::vector<size_t>& byte_strides, const std::string& name) {
+  const char* what = name.empty() ? "wrap" : name.c_str();
+  RT_CHECK(data != nullptr, what, ": cannot wrap a null address");
+  int64_t ne[kMaxDims];
+  shape_to_ne(shape, ne, what);
+  RT_CHECK(byte_strides.empty() || byte_strides.size() == shape.size(), what, ": ", byte_strides.size(),
+           " strides for a shape of ", shape.size(), " dims");
+  // Kernels load elements through typed pointers: every element must be aligned to its size.
+  const size_t es = dtype_size(dtype);
+  RT_CHECK(reinterpret_cast<uintptr_t>(data) % es == 0, what, ": address is not aligned to ", es, " bytes");
+  for (size_t s : byte_strides)
+    RT_CHECK(s % es == 0, what, ": byte stride ", s, " is not a multiple of the element size ", es);
+  Tensor& t = tensors_.emplace_back();
+  t.dtype = dtype;
+  t.ctx = this;
+  t.name = name;
+  for (int d = 0; d < kMaxDims; ++d) t.ne[d] = ne[d];
+  set_contiguous_strides(&t);
+  for (size_t i = 0; i < byte_strides.size(); ++i) t.nb[byte_strides.size() - 1 - i] = byte_strides[i];
+  t.data = data;
+  t.buffer = std::make_shared<ExternalBuffer>(data, t.nbytes(), std::move(owner));
+  return &t;
 }
 
 Tensor* Context::node(Op op, DType dtype, const int64_t ne[kMaxDims]) {
@@ -114,7 +156,8 @@ void set_bytes(Tensor* t, const void* bytes, size_t n) {
 }
 
 void set_data(Tensor* t, const std::vector<float>& values) {
-  RT_CHECK(is_float(t->dtype), "set_data: tensor ", t->describe(), " is not a float tensor; use set_data_int");
+  RT_CHECK(is_float(t->dtype), "set_data: tensor ", t->describe(),
+           " is not a float tensor; use set_data_int");
   RT_CHECK(int64_t(values.size()) == t->nelements(), "set_data: tensor ", t->describe(), " holds ",
            t->nelements(), " elements, got ", values.size());
   std::vector<uint8_t> bytes(values.size() * t->elsize());

@@ -1,6 +1,7 @@
 // A Context owns tensor records and the storage of its leaves, all on one backend. Ops add nodes to it.
 #pragma once
 #include <deque>
+#include <memory>
 #include <vector>
 
 #include "backend.h"
@@ -22,6 +23,12 @@ class Context {
   Tensor* param(DType dtype, const Shape& shape, const std::string& name);
   // A leaf the caller fills before each run (flag kInput).
   Tensor* input(DType dtype, const Shape& shape, const std::string& name);
+  // A leaf over memory the caller owns (a host or device address on this context's backend): no copy. owner
+  // is held as long as the leaf exists (e.g. a NumPy array or a DLPack capsule). byte_strides are outermost
+  // first like shape (empty: contiguous). Throws retort::Error on a null address, a bad shape, or strides
+  // that do not match the shape.
+  Tensor* wrap(DType dtype, const Shape& shape, void* data, std::shared_ptr<void> owner,
+               const std::vector<size_t>& byte_strides = {}, const std::string& name = "");
   // An unplaced graph node with contiguous strides; ne in ggml order. Used by op constructors.
   Tensor* node(Op op, DType dtype, const int64_t ne[kMaxDims]);
   // A node that aliases src's storage with the given shape and strides (used by view ops).

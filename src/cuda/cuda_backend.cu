@@ -171,6 +171,9 @@ class CudaBackend final : public Backend {
     finish();
   }
 
+  // Other libraries (DLPack producers and consumers) order their work with ours on this stream.
+  void* stream_handle() const override { return ex_.stream; }
+
   void adamw_update(Tensor* p, const Tensor* grad, Tensor* m, Tensor* v, const AdamWParams& o) override {
     RT_CHECK(p->is_contiguous() && is_float(p->dtype), "adamw: parameter ", p->describe(),
              " must be a contiguous float tensor");

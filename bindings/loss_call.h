@@ -1,0 +1,130 @@
+// LossCall: one plain loss function call of retort.losses (losses.cpp, fused.cpp). It wraps the inputs
+// (NumPy arrays, DLPack producers, retort Tensors) without copying where it can, builds a one-loss graph on
+// the inputs' backend, runs it with the GIL released, and packs the loss, the gradients asked for and the
+// extra outputs: NumPy arrays when the call ran on the CPU, retort Tensors (kept alive with their graph) on a
+// device.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+
+namespace retort::py {
+
+// One plain loss call: a context and a graph of its own on the backend the inputs decide.
+class LossCall {
+ public:
+  // grad_slots: the names of the gradients the result has room for (None when not asked for).
+  LossCall(const char* op, std::initializer_list<pyb::handle> inputs, pyb::handle backend,
+           std::vector<std::string> grad_slots = {"grad"})
+      : op_(op), slots_(std::move(grad_slots)) {
+    be_ = parse_backend(backend);
+    for (pyb::handle h : inputs)
+      if (!be_ && !h.is_none()) be_ = backend_of(h);
+    if (!be_) be_ = cpu_backend(0);
+    ctx_ = std::make_shared<PyCtx>(be_);
+  }
+
+  // An input as a fresh leaf of this call's context: retort Tensors are aliased (their values must exist),
+  // arrays wrapped or copied onto the backend. Null for an optional None.
+  Tensor* input(pyb::handle obj, const char* role, bool optional = false) {
+    if (obj.is_none()) {
+      RT_CHECK(optional, op_, ": ", role, " is required, got None");
+      return nullptr;
+    }
+    if (pyb::isinstance<TensorRef>(obj)) {
+      TensorRef r = obj.cast<TensorRef>();
+      if (r.ctx->backend_ref()->backend != be_->backend) r = copy_to(r, be_);
+      return alias_leaf(r, *ctx_, role);
+    }
+    return to_tensor(obj, be_, std::nullopt, role, ctx_).t;
+  }
+
+  // A trainable input (the student's logits; hidden, weight, bias): with want_grad, a leaf whose gradient the
+  // result returns in slot grad_name. Null for an optional None.
+  Tensor* student(pyb::handle obj, const char* role, bool want_grad, const char* grad_name = "grad",
+                  bool optional = false) {
+    Tensor* t = input(obj, role, optional);
+    if (t && want_grad) {
+      RT_CHECK(is_float(t->dtype), op_, ": ", role, " must be f32, bf16 or f16, got ", t->describe());
+      t->flags |= kParam;  // a leaf of this call only: the caller's data is not marked
+      grads_.push_back({grad_name, t});
+    }
+    return t;
+  }
+
+  Context& ctx() { return *ctx_; }
+
+  // Runs the graph for loss (and the extra outputs), with the gradients asked for, and packs the results:
+  // the loss alone when nothing else was asked for, else LossResult(loss, <grad slots>, per_row, lse, hard,
+  // soft) with None where nothing was asked for.
+  pyb::object finish(Tensor* loss, Reduction red, const LossOutputs& extra = {}) {
+    const int loss_nd = red == Reduction::None ? 1 : 0;
+    auto graph = std::make_shared<GraphBox>(be_);
+    std::vector<std::pair<std::string, TensorRef>> outs;
+    outs.push_back({"loss", make_ref(loss, loss_nd)});
+    auto add = [&](const char* name, Tensor* t, int nd) {
+      if (t) outs.push_back({name, make_ref(t, nd)});
+    };
+    add("per_row", extra.per_row, 1);
+    add("lse", extra.lse, 1);
+    add("hard", extra.hard, loss_nd);
+    add("soft", extra.soft, loss_nd);
+    std::vector<TensorRef> roots;
+    for (auto& o : outs) roots.push_back(o.second);
+    graph->forward(roots);
+    std::vector<std::pair<std::string, TensorRef>> grads;
+    if (!grads_.empty()) {
+      RT_CHECK(red != Reduction::None, op_,
+               ": return_grad needs reduction 'mean' or 'sum' (a gradient is taken of a single number)");
+      graph->backward(outs[0].second);
+      for (auto& [name, t] : grads_) grads.push_back({name, *graph->grad(make_ref(t))});
+    }
+    graph->compute();
+
+    const bool host = be_->backend->is_host();
+    auto result = [&](const TensorRef& r) -> pyb::object {
+      TensorRef kept = r;
+      kept.graph = graph;  // a device result is read through DLPack later: its graph must stay
+      return host ? pyb::object(to_numpy(kept, true)) : pyb::cast(kept);
+    };
+    if (outs.size() == 1 && grads.empty()) return result(outs[0].second);
+
+    pyb::list fields, values;
+    fields.append("loss");
+    values.append(result(outs[0].second));
+    for (const std::string& slot : slots_) {
+      fields.append(slot);
+      pyb::object v = pyb::none();
+      for (auto& [name, r] : grads)
+        if (name == slot) v = result(r);
+      values.append(v);
+    }
+    for (const char* name : {"per_row", "lse", "hard", "soft"}) {
+      fields.append(name);
+      pyb::object v = pyb::none();
+      for (size_t i = 1; i < outs.size(); ++i)
+        if (outs[i].first == name) v = result(outs[i].second);
+      values.append(v);
+    }
+    return result_type(pyb::tuple(fields))(*pyb::tuple(values));
+  }
+
+ private:
+  // A namedtuple class per field list ("LossResult"), made once and kept in retort.losses._result_types.
+  static pyb::object result_type(const pyb::tuple& fields) {
+    pyb::dict cache = pyb::module_::import("retort").attr("losses").attr("_result_types");
+    if (!cache.contains(fields))
+      cache[fields] = pyb::module_::import("collections").attr("namedtuple")("LossResult", fields);
+    return cache[fields];
+  }
+
+  const char* op_;
+  std::vector<std::string> slots_;
+  BackendPtr be_;
+  std::shared_ptr<PyCtx> ctx_;
+  std::vector<std::pair<std::string, Tensor*>> grads_;
+};
+
+}  // namespace retort::py

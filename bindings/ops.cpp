@@ -1,0 +1,460 @@
+// retort.ops: the graph op constructors of src/ops/ops.h and src/ops/loss/losses.h, and Tensor's operators
+// and methods. Nothing runs here: each call adds a node, which a retort.Graph computes later. Axes are
+// NumPy's (outermost first, negatives count from the end); retort's C++ API counts dims from the innermost.
+#include "op_args.h"
+
+namespace retort::py {
+
+namespace {
+
+// NumPy axis -> retort dim (0 = innermost).
+int dim_of(int axis, int ndim, const char* op) {
+  RT_CHECK(axis >= -ndim && axis < ndim, op, ": axis ", axis, " is out of range for ", ndim, " dims");
+  if (axis < 0) axis += ndim;
+  return ndim - 1 - axis;
+}
+
+Shape shape_of(pyb::handle h) {
+  if (pyb::isinstance<pyb::int_>(h)) return {h.cast<int64_t>()};
+  return h.cast<Shape>();
+}
+
+// Shape arguments outermost first; a () shape is one element.
+void ne_of(const Shape& s, int64_t ne[kMaxDims], const char* op) {
+  shape_to_ne(s.empty() ? Shape{1} : s, ne, op);
+}
+
+// Shapes given as reshape(2, 3) or reshape((2, 3)).
+Shape varargs_shape(const pyb::args& a) {
+  if (a.size() == 1 && !pyb::isinstance<pyb::int_>(a[0])) return a[0].cast<Shape>();
+  return a.cast<Shape>();
+}
+
+using Binary = Tensor* (*)(Context&, Tensor*, Tensor*);
+
+// a op b, with either operand broadcast over the other (C++ broadcasts only the second).
+TensorRef binary(const char* name, Binary fn, pyb::handle a_obj, pyb::handle b_obj) {
+  OpArgs args(name, {a_obj, b_obj});
+  Tensor* a = args.get(a_obj, "a");
+  Tensor* b = args.get(b_obj, "b");
+  if (!can_broadcast(b, a) && can_broadcast(a, b)) a = repeat(args.ctx(), a, b->ne);
+  return args.out(fn(args.ctx(), a, b), std::max(args.ndim(0), args.ndim(1)));
+}
+
+using Unary = Tensor* (*)(Context&, Tensor*);
+
+TensorRef unary(const char* name, Unary fn, pyb::handle x_obj, int ndim = -1) {
+  OpArgs args(name, {x_obj});
+  Tensor* x = args.get(x_obj, "x");
+  return args.out(fn(args.ctx(), x), ndim >= 0 ? ndim : args.ndim(0));
+}
+
+TensorRef matmul_op(pyb::handle a_obj, pyb::handle b_obj, bool ta, bool tb) {
+  OpArgs args("matmul", {a_obj, b_obj});
+  Tensor* a = args.get(a_obj, "a");
+  Tensor* b = args.get(b_obj, "b");
+  return args.out(matmul(args.ctx(), a, b, ta, tb), std::max({args.ndim(0), args.ndim(1), 2}));
+}
+
+TensorRef permute_op(pyb::handle x_obj, const std::vector<int>& axes) {
+  OpArgs args("permute", {x_obj});
+  Tensor* x = args.get(x_obj, "x");
+  const int n = args.ndim(0);
+  RT_CHECK(int(axes.size()) == n, "permute: ", x->describe(), " has ", n, " dims but ", axes.size(),
+           " axes were given");
+  // NumPy: result axis r is x's axis axes[r]. retort: p[i] is the result dim that x's dim i becomes.
+  int p[kMaxDims] = {0, 1, 2, 3};
+  std::vector<bool> seen(size_t(n), false);
+  for (int r = 0; r < n; ++r) {
+    const int src = dim_of(axes[size_t(r)], n, "permute");
+    RT_CHECK(!seen[size_t(src)], "permute: axis ", axes[size_t(r)], " is repeated");
+    seen[size_t(src)] = true;
+    p[src] = n - 1 - r;
+  }
+  return args.out(permute(args.ctx(), x, p[0], p[1], p[2], p[3]), n);
+}
+
+}  // namespace
+
+void bind_ops(pyb::module_& m) {
+  pyb::module_ ops = m.def_submodule(
+      "ops",
+      "Graph ops: each call adds a node and returns its Tensor; a retort.Graph computes it. Arguments may be "
+      "retort Tensors, NumPy arrays, DLPack producers or numbers (all operands on one backend). Axes and "
+      "shapes are NumPy's, outermost first; 'rows' are the last axis.");
+
+  // The loss nodes' outputs (made here, not in a static, so it goes with the module).
+  ops.attr("LossOutputs") =
+      pyb::module_::import("collections")
+          .attr("namedtuple")("LossOutputs", pyb::make_tuple("loss", "per_row", "lse", "hard", "soft"));
+
+  // ---- elementwise --------------------------------------------------------------------------------------
+#define RT_BINARY(name, doc)                                                                                 \
+  ops.def(                                                                                                   \
+      #name, [](pyb::handle a, pyb::handle b) { return binary(#name, &retort::name, a, b); }, pyb::arg("a"), \
+      pyb::arg("b"), doc)
+  RT_BINARY(add, "a + b, broadcasting either operand (each dim 1 or equal).");
+  RT_BINARY(sub, "a - b, broadcasting either operand.");
+  RT_BINARY(mul, "a * b elementwise, broadcasting either operand.");
+  RT_BINARY(div, "a / b elementwise, broadcasting either operand.");
+#undef RT_BINARY
+#define RT_UNARY(name, doc) \
+  ops.def(                  \
+      #name, [](pyb::handle x) { return unary(#name, &retort::name, x); }, pyb::arg("x"), doc)
+  RT_UNARY(neg, "-x.");
+  RT_UNARY(exp, "exp(x).");
+  RT_UNARY(log, "log(x).");
+  RT_UNARY(sqrt, "sqrt(x).");
+  RT_UNARY(rsqrt, "1 / sqrt(x).");
+  RT_UNARY(tanh, "tanh(x).");
+  RT_UNARY(relu, "max(x, 0).");
+  RT_UNARY(gelu, "GELU (tanh approximation).");
+  RT_UNARY(silu, "x * sigmoid(x).");
+  RT_UNARY(contiguous, "A contiguous copy of x.");
+  RT_UNARY(sum_rows, "Sum over the last axis, kept as size 1.");
+  RT_UNARY(mean_rows, "Mean over the last axis, kept as size 1.");
+  RT_UNARY(max_rows, "Max over the last axis, kept as size 1.");
+  RT_UNARY(softmax, "Softmax over the last axis.");
+  RT_UNARY(log_softmax, "Log-softmax over the last axis.");
+#undef RT_UNARY
+  ops.def(
+      "sum", [](pyb::handle x) { return unary("sum", &retort::sum, x, 0); }, pyb::arg("x"),
+      "The sum of all elements (a 0-d f32 tensor).");
+  ops.def(
+      "mean", [](pyb::handle x) { return unary("mean", &retort::mean, x, 0); }, pyb::arg("x"),
+      "The mean of all elements (a 0-d f32 tensor).");
+  ops.def(
+      "max", [](pyb::handle x) { return unary("max", &retort::max, x, 0); }, pyb::arg("x"),
+      "The largest element (a 0-d f32 tensor); NaN if any is NaN.");
+  ops.def(
+      "scale",
+      [](pyb::handle x, float s) {
+        OpArgs a("scale", {x});
+        Tensor* t = a.get(x, "x");
+        return a.out(scale(a.ctx(), t, s), a.ndim(0));
+      },
+      pyb::arg("x"), pyb::arg("s"), "x * s for a number s.");
+
+  // ---- shapes, views and copies -------------------------------------------------------------------------
+  ops.def(
+      "reshape",
+      [](pyb::handle x, pyb::handle shape) {
+        OpArgs a("reshape", {x});
+        Tensor* t = a.get(x, "x");
+        Shape s = shape_of(shape);
+        return a.out(reshape(a.ctx(), t, s.empty() ? Shape{1} : s), int(s.size()));
+      },
+      pyb::arg("x"), pyb::arg("shape"), "The same elements in a new shape (x must be contiguous); a view.");
+  ops.def("permute", &permute_op, pyb::arg("x"), pyb::arg("axes"),
+          "Reorders the axes like numpy.transpose(x, axes); a view.");
+  ops.def(
+      "transpose",
+      [](pyb::handle x) {
+        OpArgs a("transpose", {x});
+        Tensor* t = a.get(x, "x");
+        return a.out(transpose(a.ctx(), t), std::max(a.ndim(0), 2));
+      },
+      pyb::arg("x"), "Swaps the last two axes; a view.");
+  ops.def(
+      "slice",
+      [](pyb::handle x, int axis, int64_t start, int64_t length) {
+        OpArgs a("slice", {x});
+        Tensor* t = a.get(x, "x");
+        return a.out(slice(a.ctx(), t, dim_of(axis, a.ndim(0), "slice"), start, length), a.ndim(0));
+      },
+      pyb::arg("x"), pyb::arg("axis"), pyb::arg("start"), pyb::arg("length"),
+      "The window [start, start + length) of axis; a view.");
+  ops.def(
+      "cast",
+      [](pyb::handle x, pyb::handle dtype) {
+        OpArgs a("cast", {x});
+        Tensor* t = a.get(x, "x");
+        return a.out(cast(a.ctx(), t, parse_dtype(dtype)), a.ndim(0));
+      },
+      pyb::arg("x"), pyb::arg("dtype"), "A contiguous copy of x converted to dtype.");
+  ops.def(
+      "concat",
+      [](pyb::handle x, pyb::handle y, int axis) {
+        OpArgs a("concat", {x, y});
+        Tensor* tx = a.get(x, "a");
+        Tensor* ty = a.get(y, "b");
+        const int n = std::max(a.ndim(0), a.ndim(1));
+        return a.out(concat(a.ctx(), tx, ty, dim_of(axis, n, "concat")), n);
+      },
+      pyb::arg("a"), pyb::arg("b"), pyb::arg("axis"),
+      "a and b joined along axis; the other axes must match.");
+  ops.def(
+      "fill",
+      [](pyb::handle shape, float value, pyb::handle dtype, pyb::handle backend) {
+        BackendPtr be = parse_backend(backend);
+        auto ctx = std::make_shared<PyCtx>(be ? be : cpu_backend(0));
+        Shape s = shape_of(shape);
+        int64_t ne[kMaxDims];
+        ne_of(s, ne, "fill");
+        return make_ref(fill(*ctx, parse_dtype(dtype), ne, value), int(s.size()));
+      },
+      pyb::arg("shape"), pyb::arg("value"), pyb::kw_only(), pyb::arg("dtype") = "f32",
+      pyb::arg("backend") = pyb::none(), "A node of the given shape with every element = value.");
+  ops.def(
+      "repeat",
+      [](pyb::handle x, pyb::handle shape) {
+        OpArgs a("repeat", {x});
+        Tensor* t = a.get(x, "x");
+        Shape s = shape_of(shape);
+        int64_t ne[kMaxDims];
+        ne_of(s, ne, "repeat");
+        return a.out(repeat(a.ctx(), t, ne), int(s.size()));
+      },
+      pyb::arg("x"), pyb::arg("shape"), "x broadcast to shape (each axis of x 1 or equal).");
+  ops.def(
+      "reduce_to",
+      [](pyb::handle x, pyb::handle shape) {
+        OpArgs a("reduce_to", {x});
+        Tensor* t = a.get(x, "x");
+        Shape s = shape_of(shape);
+        int64_t ne[kMaxDims];
+        ne_of(s, ne, "reduce_to");
+        return a.out(reduce_to(a.ctx(), t, ne), int(s.size()));
+      },
+      pyb::arg("x"), pyb::arg("shape"), "x summed down to a broadcast-compatible shape (repeat's gradient).");
+
+  // ---- linear algebra, indexing, nn ---------------------------------------------------------------------
+  ops.def("matmul", &matmul_op, pyb::arg("a"), pyb::arg("b"), pyb::arg("transpose_a") = false,
+          pyb::arg("transpose_b") = false,
+          "a @ b over the last two axes, batched over the others (b's batch axes may be 1). transpose_a / "
+          "transpose_b read a as [..., K, M] or b as [..., N, K]: matmul(x, W, transpose_b=True) is x @ W.T. "
+          "The result is f32.");
+  ops.def(
+      "get_rows",
+      [](pyb::handle table, pyb::handle ids) {
+        OpArgs a("get_rows", {table, ids});
+        Tensor* t = a.get(table, "table");
+        Tensor* i = a.get(ids, "ids");
+        return a.out(get_rows(a.ctx(), t, i), 2);
+      },
+      pyb::arg("table"), pyb::arg("ids"),
+      "Rows of table [R, D] at integer ids [N]: [N, D] (an embedding lookup).");
+  ops.def(
+      "causal_softmax",
+      [](pyb::handle x, float scale, int64_t n_past) {
+        OpArgs a("causal_softmax", {x});
+        Tensor* t = a.get(x, "x");
+        return a.out(causal_softmax(a.ctx(), t, scale, n_past), a.ndim(0));
+      },
+      pyb::arg("x"), pyb::arg("scale"), pyb::arg("n_past") = 0,
+      "Attention scores [batch*heads, T_q, T_k]: softmax(x * scale) hiding key j from query i when j > i + "
+      "n_past.");
+  ops.def(
+      "rms_norm",
+      [](pyb::handle x, float eps) {
+        OpArgs a("rms_norm", {x});
+        Tensor* t = a.get(x, "x");
+        return a.out(rms_norm(a.ctx(), t, eps), a.ndim(0));
+      },
+      pyb::arg("x"), pyb::arg("eps") = 1e-6f, "RMS normalization over the last axis (no weight).");
+  ops.def(
+      "layer_norm",
+      [](pyb::handle x, float eps) {
+        OpArgs a("layer_norm", {x});
+        Tensor* t = a.get(x, "x");
+        return a.out(layer_norm(a.ctx(), t, eps), a.ndim(0));
+      },
+      pyb::arg("x"), pyb::arg("eps") = 1e-5f, "Layer normalization over the last axis (no affine part).");
+  ops.def(
+      "rope",
+      [](pyb::handle x, pyb::handle positions, const std::string& mode, float theta) {
+        RT_CHECK(mode == "normal" || mode == "neox", "rope: mode must be 'normal' or 'neox', got '", mode,
+                 "'");
+        OpArgs a("rope", {x, positions});
+        Tensor* t = a.get(x, "x");
+        Tensor* p = a.get(positions, "positions");
+        return a.out(rope(a.ctx(), t, p, mode == "neox" ? RopeMode::Neox : RopeMode::Normal, theta),
+                     a.ndim(0));
+      },
+      pyb::arg("x"), pyb::arg("positions"), pyb::arg("mode") = "normal", pyb::arg("theta") = 10000.0f,
+      "Rotary embedding of x [B, T, heads, d] at i32 positions [T]: 'normal' rotates pairs (2i, 2i+1), "
+      "'neox' "
+      "(i, i + d/2).");
+  ops.def(
+      "cross_entropy",
+      [](pyb::handle logits, pyb::handle labels, int64_t ignore_index) {
+        OpArgs a("cross_entropy", {logits, labels});
+        Tensor* x = a.get(logits, "logits");
+        Tensor* y = a.get(labels, "labels");
+        return a.out(cross_entropy(a.ctx(), x, y, ignore_index), 0);
+      },
+      pyb::arg("logits"), pyb::arg("labels"), pyb::arg("ignore_index") = -100,
+      "Plain cross-entropy: the mean over rows with label != ignore_index of -log softmax(logits)[label].");
+
+  // ---- the loss backend as graph nodes (plain functions over arrays: retort.losses) ----------------------
+  ops.def(
+      "cross_entropy_loss",
+      [](pyb::handle logits, pyb::handle labels, int64_t ignore_index, float label_smoothing, float z_loss,
+         float softcap, pyb::handle reduction, bool return_per_row, bool return_lse) {
+        OpArgs a("cross_entropy_loss", {logits, labels});
+        Tensor* x = a.get(logits, "logits");
+        Tensor* y = a.get(labels, "labels");
+        CrossEntropyOptions o{ignore_index,   label_smoothing, z_loss, softcap, parse_reduction(reduction),
+                              return_per_row, return_lse};
+        return loss_tuple(a, cross_entropy_loss(a.ctx(), x, y, o), o.reduction);
+      },
+      pyb::arg("logits"), pyb::arg("labels"), pyb::kw_only(), pyb::arg("ignore_index") = -100,
+      pyb::arg("label_smoothing") = 0.0f, pyb::arg("z_loss") = 0.0f, pyb::arg("softcap") = 0.0f,
+      pyb::arg("reduction") = "mean", pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false,
+      "Cross-entropy node with the LM options (see retort.losses.cross_entropy); returns LossOutputs(loss, "
+      "per_row, lse, hard, soft) of Tensors, None where not asked for.");
+  ops.def(
+      "topk_kd",
+      [](pyb::handle logits, pyb::handle ids, pyb::handle logprobs, pyb::handle mask, pyb::handle labels,
+         float beta, float temperature, bool normalize_topk, float w_hard, float w_soft, int64_t ignore_index,
+         pyb::handle reduction, bool return_per_row, bool return_lse, bool return_parts) {
+        OpArgs a("topk_kd", {logits, ids, logprobs, mask, labels});
+        Tensor* x = a.get(logits, "logits");
+        Tensor* ti = a.get(ids, "teacher_ids");
+        Tensor* tl = a.get(logprobs, "teacher_logprobs");
+        Tensor* mk = a.get(mask, "mask", true);
+        Tensor* y = a.get(labels, "labels", true);
+        TopKDistillOptions o{beta,
+                             temperature,
+                             normalize_topk,
+                             w_hard,
+                             w_soft,
+                             ignore_index,
+                             parse_reduction(reduction),
+                             return_per_row,
+                             return_lse,
+                             return_parts};
+        return loss_tuple(a, topk_kd(a.ctx(), x, ti, tl, mk, y, o), o.reduction);
+      },
+      pyb::arg("logits"), pyb::arg("teacher_ids"), pyb::arg("teacher_logprobs"),
+      pyb::arg("mask") = pyb::none(), pyb::arg("labels") = pyb::none(), pyb::kw_only(),
+      pyb::arg("beta") = 0.0f, pyb::arg("temperature") = 1.0f, pyb::arg("normalize_topk") = false,
+      pyb::arg("w_hard") = 0.0f, pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100,
+      pyb::arg("reduction") = "mean", pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false,
+      pyb::arg("return_parts") = false,
+      "Top-K distillation node (see retort.losses.topk_kd); returns LossOutputs.");
+  ops.def(
+      "topk_kl_gathered",
+      [](pyb::handle student, pyb::handle logprobs, pyb::handle mask, float temperature,
+         pyb::handle reduction, bool return_per_row, bool return_lse) {
+        OpArgs a("topk_kl_gathered", {student, logprobs, mask});
+        Tensor* s = a.get(student, "student_gathered");
+        Tensor* tl = a.get(logprobs, "teacher_logprobs");
+        Tensor* mk = a.get(mask, "mask", true);
+        TopKKLOptions o{temperature, parse_reduction(reduction), return_per_row, return_lse};
+        return loss_tuple(a, topk_kl_gathered(a.ctx(), s, tl, mk, o), o.reduction);
+      },
+      pyb::arg("student_gathered"), pyb::arg("teacher_logprobs"), pyb::arg("mask") = pyb::none(),
+      pyb::kw_only(), pyb::arg("temperature") = 1.0f, pyb::arg("reduction") = "mean",
+      pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false,
+      "Gathered top-K KL node (see retort.losses.topk_kl_gathered).");
+  ops.def(
+      "distill",
+      [](pyb::handle student, pyb::handle teacher, pyb::handle labels, float beta, float temperature,
+         float w_hard, float w_soft, int64_t ignore_index, pyb::handle reduction, bool return_per_row,
+         bool return_lse, bool return_parts) {
+        OpArgs a("distill", {student, teacher, labels});
+        Tensor* s = a.get(student, "student");
+        Tensor* t = a.get(teacher, "teacher");
+        Tensor* y = a.get(labels, "labels", true);
+        DistillOptions o{beta,           temperature,  w_hard,
+                         w_soft,         ignore_index, parse_reduction(reduction),
+                         return_per_row, return_lse,   return_parts};
+        return loss_tuple(a, distill(a.ctx(), s, t, y, o), o.reduction);
+      },
+      pyb::arg("student"), pyb::arg("teacher"), pyb::arg("labels") = pyb::none(), pyb::kw_only(),
+      pyb::arg("beta") = 0.0f, pyb::arg("temperature") = 1.0f, pyb::arg("w_hard") = 0.0f,
+      pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100, pyb::arg("reduction") = "mean",
+      pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false, pyb::arg("return_parts") = false,
+      "Full-vocabulary distillation node (see retort.losses.distill); returns LossOutputs.");
+  ops.def(
+      "entropy",
+      [](pyb::handle logits, float temperature, pyb::handle reduction) {
+        OpArgs a("entropy", {logits});
+        Tensor* x = a.get(logits, "logits");
+        const Reduction r = parse_reduction(reduction);
+        return a.out(entropy(a.ctx(), x, temperature, r), r == Reduction::None ? 1 : 0);
+      },
+      pyb::arg("logits"), pyb::kw_only(), pyb::arg("temperature") = 1.0f, pyb::arg("reduction") = "none",
+      "Entropy of softmax(logits / temperature) per row ([N] under 'none', else a 0-d mean or sum).");
+  ops.def(
+      "selective_log_softmax",
+      [](pyb::handle logits, pyb::handle ids) {
+        OpArgs a("selective_log_softmax", {logits, ids});
+        Tensor* x = a.get(logits, "logits");
+        Tensor* i = a.get(ids, "ids");
+        return a.out(selective_log_softmax(a.ctx(), x, i), 2);
+      },
+      pyb::arg("logits"), pyb::arg("ids"),
+      "log softmax(logits)[ids]: logits [N, V], integer ids [N, K] -> [N, K].");
+
+  // ---- Tensor operators and methods ---------------------------------------------------------------------
+  pyb::class_<TensorRef> tc = pyb::reinterpret_borrow<pyb::class_<TensorRef>>(m.attr("Tensor"));
+  tc.def(
+        "__add__", [](pyb::handle a, pyb::handle b) { return binary("add", &retort::add, a, b); },
+        "self + other (either may broadcast).")
+      .def(
+          "__radd__", [](pyb::handle a, pyb::handle b) { return binary("add", &retort::add, b, a); },
+          "other + self.")
+      .def(
+          "__sub__", [](pyb::handle a, pyb::handle b) { return binary("sub", &retort::sub, a, b); },
+          "self - other.")
+      .def(
+          "__rsub__", [](pyb::handle a, pyb::handle b) { return binary("sub", &retort::sub, b, a); },
+          "other - self.")
+      .def(
+          "__mul__", [](pyb::handle a, pyb::handle b) { return binary("mul", &retort::mul, a, b); },
+          "self * other elementwise.")
+      .def(
+          "__rmul__", [](pyb::handle a, pyb::handle b) { return binary("mul", &retort::mul, b, a); },
+          "other * self elementwise.")
+      .def(
+          "__truediv__", [](pyb::handle a, pyb::handle b) { return binary("div", &retort::div, a, b); },
+          "self / other elementwise.")
+      .def(
+          "__rtruediv__", [](pyb::handle a, pyb::handle b) { return binary("div", &retort::div, b, a); },
+          "other / self elementwise.")
+      .def(
+          "__matmul__", [](pyb::handle a, pyb::handle b) { return matmul_op(a, b, false, false); },
+          "self @ other (retort.ops.matmul).")
+      .def(
+          "__rmatmul__", [](pyb::handle a, pyb::handle b) { return matmul_op(b, a, false, false); },
+          "other @ self.")
+      .def(
+          "__neg__", [](pyb::handle x) { return unary("neg", &retort::neg, x); }, "-self.")
+      .def(
+          "reshape",
+          [ops](pyb::handle x, pyb::args shape) {
+            return ops.attr("reshape")(x, pyb::cast(varargs_shape(shape)));
+          },
+          "The same elements in a new shape (a view; the tensor must be contiguous).")
+      .def(
+          "permute",
+          [](pyb::handle x, pyb::args axes) {
+            std::vector<int> ax;
+            for (int64_t v : varargs_shape(axes)) ax.push_back(int(v));
+            return permute_op(x, ax);
+          },
+          "Reorders the axes like numpy.transpose (a view).")
+      .def(
+          "transpose", [ops](pyb::handle x) { return ops.attr("transpose")(x); }, "Swaps the last two axes.")
+      .def_property_readonly(
+          "T", [ops](pyb::handle x) { return ops.attr("transpose")(x); }, "Swaps the last two axes.")
+      .def(
+          "cast", [ops](pyb::handle x, pyb::handle d) { return ops.attr("cast")(x, d); }, pyb::arg("dtype"),
+          "A converted copy (graph node).")
+      .def(
+          "astype", [ops](pyb::handle x, pyb::handle d) { return ops.attr("cast")(x, d); }, pyb::arg("dtype"),
+          "Same as cast.");
+  // NumPy operands defer to these operators (np_array + tensor builds a node instead of reading a value).
+  tc.attr("__array_ufunc__") = pyb::none();
+  for (const char* name : {"sum", "mean", "max", "sum_rows", "mean_rows", "max_rows", "exp", "log", "sqrt",
+                           "rsqrt", "tanh", "relu", "gelu", "silu", "softmax", "log_softmax", "contiguous"}) {
+    pyb::object fn = ops.attr(name);
+    const std::string doc = "Same as retort.ops." + std::string(name) + "(self).";  // pybind copies it
+    tc.def(
+        name, [fn](pyb::handle x) { return fn(x); }, doc.c_str());
+  }
+}
+
+}  // namespace retort::py
