@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's script: builds retort with CUDA in build-gpu/, runs the CUDA test suite, then every benchmark
-# in build-gpu/bench/, and prints a short table last. Full logs go to $OUT/gpu-logs (or build-gpu/gpu-logs).
+# in build-gpu/bench/, and prints a short table last; exits non-zero if a test or benchmark failed.
+# Full logs go to $OUT/gpu-logs (or build-gpu/gpu-logs).
 #
 # The GPU machine has no network and no GoogleTest. Before sending the tree there, copy a GoogleTest source tree
 # into the repo-ignored folder .gtest/ on this machine:
@@ -19,6 +20,7 @@ all=0
 logs=${OUT:-$ROOT/build-gpu}/gpu-logs
 mkdir -p "$logs"
 rows=()
+failures=0
 row() { rows+=("$(printf '%-28s %-6s %8s  %s' "$1" "$2" "$3" "$4")"); }
 
 find_nvcc || die "nvcc not found (looked on PATH and in /usr/local/cuda/bin)"
@@ -46,7 +48,10 @@ fi
 suites=(cuda)
 [ "$all" -eq 1 ] && suites=()
 t0=$(date +%s)
-if meson test -C build-gpu --no-rebuild --print-errorlogs "${suites[@]}" >"$logs/test.log" 2>&1; then st=ok; else st=FAIL; fi
+if meson test -C build-gpu --no-rebuild --print-errorlogs "${suites[@]}" >"$logs/test.log" 2>&1; then st=ok; else
+  st=FAIL
+  failures=$((failures + 1))
+fi
 counts=$(python3 tools/test_summary.py --meson build-gpu 2>/dev/null | tail -1)
 row "test ${suites[*]:-all}" "$st" "$(($(date +%s) - t0))s" "$counts"
 if [ "$st" != ok ]; then
@@ -61,7 +66,10 @@ for b in build-gpu/bench/*; do
   if [ ! -f "$b" ] || [ ! -x "$b" ]; then continue; fi
   name=$(basename "$b")
   t0=$(date +%s)
-  if timeout "${BENCH_TIMEOUT:-120}" "$b" >"$logs/bench-$name.log" 2>&1; then st=ok; else st=FAIL; fi
+  if timeout "${BENCH_TIMEOUT:-120}" "$b" >"$logs/bench-$name.log" 2>&1; then st=ok; else
+    st=FAIL
+    failures=$((failures + 1))
+  fi
   # A benchmark ends with its verdict (ratio against its floor): show that line.
   last=$(grep -v '^[[:space:]]*$' "$logs/bench-$name.log" | tail -1 | cut -c1-100)
   row "bench $name" "$st" "$(($(date +%s) - t0))s" "$last"
@@ -72,3 +80,4 @@ echo
 printf '%-28s %-6s %8s  %s\n' step status time result
 for r in "${rows[@]}"; do echo "$r"; done
 echo "logs: $logs"
+[ "$failures" -eq 0 ]
