@@ -227,8 +227,11 @@ void cross_entropy_rows(const Block& logits, const CrossEntropySide& side, const
       const bool ignored = y == side.ignore_index;
       if (ignored) {
         zero_outputs(out, r);
-        if (want_grad) zero_row(out.grad, r, z);
-        if (!out.lse) continue;
+        // The gradient may be the logits themselves (the fused path): zero it only after the lse is read.
+        if (!out.lse) {
+          if (want_grad) zero_row(out.grad, r, z);
+          continue;
+        }
       }
       load_row(logits, r, z);
       if (cap > 0)
@@ -238,7 +241,10 @@ void cross_entropy_rows(const Block& logits, const CrossEntropySide& side, const
       const float log_s = std::log(st.st);
       const float lse = st.m + log_s;
       if (out.lse) out.lse[r] = lse;
-      if (ignored) continue;
+      if (ignored) {
+        if (want_grad) zero_row(out.grad, r, z);
+        continue;
+      }
       // Shifted by the max so that logits of 1e4 keep their precision: lse − z_y = (m − z_y) + log Σ.
       float loss = (1.0f - eps) * ((st.m - z[y]) + log_s);
       if (eps > 0) {
@@ -313,8 +319,11 @@ void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, Thr
       const bool ignored = has_labels && y == side.ignore_index;
       if (ignored) {
         zero_outputs(out, r);
-        if (want_grad) zero_row(out.grad, r, z);
-        if (!out.lse) continue;
+        // The gradient may be the logits themselves (the fused path): zero it only after the lse is read.
+        if (!out.lse) {
+          if (want_grad) zero_row(out.grad, r, z);
+          continue;
+        }
       }
       // Full-vocabulary statistics are needed for Q over V, for the hard loss, and for the lse; with
       // normalize_topk alone only the K gathered logits are read.
@@ -347,7 +356,10 @@ void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, Thr
         for (int64_t i = 0; i < n; ++i) lq[i] = (xs[i] - st.m) * inv_t - log_st;
       }
       if (out.lse) out.lse[r] = gathered ? slots_lse : st.m * inv_t + log_st;
-      if (ignored) continue;
+      if (ignored) {
+        if (want_grad) zero_row(out.grad, r, z);
+        continue;
+      }
 
       if (t != 1.0f && n > 0) {  // the teacher's top-K renormalized at temperature T
         float mu = -kInf;
@@ -420,8 +432,11 @@ void distill_rows(const Block& logits, const DistillSide& side, const RowOut& ou
       const bool ignored = has_labels && y == side.ignore_index;
       if (ignored) {
         zero_outputs(out, r);
-        if (want_grad) zero_row(out.grad, r, z);
-        if (!out.lse) continue;
+        // The gradient may be the logits themselves (the fused path): zero it only after the lse is read.
+        if (!out.lse) {
+          if (want_grad) zero_row(out.grad, r, z);
+          continue;
+        }
       }
       // One online pass over both rows: student at T (and at 1 for the hard loss), teacher at T.
       load_row(logits, r, z);
@@ -429,7 +444,10 @@ void distill_rows(const Block& logits, const DistillSide& side, const RowOut& ou
       sz.add(z, v, inv_t, want_hard && t != 1.0f);
       const float log_sz = std::log(sz.st), log_s1 = std::log(sz.s1);
       if (out.lse) out.lse[r] = sz.m * inv_t + log_sz;
-      if (ignored) continue;
+      if (ignored) {
+        if (want_grad) zero_row(out.grad, r, z);
+        continue;
+      }
       load_row(side.teacher, r, w);
       Online sw;
       sw.add(w, v, inv_t, false);
