@@ -517,3 +517,45 @@ TEST_F(CudaDistill, DistillEdgeCases) {
 
 }  // namespace
 }  // namespace retort::test
+
+namespace retort::test {
+namespace {
+
+// Rows that are whole 16-byte vectors in one dtype take the Hopper cluster kernel (rows held in the shared
+// memory of up to eight CTAs); V = 60000 in bf16 needs three CTAs per row. Ignored rows, lse and the parts are
+// checked there too; on GPUs before Hopper these cases run the portable kernel.
+TEST_F(CudaDistill, DistillClusterPath) {
+  for (double beta : {0.0, 0.5, 1.0})
+    for (Out what : {Out::Loss, Out::Lse, Out::Soft}) {
+      DistillCfg cfg;
+      cfg.r.beta = beta;
+      cfg.r.t = beta == 0.5 ? 1.0 : 2.0;
+      cfg.r.w_hard = 0.3;
+      cfg.n = 6;
+      cfg.v = 60000;
+      cfg.dt = cfg.teacher_dt = DType::BF16;
+      cfg.what = what;
+      LossCase c = distill_case(
+          "cuda_distill_cluster_" + std::to_string(int(beta * 10)) + "_" + std::to_string(int(what)), cfg);
+      c.inputs[2].values = {5, -1, 59999, 0, -1, 31337};  // two ignored rows; labels at both ends
+      EXPECT_TRUE(check_cuda(c, {kCpuTol, kCpuTol, false}));
+    }
+  for (double beta : {0.0, 0.5}) {  // f32, V = 16: logits of ±1e4 and a teacher ruling tokens out
+    DistillCfg cfg;
+    cfg.r.beta = beta;
+    cfg.r.t = 2;
+    cfg.r.w_hard = 0.3;
+    cfg.n = 2;
+    cfg.v = 16;
+    cfg.lo = -1e4;
+    cfg.hi = 1e4;
+    LossCase c = distill_case("cuda_distill_cluster_huge_" + std::to_string(int(beta * 10)), cfg);
+    for (size_t j = 1; j < 16; j += 3) c.inputs[1].values[j] = -kInf;
+    c.fwd_tol = 1e-9;
+    c.grad_tol = 1e-6;
+    EXPECT_TRUE(check_cuda(c));
+  }
+}
+
+}  // namespace
+}  // namespace retort::test

@@ -1,0 +1,477 @@
+// Full-vocabulary distillation rows (see distill_rows.h; the math is row_kernels.h's): student logits against
+// teacher logits, forward KL, reverse KL or the generalized JSD, with an optional hard cross-entropy.
+//
+// The portable kernel: one CTA per row pair, one online pass over the student and teacher rows for the
+// normalizers, one pass for the divergence (which also writes the gradient for forward KL, whose gradient
+// needs no row-wide sum), and for reverse KL and JSD one more pass for the gradient; re-reads come from L2 or
+// HBM. On Hopper the cluster kernel below keeps the row pair in shared memory instead. Math in f32,
+// divergence sums in double like the CPU.
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "distill_common.cuh"
+
+namespace retort::cuda {
+
+namespace {
+
+using namespace distk;
+
+// ---- full-vocabulary distillation -------------------------------------------------------------------------
+
+struct DistillFlags {
+  bool hard_on, want_hard;
+};
+
+template <typename T, typename G>
+__global__ void __launch_bounds__(kThreads)
+    distill_kernel(RowBlock b, DistillRows o, ErrorSink err, DistillFlags f) {
+  __shared__ Stats2 ssh[32];
+  __shared__ double dsh[32];
+  const int64_t v = b.V;
+  const float temp = o.temperature, inv_t = 1.0f / temp, kt = inv_t * kLog2e, beta = o.beta;
+  const bool want_grad = b.grad != nullptr;
+  const DType wt = o.teacher_dtype;
+  const int64_t wsize = wt == DType::F32 ? 4 : 2;
+  for (int64_t r = blockIdx.x; r < b.rows; r += gridDim.x) {
+    const T* zr = static_cast<const T*>(b.logits) + r * b.stride;
+    const char* wr = static_cast<const char*>(o.teacher) + r * o.teacher_stride * wsize;
+    G* grow = want_grad ? static_cast<G*>(b.grad) + r * b.grad_stride : nullptr;
+    const RowLabel lab = row_label(o.labels, r, o.ignore_index, v, err);
+    const bool ignored = lab.ignored;
+    if (ignored && !b.lse) {
+      if (threadIdx.x == 0) write_row_outputs(b, o.hard, o.soft, r, 0.0f, 0.0f, 0.0f);
+      if (want_grad) zero_row(grow, v);
+      continue;
+    }
+    // Read before any gradient store: the gradient may alias the logits.
+    const float zy = f.want_hard && !ignored ? rowk::to_f<T>(zr[lab.y]) : 0.0f;
+    const bool both = f.want_hard && !ignored && temp != 1.0f;
+
+    // One online pass over both rows: the student at T (and at 1 for the hard loss), the teacher at T.
+    Stats2 sz = stats_empty(), sw = stats_empty();
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+      const float z = rowk::to_f<T>(zr[j]);
+      stats_add<1>(sz, &z, kt, both);
+      if (!ignored) {
+        const float w = load_f(wr + j * wsize, wt);
+        stats_add<1>(sw, &w, kt, false);
+      }
+    }
+    sz = block_stats(sz, kt, ssh);
+    const float log_sz = logf(sz.st), log_s1 = both ? logf(sz.s1) : log_sz;
+    if (threadIdx.x == 0 && b.lse) b.lse[r] = sz.m * inv_t + log_sz;
+    if (ignored) {
+      if (threadIdx.x == 0) write_row_outputs(b, o.hard, o.soft, r, 0.0f, 0.0f, 0.0f);
+      if (want_grad) zero_row(grow, v);
+      continue;
+    }
+    sw = block_stats(sw, kt, ssh);
+    const float log_sw = logf(sw.st);
+
+    const float hard = f.want_hard ? (sz.m - zy) + log_s1 : 0.0f;
+    const float scale = want_grad ? grad_scale(b) : 0.0f;
+    const float cs = want_grad && o.w_soft != 0.0f ? scale * o.w_soft * temp : 0.0f;
+    const float ch = want_grad && f.hard_on ? scale * o.w_hard : 0.0f;
+    const Dense hard_grad{sz.m, kt, 0.0f, log_s1 * kLog2e, 0.0f, ch};  // ch·q1_j
+    const long long y = f.hard_on ? lab.y : -1;
+    auto lq_at = [&](float z) { return (z - sz.m) * inv_t - log_sz; };
+    auto lp_at = [&](float w) { return (w - sw.m) * inv_t - log_sw; };
+    double dpart = 0.0, gpart = 0.0;
+    if (beta == 0.0f && want_grad) {
+      // Forward KL: dD/dz_j = (q_j − p_j)/T needs no row-wide sum, so loss and gradient share this pass.
+      for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+        const float z = rowk::to_f<T>(zr[j]), lq = lq_at(z), lp = lp_at(load_f(wr + j * wsize, wt));
+        div_term(0.0f, lp, lq, dpart);
+        float g = cs * (expf(lq) - expf(lp)) + hard_grad.at(z);
+        if (j == y) g -= ch;
+        grow[j] = rowk::from_f<G>(g);
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
+        gpart += div_term(beta, lp_at(load_f(wr + j * wsize, wt)), lq_at(rowk::to_f<T>(zr[j])), dpart);
+    }
+    const double dsum = block_reduce(dpart, SumOp{}, 0.0, dsh);
+    const double gsum = block_reduce(gpart, SumOp{}, 0.0, dsh);
+    if (beta != 0.0f && want_grad) {
+      const float gs = float(gsum);
+      for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+        const float z = rowk::to_f<T>(zr[j]), lq = lq_at(z);
+        double unused = 0.0;
+        const float gj = div_term(beta, lp_at(load_f(wr + j * wsize, wt)), lq, unused);
+        float g = cs * (gj - expf(lq) * gs) + hard_grad.at(z);
+        if (j == y) g -= ch;
+        grow[j] = rowk::from_f<G>(g);
+      }
+    }
+    const float soft = temp * temp * float(dsum);
+    if (threadIdx.x == 0)
+      write_row_outputs(b, o.hard, o.soft, r,
+                        (f.hard_on ? o.w_hard * hard : 0.0f) + (o.w_soft != 0.0f ? o.w_soft * soft : 0.0f),
+                        hard, soft);
+  }
+}
+
+
+// ---- full-vocabulary distillation on Hopper: rows held in a cluster's shared memory ----------------------
+//
+// The L2 kernel above reads each student and teacher row two or three times (statistics, divergence,
+// gradient), and at 8192 × 151936 the rows in flight do not fit in L2, so most re-reads go to HBM. Here a
+// cluster of CTAs owns a row pair: each CTA copies its segment of both rows into shared memory with the bulk
+// copy engine (the next row pair streams into a second buffer while this one is worked on), and the three
+// passes read shared memory. Statistics and the divergence sums cross the cluster through distributed shared
+// memory, merged in rank order (deterministic). HBM sees each row once and the gradient once: the floor.
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define RT_DISTILL_CLUSTERS 1
+#endif
+
+constexpr int kClusterThreads = 1024;
+constexpr int kMaxClusterCtas = 8;
+constexpr int kMaxBufs = 2;
+constexpr int64_t kClusterSmem = 200 * 1024;  // dynamic shared memory per CTA (of 227 KB)
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// What a CTA shares with its cluster after pass 1 and after pass 2.
+struct RowStats {
+  Stats2 z, w;  // student at T (and 1), teacher at T, over this CTA's segment
+  float zy;     // the student logit at the label, from the CTA whose segment holds it (0 elsewhere)
+};
+struct RowSums {
+  double d, g;  // divergence sum and Σ dD/dlog q over the segment
+};
+
+// Fast divergence term (rowk::fast_exp2 for the exponentials): the same cases as div_term. lb = log(beta),
+// l1b = log(1 − beta). Adds the term to d (float: the caller folds 8 terms into a double).
+__device__ __forceinline__ float div_term_fast(float beta, float lb, float l1b, float lp, float lq, float& d) {
+  const float p = rowk::fast_exp2(lp * kLog2e), q = rowk::fast_exp2(lq * kLog2e);
+  if (beta == 0.0f) {
+    if (p > 0.0f) d = fmaf(p, lp - lq, d);
+    return -p;
+  }
+  if (beta == 1.0f) {
+    if (q > 0.0f) {
+      d = fmaf(q, lq - lp, d);
+      return q * (lq - lp + 1.0f);
+    }
+    return 0.0f;
+  }
+  const float a = lb + lp, c = l1b + lq, hi = fmaxf(a, c), lo = fminf(a, c);
+  if (hi == -INFINITY) return 0.0f;
+  const float lm = hi + __log2f(1.0f + rowk::fast_exp2((lo - hi) * kLog2e)) * rowk::kLn2;
+  float g = 0.0f;
+  if (p > 0.0f) d = fmaf(beta * p, lp - lm, d);
+  if (q > 0.0f) {
+    g = (1.0f - beta) * q * (lq - lm);
+    d += g;
+  }
+  return g;
+}
+
+template <typename T, typename G>
+__global__ void __launch_bounds__(kClusterThreads)
+    distill_cluster_kernel(RowBlock b, DistillRows o, ErrorSink err, DistillFlags f, int64_t seg, int nbuf,
+                           bool gvec) {
+#ifdef RT_DISTILL_CLUSTERS
+  extern __shared__ uint4 dyn_smem[];
+  T* const base = reinterpret_cast<T*>(dyn_smem);  // buffer i: student at base + 2i·seg, teacher after it
+  __shared__ alignas(8) uint64_t bars[kMaxBufs];
+  __shared__ Stats2 ssh[32];
+  __shared__ double dsh[32];
+  __shared__ RowStats xstate[2];  // by row parity (see below)
+  __shared__ RowSums dstate[2];
+  __shared__ RowStats xmerged;
+  __shared__ RowSums dmerged;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  const int cs = int(cl.num_blocks()), rank = int(cl.block_rank());
+  const int64_t v = b.V, c0 = int64_t(rank) * seg, n = std::max<int64_t>(0, std::min<int64_t>(v, c0 + seg) - c0);
+  const uint32_t seg_bytes = uint32_t(n * int64_t(sizeof(T)));
+  const int64_t first = blockIdx.x / cs, step = gridDim.x / cs;
+  const float temp = o.temperature, inv_t = 1.0f / temp, kt = inv_t * kLog2e, beta = o.beta;
+  const float lb = beta > 0.0f ? logf(beta) : -INFINITY, l1b = beta < 1.0f ? log1pf(-beta) : -INFINITY;
+  const bool want_grad = b.grad != nullptr;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < nbuf; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[i])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto copy = [&](char* dst, const char* src, uint32_t bytes, uint64_t* bar) {
+    for (uint32_t off = 0; off < bytes; off += 32768) {
+      const uint32_t len = min(32768u, bytes - off);
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+              smem_addr(dst + off)),
+          "l"(src + off), "r"(len), "r"(smem_addr(bar))
+          : "memory");
+    }
+  };
+  // Thread 0 asks the copy engine for row r's student and teacher segments into buffer i.
+  auto issue = [&](int64_t r, int i) {
+    if (threadIdx.x != 0 || seg_bytes == 0) return;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // earlier generic reads of the buffer are done
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&bars[i])),
+                 "r"(2 * seg_bytes)
+                 : "memory");
+    T* dst = base + 2 * int64_t(i) * seg;
+    copy(reinterpret_cast<char*>(dst), reinterpret_cast<const char*>(static_cast<const T*>(b.logits) + r * b.stride + c0),
+         seg_bytes, &bars[i]);
+    copy(reinterpret_cast<char*>(dst + seg),
+         reinterpret_cast<const char*>(static_cast<const T*>(o.teacher) + r * o.teacher_stride + c0), seg_bytes,
+         &bars[i]);
+  };
+  uint32_t phases = 0;
+  for (int k = 0; k < nbuf - 1; ++k)
+    if (first + k * step < b.rows) issue(first + k * step, k);
+  int it = 0;
+  const int64_t nv = n / 8;  // segments are whole 8-element vectors (V % 8 == 0)
+  for (int64_t r = first; r < b.rows; r += step, ++it) {
+    const int cur = it % nbuf;
+    const int64_t ahead = r + int64_t(nbuf - 1) * step;
+    if (ahead < b.rows) issue(ahead, (it + nbuf - 1) % nbuf);  // the buffer the previous row used
+    if (seg_bytes) {
+      asm volatile(
+          "{\n .reg .pred done;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+          " @!done bra WAIT_%=;\n}" ::"r"(smem_addr(&bars[cur])),
+          "r"((phases >> cur) & 1u)
+          : "memory");
+      phases ^= 1u << cur;
+    }
+    const T* zs = base + 2 * int64_t(cur) * seg;
+    const T* ws = zs + seg;
+    G* grow = want_grad ? static_cast<G*>(b.grad) + r * b.grad_stride + c0 : nullptr;
+    // The label is the same for every CTA of the cluster, so every branch below is uniform across it.
+    const RowLabel lab = row_label(o.labels, r, o.ignore_index, v, err);
+    const bool ignored = lab.ignored;
+    if (ignored && !b.lse) {
+      if (rank == 0 && threadIdx.x == 0) write_row_outputs(b, o.hard, o.soft, r, 0.0f, 0.0f, 0.0f);
+      if (want_grad) zero_row(grow, n);
+      __syncthreads();  // the buffer is free for the copy issued at the next row
+      continue;
+    }
+    const bool both = f.want_hard && !ignored && temp != 1.0f;
+    // Pass 1: statistics of the segment.
+    Stats2 sz = stats_empty(), sw = stats_empty();
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+      float z[8];
+      rowk::load8<false>(zs + k * 8, z);
+      stats_add<8>(sz, z, kt, both);
+      if (!ignored) {
+        float w[8];
+        rowk::load8<false>(ws + k * 8, w);
+        stats_add<8>(sw, w, kt, false);
+      }
+    }
+    sz = block_stats(sz, kt, ssh);
+    sw = block_stats(sw, kt, ssh);
+    // Slots by row parity: a peer reads slot it&1 between this row's first cluster barrier and its second; the
+    // slot is written again two rows on, after this CTA passed the second barrier of the row in between (which
+    // no peer reaches before it is done reading).
+    const int slot = it & 1;
+    if (threadIdx.x == 0) {
+      const bool owns_y = f.want_hard && !ignored && lab.y >= c0 && lab.y < c0 + n;
+      xstate[slot] = RowStats{sz, sw, owns_y ? rowk::to_f<T>(zs[lab.y - c0]) : 0.0f};
+    }
+    cl.sync();
+    if (threadIdx.x < 32) {
+      RowStats x{stats_empty(), stats_empty(), 0.0f};
+      if (int(threadIdx.x) < cs) x = *cl.map_shared_rank(&xstate[slot], int(threadIdx.x));
+      for (int m = 1; m < 32; m <<= 1) {  // a butterfly: every lane ends with the merge of all ranks
+        const RowStats y{{__shfl_xor_sync(0xffffffffu, x.z.m, m), __shfl_xor_sync(0xffffffffu, x.z.s1, m),
+                          __shfl_xor_sync(0xffffffffu, x.z.st, m)},
+                         {__shfl_xor_sync(0xffffffffu, x.w.m, m), __shfl_xor_sync(0xffffffffu, x.w.s1, m),
+                          __shfl_xor_sync(0xffffffffu, x.w.st, m)},
+                         __shfl_xor_sync(0xffffffffu, x.zy, m)};
+        // Merge lower lane first so that every lane combines in the same order.
+        const bool lower = (threadIdx.x & m) == 0;
+        x = RowStats{lower ? stats_merge(x.z, y.z, kt) : stats_merge(y.z, x.z, kt),
+                     lower ? stats_merge(x.w, y.w, kt) : stats_merge(y.w, x.w, kt), lower ? x.zy + y.zy : y.zy + x.zy};
+      }
+      if (threadIdx.x == 0) xmerged = x;
+    }
+    __syncthreads();
+    sz = xmerged.z;
+    sw = xmerged.w;
+    const float zy = xmerged.zy;
+    const float log_sz = logf(sz.st), log_s1 = both ? logf(sz.s1) : log_sz;
+    if (rank == 0 && threadIdx.x == 0 && b.lse) b.lse[r] = sz.m * inv_t + log_sz;
+    if (ignored) {
+      if (rank == 0 && threadIdx.x == 0) write_row_outputs(b, o.hard, o.soft, r, 0.0f, 0.0f, 0.0f);
+      if (want_grad) zero_row(grow, n);
+      if (threadIdx.x == 0) dstate[slot] = RowSums{0.0, 0.0};
+      cl.sync();  // keeps the barrier count of every row the same (see the slots above)
+      __syncthreads();
+      continue;
+    }
+    const float log_sw = logf(sw.st);
+    const float hard = f.want_hard ? (sz.m - zy) + log_s1 : 0.0f;
+    const float scale = want_grad ? grad_scale(b) : 0.0f;
+    const float cs_soft = want_grad && o.w_soft != 0.0f ? scale * o.w_soft * temp : 0.0f;
+    const float ch = want_grad && f.hard_on ? scale * o.w_hard : 0.0f;
+    const Dense hard_grad{sz.m, kt, 0.0f, log_s1 * kLog2e, 0.0f, ch};
+    const long long y = f.hard_on ? lab.y - c0 : -1;  // the label column within this segment
+    const float lz0 = sz.m * inv_t + log_sz, lw0 = sw.m * inv_t + log_sw;  // log q = z/T − lz0
+    const bool fkl_grad = beta == 0.0f && want_grad;
+    // Pass 2: the divergence (and, for forward KL, whose gradient needs no row-wide sum, the gradient).
+    double dpart = 0.0, gpart = 0.0;
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+      float z[8], w[8], g[8];
+      rowk::load8<false>(zs + k * 8, z);
+      rowk::load8<false>(ws + k * 8, w);
+      float d8 = 0.0f, g8 = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float lq = fmaf(z[i], inv_t, -lz0), lp = fmaf(w[i], inv_t, -lw0);
+        const float gj = div_term_fast(beta, lb, l1b, lp, lq, d8);
+        g8 += gj;
+        if (fkl_grad) g[i] = cs_soft * (rowk::fast_exp2(lq * kLog2e) + gj) + hard_grad.at(z[i]);
+      }
+      dpart += double(d8);
+      gpart += double(g8);
+      if (fkl_grad) {
+        if (y >= k * 8 && y < k * 8 + 8) g[y - k * 8] -= ch;
+        if (gvec) {
+          rowk::store8(grow + k * 8, g);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) grow[k * 8 + i] = rowk::from_f<G>(g[i]);
+        }
+      }
+    }
+    const double dsum_local = block_reduce(dpart, SumOp{}, 0.0, dsh);
+    const double gsum_local = block_reduce(gpart, SumOp{}, 0.0, dsh);
+    if (threadIdx.x == 0) dstate[slot] = RowSums{dsum_local, gsum_local};
+    cl.sync();
+    if (threadIdx.x == 0) {
+      RowSums s{0.0, 0.0};
+      for (int i = 0; i < cs; ++i) {  // rank order: deterministic
+        const RowSums p = *cl.map_shared_rank(&dstate[slot], i);
+        s.d += p.d;
+        s.g += p.g;
+      }
+      dmerged = s;
+    }
+    __syncthreads();
+    const double dsum = dmerged.d;
+    if (beta != 0.0f && want_grad) {  // Pass 3: dD/dz_j = (g_j − q_j Σ g)/T, times T² in cs_soft
+      const float gs = float(dmerged.g);
+      for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+        float z[8], w[8], g[8];
+        rowk::load8<false>(zs + k * 8, z);
+        rowk::load8<false>(ws + k * 8, w);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float lq = fmaf(z[i], inv_t, -lz0), lp = fmaf(w[i], inv_t, -lw0);
+          float unused = 0.0f;
+          const float gj = div_term_fast(beta, lb, l1b, lp, lq, unused);
+          g[i] = cs_soft * (gj - rowk::fast_exp2(lq * kLog2e) * gs) + hard_grad.at(z[i]);
+        }
+        if (y >= k * 8 && y < k * 8 + 8) g[y - k * 8] -= ch;
+        if (gvec) {
+          rowk::store8(grow + k * 8, g);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) grow[k * 8 + i] = rowk::from_f<G>(g[i]);
+        }
+      }
+    }
+    const float soft = temp * temp * float(dsum);
+    if (rank == 0 && threadIdx.x == 0)
+      write_row_outputs(b, o.hard, o.soft, r,
+                        (f.hard_on ? o.w_hard * hard : 0.0f) + (o.w_soft != 0.0f ? o.w_soft * soft : 0.0f),
+                        hard, soft);
+    __syncthreads();  // the buffer and the merged values are rewritten by the next row
+  }
+  cl.sync();  // no CTA leaves while a peer may still read its shared memory
+#endif
+}
+
+// The cluster plan for a row pair of V elements of T: CTAs per row and segment length, or cs = 0 when the
+// rows are not eligible (not Hopper, dtypes differ, rows not 16-byte aligned vectors, or too long).
+struct ClusterPlan {
+  int cs = 0, nbuf = 0;
+  int64_t seg = 0;
+};
+
+ClusterPlan cluster_plan(const RowBlock& b, const DistillRows& o, size_t elsize) {
+  ClusterPlan p;
+  static const bool off = [] {
+    const char* e = std::getenv("RETORT_NO_CLUSTER");
+    return e && e[0] == '1';
+  }();
+  int dev = 0, major = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+  if (off || major < 9 || b.dtype != o.teacher_dtype || !vec_ok(b.logits, b.V, b.stride, elsize) ||
+      !vec_ok(o.teacher, b.V, o.teacher_stride, elsize))
+    return p;
+  // The fewest CTAs whose segments (student + teacher, two buffers) fit; one buffer when two never do.
+  for (int nbuf = kMaxBufs; nbuf >= 1 && p.cs == 0; --nbuf)
+    for (int cs = 1; cs <= kMaxClusterCtas; ++cs) {
+      const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
+      if (int64_t(nbuf) * 2 * seg * int64_t(elsize) <= kClusterSmem) {
+        p = ClusterPlan{cs, nbuf, seg};
+        break;
+      }
+    }
+  return p;
+}
+
+}  // namespace
+
+void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err, void* stream) {
+  const char* op = "distill_rows";
+  check_common(b, o.labels, o.beta, o.temperature, o.w_hard, o.w_soft, op);
+  RT_CHECK(o.teacher && is_float(o.teacher_dtype) && (b.rows <= 1 || o.teacher_stride >= b.V), op,
+           ": need f32 / bf16 / f16 teacher rows of stride >= V = ", b.V, ", got stride ", o.teacher_stride);
+  if (b.rows == 0) return;
+  DistillFlags f{};
+  f.hard_on = o.labels.data && o.w_hard != 0.0f;
+  f.want_hard = o.labels.data && (f.hard_on || o.hard);
+  auto s = static_cast<cudaStream_t>(stream);
+  dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, op, [&]<typename T, typename G>() {
+    const ClusterPlan cp = cluster_plan(b, o, sizeof(T));
+    if (cp.cs == 0) {
+      distill_kernel<T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, o, err, f);
+      return;
+    }
+    auto kernel = distill_cluster_kernel<T, G>;
+    const size_t smem = size_t(cp.nbuf) * 2 * size_t(cp.seg) * sizeof(T);
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+          "cudaFuncSetAttribute(distill_cluster_kernel, max dynamic shared memory)");
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(cp.cs);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(kClusterThreads);
+    cfg.gridDim = dim3(unsigned(cp.cs));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    check(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
+    clusters = int(std::max<int64_t>(1, std::min<int64_t>(b.rows, clusters > 0 ? clusters : 1)));
+    cfg.gridDim = dim3(unsigned(clusters * cp.cs));
+    if (std::getenv("RETORT_ROWLOSS_DEBUG"))
+      std::fprintf(stderr, "distill_rows: cluster path, %d CTAs per row, segment %lld, %d buffers, %d clusters\n",
+                   cp.cs, static_cast<long long>(cp.seg), cp.nbuf, clusters);
+    const bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
+    int64_t seg = cp.seg;
+    int nbuf = cp.nbuf;
+    check(cudaLaunchKernelEx(&cfg, kernel, b, o, err, f, seg, nbuf, gvec), "distill_cluster_kernel launch");
+  });
+  check(cudaGetLastError(), "distill_kernel launch");
+}
+
+}  // namespace retort::cuda
