@@ -4,6 +4,7 @@
 // case). Without a usable device every test skips with the reason.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 
 #include "cuda/loss/distill_rows.h"  // kMaxTopKSlots (a host-only header)
@@ -522,8 +523,8 @@ namespace retort::test {
 namespace {
 
 // Rows that are whole 16-byte vectors in one dtype take the Hopper cluster kernel (rows held in the shared
-// memory of up to eight CTAs); V = 60000 in bf16 needs three CTAs per row. Ignored rows, lse and the parts are
-// checked there too; on GPUs before Hopper these cases run the portable kernel.
+// memory of up to eight CTAs); V = 60000 in bf16 needs three CTAs per row. Ignored rows, lse and the parts
+// are checked there too; on GPUs before Hopper these cases run the portable kernel.
 TEST_F(CudaDistill, DistillClusterPath) {
   for (double beta : {0.0, 0.5, 1.0})
     for (Out what : {Out::Loss, Out::Lse, Out::Soft}) {
@@ -550,7 +551,10 @@ TEST_F(CudaDistill, DistillClusterPath) {
     cfg.lo = -1e4;
     cfg.hi = 1e4;
     LossCase c = distill_case("cuda_distill_cluster_huge_" + std::to_string(int(beta * 10)), cfg);
-    for (size_t j = 1; j < 16; j += 3) c.inputs[1].values[j] = -kInf;
+    Vec teacher(32);
+    for (size_t j = 0; j < teacher.size(); ++j)  // spread over ±1e4, every third entry ruled out
+      teacher[j] = j % 3 == 1 ? -kInf : 1e4 * std::sin(double(j) * 1.7);
+    c.inputs[1].values = teacher;
     c.fwd_tol = 1e-9;
     c.grad_tol = 1e-6;
     EXPECT_TRUE(check_cuda(c));

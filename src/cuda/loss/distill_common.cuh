@@ -282,7 +282,7 @@ void dispatch(DType t, DType g, const char* op, F&& f) {
 }
 
 inline void check_common(const RowBlock& b, const SideMatrix& labels, float beta, float temp, float w_hard,
-                  float w_soft, const char* op) {
+                         float w_soft, const char* op) {
   RT_CHECK(b.rows >= 0 && b.V >= 1 && b.V < (int64_t(1) << 31) && (b.rows <= 1 || b.stride >= b.V), op,
            ": bad row block (rows ", b.rows, ", V ", b.V, ", stride ", b.stride, ")");
   RT_CHECK(!b.grad || b.rows <= 1 || b.grad_stride >= b.V, op, ": gradient row stride ", b.grad_stride,

@@ -13,6 +13,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
 
 #include "distill_common.cuh"
 
@@ -117,7 +121,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-
 // ---- full-vocabulary distillation on Hopper: rows held in a cluster's shared memory ----------------------
 //
 // The L2 kernel above reads each student and teacher row two or three times (statistics, divergence,
@@ -149,34 +152,38 @@ struct RowSums {
   double d, g;  // divergence sum and Σ dD/dlog q over the segment
 };
 
-// Fast divergence term (rowk::fast_exp2 for the exponentials): the same cases as div_term. lb = log(beta),
-// l1b = log(1 − beta). Adds the term to d (float: the caller folds 8 terms into a double).
-__device__ __forceinline__ float div_term_fast(float beta, float lb, float l1b, float lp, float lq, float& d) {
-  const float p = rowk::fast_exp2(lp * kLog2e), q = rowk::fast_exp2(lq * kLog2e);
-  if (beta == 0.0f) {
-    if (p > 0.0f) d = fmaf(p, lp - lq, d);
-    return -p;
-  }
-  if (beta == 1.0f) {
-    if (q > 0.0f) {
-      d = fmaf(q, lq - lp, d);
-      return q * (lq - lp + 1.0f);
-    }
-    return 0.0f;
-  }
-  const float a = lb + lp, c = l1b + lq, hi = fmaxf(a, c), lo = fminf(a, c);
-  if (hi == -INFINITY) return 0.0f;
-  const float lm = hi + __log2f(1.0f + rowk::fast_exp2((lo - hi) * kLog2e)) * rowk::kLn2;
-  float g = 0.0f;
-  if (p > 0.0f) d = fmaf(beta * p, lp - lm, d);
-  if (q > 0.0f) {
-    g = (1.0f - beta) * q * (lq - lm);
-    d += g;
-  }
-  return g;
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
-template <typename T, typename G>
+// One vocabulary entry's divergence term, in base-2 logs to save instructions (the row's sum is scaled by
+// ln 2 once): kMode 0 forward KL(P‖Q), 1 reverse KL(Q‖P), 2 the generalized JSD with M = βP + (1 − β)Q — the
+// cases of div_term. lp2, lq2 are log2 p and log2 q, clamped finite by the caller so that a zero probability
+// times its log is 0, not NaN. Adds the term to d and returns dD/d(log q) in natural units; q gets q.
+template <int kMode>
+__device__ __forceinline__ float div_term2(float beta, float lp2, float lq2, float& d, float& q) {
+  q = rowk::fast_exp2(lq2);
+  if constexpr (kMode == 0) {
+    const float p = rowk::fast_exp2(lp2);
+    d = fmaf(p, lp2 - lq2, d);
+    return -p;
+  } else if constexpr (kMode == 1) {
+    const float t = lq2 - lp2;
+    d = fmaf(q, t, d);
+    return q * fmaf(t, rowk::kLn2, 1.0f);
+  } else {
+    const float p = rowk::fast_exp2(lp2), omb = 1.0f - beta;
+    // M below the smallest normal float only where P and Q are (nearly) zero: their terms vanish anyway.
+    const float lm2 = fast_log2(fmaxf(fmaf(beta, p, omb * q), 1.2e-38f));
+    const float tq = q * (lq2 - lm2);
+    d = fmaf(beta * p, lp2 - lm2, fmaf(omb, tq, d));
+    return omb * tq * rowk::kLn2;
+  }
+}
+
+template <typename T, typename G, int kMode>
 __global__ void __launch_bounds__(kClusterThreads)
     distill_cluster_kernel(RowBlock b, DistillRows o, ErrorSink err, DistillFlags f, int64_t seg, int nbuf,
                            bool gvec) {
@@ -193,14 +200,15 @@ __global__ void __launch_bounds__(kClusterThreads)
   namespace cg = cooperative_groups;
   cg::cluster_group cl = cg::this_cluster();
   const int cs = int(cl.num_blocks()), rank = int(cl.block_rank());
-  const int64_t v = b.V, c0 = int64_t(rank) * seg, n = std::max<int64_t>(0, std::min<int64_t>(v, c0 + seg) - c0);
+  const int64_t v = b.V, c0 = int64_t(rank) * seg,
+                n = std::max<int64_t>(0, std::min<int64_t>(v, c0 + seg) - c0);
   const uint32_t seg_bytes = uint32_t(n * int64_t(sizeof(T)));
   const int64_t first = blockIdx.x / cs, step = gridDim.x / cs;
   const float temp = o.temperature, inv_t = 1.0f / temp, kt = inv_t * kLog2e, beta = o.beta;
-  const float lb = beta > 0.0f ? logf(beta) : -INFINITY, l1b = beta < 1.0f ? log1pf(-beta) : -INFINITY;
   const bool want_grad = b.grad != nullptr;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < nbuf; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[i])));
+    for (int i = 0; i < nbuf; ++i)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[i])));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -217,16 +225,18 @@ __global__ void __launch_bounds__(kClusterThreads)
   // Thread 0 asks the copy engine for row r's student and teacher segments into buffer i.
   auto issue = [&](int64_t r, int i) {
     if (threadIdx.x != 0 || seg_bytes == 0) return;
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // earlier generic reads of the buffer are done
+    asm volatile("fence.proxy.async.shared::cta;" ::
+                     : "memory");  // earlier generic reads of the buffer are done
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&bars[i])),
                  "r"(2 * seg_bytes)
                  : "memory");
     T* dst = base + 2 * int64_t(i) * seg;
-    copy(reinterpret_cast<char*>(dst), reinterpret_cast<const char*>(static_cast<const T*>(b.logits) + r * b.stride + c0),
-         seg_bytes, &bars[i]);
-    copy(reinterpret_cast<char*>(dst + seg),
-         reinterpret_cast<const char*>(static_cast<const T*>(o.teacher) + r * o.teacher_stride + c0), seg_bytes,
+    copy(reinterpret_cast<char*>(dst),
+         reinterpret_cast<const char*>(static_cast<const T*>(b.logits) + r * b.stride + c0), seg_bytes,
          &bars[i]);
+    copy(reinterpret_cast<char*>(dst + seg),
+         reinterpret_cast<const char*>(static_cast<const T*>(o.teacher) + r * o.teacher_stride + c0),
+         seg_bytes, &bars[i]);
   };
   uint32_t phases = 0;
   for (int k = 0; k < nbuf - 1; ++k)
@@ -272,9 +282,9 @@ __global__ void __launch_bounds__(kClusterThreads)
     }
     sz = block_stats(sz, kt, ssh);
     sw = block_stats(sw, kt, ssh);
-    // Slots by row parity: a peer reads slot it&1 between this row's first cluster barrier and its second; the
-    // slot is written again two rows on, after this CTA passed the second barrier of the row in between (which
-    // no peer reaches before it is done reading).
+    // Slots by row parity: a peer reads slot it&1 between this row's first cluster barrier and its second;
+    // the slot is written again two rows on, after this CTA passed the second barrier of the row in between
+    // (which no peer reaches before it is done reading).
     const int slot = it & 1;
     if (threadIdx.x == 0) {
       const bool owns_y = f.want_hard && !ignored && lab.y >= c0 && lab.y < c0 + n;
@@ -293,7 +303,8 @@ __global__ void __launch_bounds__(kClusterThreads)
         // Merge lower lane first so that every lane combines in the same order.
         const bool lower = (threadIdx.x & m) == 0;
         x = RowStats{lower ? stats_merge(x.z, y.z, kt) : stats_merge(y.z, x.z, kt),
-                     lower ? stats_merge(x.w, y.w, kt) : stats_merge(y.w, x.w, kt), lower ? x.zy + y.zy : y.zy + x.zy};
+                     lower ? stats_merge(x.w, y.w, kt) : stats_merge(y.w, x.w, kt),
+                     lower ? x.zy + y.zy : y.zy + x.zy};
       }
       if (threadIdx.x == 0) xmerged = x;
     }
@@ -318,36 +329,40 @@ __global__ void __launch_bounds__(kClusterThreads)
     const float ch = want_grad && f.hard_on ? scale * o.w_hard : 0.0f;
     const Dense hard_grad{sz.m, kt, 0.0f, log_s1 * kLog2e, 0.0f, ch};
     const long long y = f.hard_on ? lab.y - c0 : -1;  // the label column within this segment
-    const float lz0 = sz.m * inv_t + log_sz, lw0 = sw.m * inv_t + log_sw;  // log q = z/T − lz0
-    const bool fkl_grad = beta == 0.0f && want_grad;
+    // log2 q_j = (z_j − m)·kt − log2 Σ: the difference first, so logits of 1e4 keep their precision.
+    const float lsz2 = log_sz * kLog2e, lsw2 = log_sw * kLog2e, mz = sz.m, mw = sw.m;
+    auto logs2 = [&](float z, float w, float& lq2, float& lp2) {
+      lq2 = fmaxf(fmaf(z - mz, kt, -lsz2), -1e30f);
+      lp2 = fmaxf(fmaf(w - mw, kt, -lsw2), -1e30f);
+    };
+    auto store = [&](int64_t k, float(&g)[8]) {
+      if (y >= k * 8 && y < k * 8 + 8) g[y - k * 8] -= ch;
+      if (gvec) {
+        rowk::store8(grow + k * 8, g);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) grow[k * 8 + i] = rowk::from_f<G>(g[i]);
+      }
+    };
     // Pass 2: the divergence (and, for forward KL, whose gradient needs no row-wide sum, the gradient).
-    double dpart = 0.0, gpart = 0.0;
+    float dpart = 0.0f, gpart = 0.0f;
     for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
       float z[8], w[8], g[8];
       rowk::load8<false>(zs + k * 8, z);
       rowk::load8<false>(ws + k * 8, w);
-      float d8 = 0.0f, g8 = 0.0f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const float lq = fmaf(z[i], inv_t, -lz0), lp = fmaf(w[i], inv_t, -lw0);
-        const float gj = div_term_fast(beta, lb, l1b, lp, lq, d8);
-        g8 += gj;
-        if (fkl_grad) g[i] = cs_soft * (rowk::fast_exp2(lq * kLog2e) + gj) + hard_grad.at(z[i]);
+        float lq2, lp2, q;
+        logs2(z[i], w[i], lq2, lp2);
+        const float gj = div_term2<kMode>(beta, lp2, lq2, dpart, q);
+        if constexpr (kMode != 0) gpart += gj;
+        if constexpr (kMode == 0) g[i] = fmaf(cs_soft, q + gj, hard_grad.at(z[i]));
       }
-      dpart += double(d8);
-      gpart += double(g8);
-      if (fkl_grad) {
-        if (y >= k * 8 && y < k * 8 + 8) g[y - k * 8] -= ch;
-        if (gvec) {
-          rowk::store8(grow + k * 8, g);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 8; ++i) grow[k * 8 + i] = rowk::from_f<G>(g[i]);
-        }
-      }
+      if constexpr (kMode == 0)
+        if (want_grad) store(k, g);
     }
-    const double dsum_local = block_reduce(dpart, SumOp{}, 0.0, dsh);
-    const double gsum_local = block_reduce(gpart, SumOp{}, 0.0, dsh);
+    const double dsum_local = block_reduce(double(dpart), SumOp{}, 0.0, dsh);
+    const double gsum_local = kMode != 0 ? block_reduce(double(gpart), SumOp{}, 0.0, dsh) : 0.0;
     if (threadIdx.x == 0) dstate[slot] = RowSums{dsum_local, gsum_local};
     cl.sync();
     if (threadIdx.x == 0) {
@@ -360,8 +375,8 @@ __global__ void __launch_bounds__(kClusterThreads)
       dmerged = s;
     }
     __syncthreads();
-    const double dsum = dmerged.d;
-    if (beta != 0.0f && want_grad) {  // Pass 3: dD/dz_j = (g_j − q_j Σ g)/T, times T² in cs_soft
+    const double dsum = dmerged.d * double(rowk::kLn2);
+    if (kMode != 0 && want_grad) {  // Pass 3: dD/dz_j = (g_j − q_j Σ g)/T, times T² in cs_soft
       const float gs = float(dmerged.g);
       for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
         float z[8], w[8], g[8];
@@ -369,18 +384,12 @@ __global__ void __launch_bounds__(kClusterThreads)
         rowk::load8<false>(ws + k * 8, w);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          const float lq = fmaf(z[i], inv_t, -lz0), lp = fmaf(w[i], inv_t, -lw0);
-          float unused = 0.0f;
-          const float gj = div_term_fast(beta, lb, l1b, lp, lq, unused);
-          g[i] = cs_soft * (gj - rowk::fast_exp2(lq * kLog2e) * gs) + hard_grad.at(z[i]);
+          float lq2, lp2, q, unused = 0.0f;
+          logs2(z[i], w[i], lq2, lp2);
+          const float gj = div_term2<kMode>(beta, lp2, lq2, unused, q);
+          g[i] = fmaf(cs_soft, fmaf(-q, gs, gj), hard_grad.at(z[i]));
         }
-        if (y >= k * 8 && y < k * 8 + 8) g[y - k * 8] -= ch;
-        if (gvec) {
-          rowk::store8(grow + k * 8, g);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 8; ++i) grow[k * 8 + i] = rowk::from_f<G>(g[i]);
-        }
+        store(k, g);
       }
     }
     const float soft = temp * temp * float(dsum);
@@ -413,9 +422,14 @@ ClusterPlan cluster_plan(const RowBlock& b, const DistillRows& o, size_t elsize)
   if (off || major < 9 || b.dtype != o.teacher_dtype || !vec_ok(b.logits, b.V, b.stride, elsize) ||
       !vec_ok(o.teacher, b.V, o.teacher_stride, elsize))
     return p;
+  // RETORT_DISTILL_CTAS=n asks for n CTAs per row (for tuning: cluster sizes pack the GPCs differently).
+  static const int want = [] {
+    const char* e = std::getenv("RETORT_DISTILL_CTAS");
+    return e ? std::atoi(e) : 0;
+  }();
   // The fewest CTAs whose segments (student + teacher, two buffers) fit; one buffer when two never do.
   for (int nbuf = kMaxBufs; nbuf >= 1 && p.cs == 0; --nbuf)
-    for (int cs = 1; cs <= kMaxClusterCtas; ++cs) {
+    for (int cs = want > 0 ? std::min(want, kMaxClusterCtas) : 1; cs <= kMaxClusterCtas; ++cs) {
       const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
       if (int64_t(nbuf) * 2 * seg * int64_t(elsize) <= kClusterSmem) {
         p = ClusterPlan{cs, nbuf, seg};
@@ -438,38 +452,63 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
   f.want_hard = o.labels.data && (f.hard_on || o.hard);
   auto s = static_cast<cudaStream_t>(stream);
   dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, op, [&]<typename T, typename G>() {
-    const ClusterPlan cp = cluster_plan(b, o, sizeof(T));
+    // The cluster kernel is built for gradients in the logits' dtype or f32 (the fused path's); others take
+    // the portable kernel.
+    constexpr bool kClusterG = std::is_same_v<G, float> || std::is_same_v<G, T>;
+    const ClusterPlan cp = kClusterG ? cluster_plan(b, o, sizeof(T)) : ClusterPlan{};
     if (cp.cs == 0) {
       distill_kernel<T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, o, err, f);
       return;
     }
-    auto kernel = distill_cluster_kernel<T, G>;
-    const size_t smem = size_t(cp.nbuf) * 2 * size_t(cp.seg) * sizeof(T);
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-          "cudaFuncSetAttribute(distill_cluster_kernel, max dynamic shared memory)");
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(cp.cs);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.blockDim = dim3(kClusterThreads);
-    cfg.gridDim = dim3(unsigned(cp.cs));
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    check(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
-    clusters = int(std::max<int64_t>(1, std::min<int64_t>(b.rows, clusters > 0 ? clusters : 1)));
-    cfg.gridDim = dim3(unsigned(clusters * cp.cs));
-    if (std::getenv("RETORT_ROWLOSS_DEBUG"))
-      std::fprintf(stderr, "distill_rows: cluster path, %d CTAs per row, segment %lld, %d buffers, %d clusters\n",
-                   cp.cs, static_cast<long long>(cp.seg), cp.nbuf, clusters);
-    const bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
-    int64_t seg = cp.seg;
-    int nbuf = cp.nbuf;
-    check(cudaLaunchKernelEx(&cfg, kernel, b, o, err, f, seg, nbuf, gvec), "distill_cluster_kernel launch");
+    if constexpr (!kClusterG)
+      return;
+    else {
+      auto kernel = o.beta == 0.0f   ? distill_cluster_kernel<T, G, 0>
+                    : o.beta == 1.0f ? distill_cluster_kernel<T, G, 1>
+                                     : distill_cluster_kernel<T, G, 2>;
+      const size_t smem = size_t(cp.nbuf) * 2 * size_t(cp.seg) * sizeof(T);
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = unsigned(cp.cs);
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cudaLaunchConfig_t cfg = {};
+      cfg.blockDim = dim3(kClusterThreads);
+      cfg.gridDim = dim3(unsigned(cp.cs));
+      cfg.dynamicSmemBytes = smem;
+      cfg.stream = s;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      // The attribute and the occupancy query cost host time on every launch (and the GPU waits for it when
+      // nothing is queued ahead), so they run once per kernel, shared memory size and cluster size.
+      int clusters = 0;
+      {
+        static std::mutex mu;
+        static std::map<std::tuple<const void*, size_t, int, int>, int> known;
+        int dev = 0;
+        check(cudaGetDevice(&dev), "cudaGetDevice");
+        const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), smem, cp.cs, dev);
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = known.find(key);
+        if (it == known.end()) {
+          check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                "cudaFuncSetAttribute(distill_cluster_kernel, max dynamic shared memory)");
+          check(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
+          it = known.emplace(key, clusters).first;
+        }
+        clusters = it->second;
+      }
+      clusters = int(std::max<int64_t>(1, std::min<int64_t>(b.rows, clusters > 0 ? clusters : 1)));
+      cfg.gridDim = dim3(unsigned(clusters * cp.cs));
+      if (std::getenv("RETORT_ROWLOSS_DEBUG"))
+        std::fprintf(stderr,
+                     "distill_rows: cluster path, %d CTAs per row, segment %lld, %d buffers, %d clusters\n",
+                     cp.cs, static_cast<long long>(cp.seg), cp.nbuf, clusters);
+      const bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
+      int64_t seg = cp.seg;
+      int nbuf = cp.nbuf;
+      check(cudaLaunchKernelEx(&cfg, kernel, b, o, err, f, seg, nbuf, gvec), "distill_cluster_kernel launch");
+    }
   });
   check(cudaGetLastError(), "distill_kernel launch");
 }

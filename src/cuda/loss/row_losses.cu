@@ -10,6 +10,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <string>
 
 #include "../../core/error.h"
@@ -23,7 +26,8 @@ namespace {
 using namespace rowk;
 
 constexpr int kThreads = 512;
-// Threads per cluster CTA: 1024 (one CTA per SM) or 512 (two per SM, so one streams while the other computes).
+// Threads per cluster CTA: 1024 (one CTA per SM) or 512 (two per SM, so one streams while the other
+// computes).
 int cluster_threads() {
   static int v = [] {
     const char* e = std::getenv("RETORT_CLUSTER_THREADS");
@@ -76,12 +80,13 @@ __device__ __forceinline__ float grad_scale(const RowBlock& b) {
   return b.scale_dev ? b.scale * *b.scale_dev : b.scale;
 }
 
-// ---- row drivers --------------------------------------------------------------------------------------------
+// ---- row drivers
+// --------------------------------------------------------------------------------------------
 //
 // A policy P describes one loss: begin_row(b, r) loads the row's side data; acc() makes the per-thread pass-1
 // accumulator (an object with apply<N>(j0, x)); fold(acc, on, aux) extracts its statistics (an online-softmax
-// state plus one additive extra); finish(b, r, row, on, aux) writes the row's loss and lse (thread 0 only); and
-// grad<G>(out_row, on, aux, scale) makes the pass-2 functor that writes the gradient.
+// state plus one additive extra); finish(b, r, row, on, aux) writes the row's loss and lse (thread 0 only);
+// and grad<G>(out_row, on, aux, scale) makes the pass-2 functor that writes the gradient.
 
 // Two passes per row from global memory; the second read is meant to hit L2. Works on every architecture and
 // for rows of any length.
@@ -114,8 +119,8 @@ __global__ void __launch_bounds__(kThreads) rows_l2_kernel(RowBlock b, P p, bool
 #endif
 
 // Hopper: a cluster of CTAs owns a row, each CTA a segment of `seg` columns held in its shared memory, so the
-// gradient pass reads shared memory instead of HBM or L2: the row crosses HBM once and the gradient once, which
-// is the floor. Each CTA has two segment buffers: the bulk-copy engine (cp.async.bulk, completing on an
+// gradient pass reads shared memory instead of HBM or L2: the row crosses HBM once and the gradient once,
+// which is the floor. Each CTA has two segment buffers: the bulk-copy engine (cp.async.bulk, completing on an
 // mbarrier) streams the next row's segment into one while the threads work on the other, so HBM reads never
 // wait for the softmax statistics, the cluster barrier or the gradient stores. Segment statistics are merged
 // across the cluster through distributed shared memory.
@@ -126,8 +131,8 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 constexpr int kMaxBuffers = 3;
 
 template <class P, typename T, typename G, int kCT>
-__global__ void __launch_bounds__(kCT) rows_cluster_kernel(RowBlock b, P p, int64_t seg, int nbuf,
-                                                                      bool gvec) {
+__global__ void __launch_bounds__(kCT)
+    rows_cluster_kernel(RowBlock b, P p, int64_t seg, int nbuf, bool gvec) {
 #ifdef RT_HAS_CLUSTERS
   extern __shared__ uint4 dyn_smem[];
   T* const base = reinterpret_cast<T*>(dyn_smem);
@@ -150,14 +155,16 @@ __global__ void __launch_bounds__(kCT) rows_cluster_kernel(RowBlock b, P p, int6
   const uint32_t seg_bytes = uint32_t(n * int64_t(sizeof(T)));
   const int64_t first = blockIdx.x / cs, step = gridDim.x / cs;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < nbuf; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[i])));
+    for (int i = 0; i < nbuf; ++i)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[i])));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   // One thread asks the copy engine for row r's segment into buffer i (in pieces of at most 32 KB).
   auto issue = [&](int64_t r, int i) {
     if (threadIdx.x != 0 || seg_bytes == 0) return;
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // earlier generic reads of the buffer are done
+    asm volatile("fence.proxy.async.shared::cta;" ::
+                     : "memory");  // earlier generic reads of the buffer are done
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&bars[i])),
                  "r"(seg_bytes)
                  : "memory");
@@ -244,7 +251,9 @@ struct CePolicy {
   bool valid;
   float inv_v;
 
-  __device__ __forceinline__ float xf(float z) const { return o.softcap > 0.0f ? o.softcap * tanhf(z * inv_cap) : z; }
+  __device__ __forceinline__ float xf(float z) const {
+    return o.softcap > 0.0f ? o.softcap * tanhf(z * inv_cap) : z;
+  }
 
   __device__ __forceinline__ void begin_row(const RowBlock& b, int64_t r) {
     inv_v = 1.0f / float(b.V);
@@ -286,7 +295,8 @@ struct CePolicy {
   }
 
   template <typename T>
-  __device__ __forceinline__ void finish(const RowBlock& b, int64_t r, const T* row, const Online& on, float sumx) const {
+  __device__ __forceinline__ void finish(const RowBlock& b, int64_t r, const T* row, const Online& on,
+                                         float sumx) const {
     const float lse = on.lse(), eps = o.label_smoothing;
     float loss = 0.0f;
     if (valid) {
@@ -344,8 +354,15 @@ struct CePolicy {
     // An ignored row gets a zero gradient: scale 0 (the softmax of a finite row is finite).
     const float sc = valid ? scale : 0.0f;
     // g = scale·(p·(1 + 2·z_loss·lse) − eps/V − (1 − eps)·[j = label]), times the softcap derivative.
-    return Grad<G>{out, lse * kLog2e, sc, o.softcap, inv_cap, sc * (1.0f + 2.0f * o.z_loss * lse),
-                   sc * o.label_smoothing * inv_v, sc * (1.0f - o.label_smoothing), label};
+    return Grad<G>{out,
+                   lse * kLog2e,
+                   sc,
+                   o.softcap,
+                   inv_cap,
+                   sc * (1.0f + 2.0f * o.z_loss * lse),
+                   sc * o.label_smoothing * inv_v,
+                   sc * (1.0f - o.label_smoothing),
+                   label};
   }
 };
 
@@ -365,15 +382,20 @@ struct EntropyPolicy {
       on.add<N, true>(x);
     }
   };
-  __device__ __forceinline__ Acc acc() const { return Acc{Online{}, inv_t}; }
+  __device__ __forceinline__ Acc acc() const {
+    return Acc{Online{}, inv_t};
+  }
   __device__ __forceinline__ static void fold(const Acc& a, Online& on, float& aux) {
     on = a.on;
     aux = 0.0f;
   }
   // H = lse - E_p[x] with x = z / T; Online keeps t relative to its max, so H = log s - t / s.
-  __device__ __forceinline__ static float entropy(const Online& on) { return logf(on.s) - on.t / on.s; }
+  __device__ __forceinline__ static float entropy(const Online& on) {
+    return logf(on.s) - on.t / on.s;
+  }
   template <typename T>
-  __device__ __forceinline__ void finish(const RowBlock& b, int64_t r, const T*, const Online& on, float) const {
+  __device__ __forceinline__ void finish(const RowBlock& b, int64_t r, const T*, const Online& on,
+                                         float) const {
     if (b.loss) b.loss[r] = entropy(on);
     if (b.lse) b.lse[r] = on.lse();
   }
@@ -423,14 +445,14 @@ struct SelGrad {
   }
 };
 
-// Forward: lse by an online pass, then out[k] = z[id_k] - lse. Backward (upstream given, lse from the forward):
-// one dense pass writes -p_j·Σg, then, after a barrier, the K id columns are overwritten with
-// Σ_{k: id_k = j} g_k - p_j·Σg. Each distinct id is written by one thread (its first occurrence), so
-// duplicate ids need no atomics and the result is deterministic. p at an id comes from the forward's
-// log-probabilities, so the logits may already be overwritten (in-place gradient).
+// Forward: lse by an online pass, then out[k] = z[id_k] - lse. Backward (upstream given, lse from the
+// forward): one dense pass writes -p_j·Σg, then, after a barrier, the K id columns are overwritten with Σ_{k:
+// id_k = j} g_k - p_j·Σg. Each distinct id is written by one thread (its first occurrence), so duplicate ids
+// need no atomics and the result is deterministic. p at an id comes from the forward's log-probabilities, so
+// the logits may already be overwritten (in-place gradient).
 template <typename T, typename G>
-__global__ void __launch_bounds__(kThreads) selective_kernel(RowBlock b, SelectiveRows o, int* err, bool vec,
-                                                             bool gvec) {
+__global__ void __launch_bounds__(kThreads)
+    selective_kernel(RowBlock b, SelectiveRows o, int* err, bool vec, bool gvec) {
   __shared__ alignas(16) unsigned char scratch_raw[32 * sizeof(Online)];
   Online* scratch = reinterpret_cast<Online*>(scratch_raw);
   __shared__ float fscratch[32];
@@ -482,8 +504,8 @@ __global__ void __launch_bounds__(kThreads) selective_kernel(RowBlock b, Selecti
         float acc = 0.0f;
         for (int64_t q = k; q < o.K; ++q)
           if (id_at(q) == id) acc += g[q];
-        float p = lp ? fast_exp2(lp[k] * kLog2e)
-                     : fast_exp2(fmaf(to_f<T>(row[id]), kLog2e, -b.lse[r] * kLog2e));
+        float p =
+            lp ? fast_exp2(lp[k] * kLog2e) : fast_exp2(fmaf(to_f<T>(row[id]), kLog2e, -b.lse[r] * kLog2e));
         grow[id] = from_f<G>((acc - p * gs) * scale);
       }
     }
@@ -497,7 +519,8 @@ __global__ void count_kernel(const void* labels, bool i64, int64_t rows, int64_t
                              float* inv_count, int* count) {
   __shared__ float scratch[32];
   float c = 0.0f;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) c += load_index(labels, i64, r) != ignore ? 1.0f : 0.0f;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x)
+    c += load_index(labels, i64, r) != ignore ? 1.0f : 0.0f;
   c = block_sum(c, scratch);
   if (threadIdx.x == 0) {
     *inv_count = weight / fmaxf(c, 1.0f);
@@ -519,17 +542,31 @@ void dispatch(DType t, DType g, F&& f) {
   auto with_g = [&](auto tt) {
     using T = decltype(tt);
     switch (g) {
-      case DType::F32: f.template operator()<T, float>(); return;
-      case DType::BF16: f.template operator()<T, __nv_bfloat16>(); return;
-      case DType::F16: f.template operator()<T, __half>(); return;
-      default: RT_FAIL("row loss: gradient dtype must be f32, bf16 or f16, got ", dtype_name(g));
+      case DType::F32:
+        f.template operator()<T, float>();
+        return;
+      case DType::BF16:
+        f.template operator()<T, __nv_bfloat16>();
+        return;
+      case DType::F16:
+        f.template operator()<T, __half>();
+        return;
+      default:
+        RT_FAIL("row loss: gradient dtype must be f32, bf16 or f16, got ", dtype_name(g));
     }
   };
   switch (t) {
-    case DType::F32: with_g(float{}); return;
-    case DType::BF16: with_g(__nv_bfloat16{}); return;
-    case DType::F16: with_g(__half{}); return;
-    default: RT_FAIL("row loss: logits dtype must be f32, bf16 or f16, got ", dtype_name(t));
+    case DType::F32:
+      with_g(float{});
+      return;
+    case DType::BF16:
+      with_g(__nv_bfloat16{});
+      return;
+    case DType::F16:
+      with_g(__half{});
+      return;
+    default:
+      RT_FAIL("row loss: logits dtype must be f32, bf16 or f16, got ", dtype_name(t));
   }
 }
 
@@ -538,7 +575,6 @@ void check_block(const RowBlock& b, const char* op) {
            ", stride ", b.stride, ")");
   RT_CHECK(!b.grad || b.grad_stride >= b.V, op, ": gradient row stride ", b.grad_stride, " < V ", b.V);
 }
-
 
 int device_sm_count_and_arch(int* major) {
   static int sms = 0, maj = 0;
@@ -552,8 +588,8 @@ int device_sm_count_and_arch(int* major) {
   return sms;
 }
 
-// Runs policy p over the rows: on Hopper with a gradient to write, the cluster kernel keeps each row in shared
-// memory (when it fits in at most kMaxCluster segments); otherwise the two-pass kernel.
+// Runs policy p over the rows: on Hopper with a gradient to write, the cluster kernel keeps each row in
+// shared memory (when it fits in at most kMaxCluster segments); otherwise the two-pass kernel.
 template <class P>
 void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
   if (b.rows == 0) return;
@@ -572,9 +608,8 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       const int64_t budget = kSmemBudget * cluster_threads() / 1024;  // two 512-thread CTAs share an SM
       const int nbuf = 3 * seg * int64_t(sizeof(T)) <= budget ? 3 : 2;
       const size_t smem = size_t(nbuf) * size_t(seg) * sizeof(T);
-      auto kernel = cluster_threads() == 512 ? rows_cluster_kernel<P, T, G, 512> : rows_cluster_kernel<P, T, G, 1024>;
-      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-            "cudaFuncSetAttribute(max dynamic shared memory)");
+      auto kernel =
+          cluster_threads() == 512 ? rows_cluster_kernel<P, T, G, 512> : rows_cluster_kernel<P, T, G, 1024>;
       cudaLaunchConfig_t cfg = {};
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -587,13 +622,32 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       cfg.gridDim = dim3(cs);
+      // The attribute and the occupancy query cost host time on every launch (and the GPU waits for it when
+      // nothing is queued ahead), so they run once per kernel, shared memory size and cluster size.
       int clusters = 0;
-      check(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
+      {
+        static std::mutex mu;
+        static std::map<std::tuple<const void*, size_t, int, int>, int> known;
+        int dev = 0;
+        check(cudaGetDevice(&dev), "cudaGetDevice");
+        const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), smem, cs, dev);
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = known.find(key);
+        if (it == known.end()) {
+          check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                "cudaFuncSetAttribute(max dynamic shared memory)");
+          check(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
+          it = known.emplace(key, clusters).first;
+        }
+        clusters = it->second;
+      }
       clusters = int(std::max<int64_t>(1, std::min<int64_t>(b.rows, clusters > 0 ? clusters : sms / cs)));
       cfg.gridDim = dim3(clusters * cs);
       if (std::getenv("RETORT_ROWLOSS_DEBUG"))
-        std::fprintf(stderr, "%s: cluster path, %d CTAs per row, segment %lld elements, %d buffers, %d clusters, %d threads\n",
-                     what, cs, (long long)seg, nbuf, clusters, cluster_threads());
+        std::fprintf(
+            stderr,
+            "%s: cluster path, %d CTAs per row, segment %lld elements, %d buffers, %d clusters, %d threads\n",
+            what, cs, (long long)seg, nbuf, clusters, cluster_threads());
       int64_t seg_arg = seg;
       int nbuf_arg = nbuf;
       bool gvec_arg = gvec;
@@ -627,7 +681,8 @@ void entropy_rows(const RowBlock& b, const EntropyRows& o, void* stream) {
 void selective_log_softmax_rows(const RowBlock& b, const SelectiveRows& o, int* err, void* stream) {
   check_block(b, "selective_log_softmax");
   RT_CHECK(o.K >= 1 && o.ids && (o.out || o.upstream), "selective_log_softmax: need K >= 1, ids and out");
-  RT_CHECK(!o.upstream || (b.grad && b.lse), "selective_log_softmax: the backward needs grad and the forward lse");
+  RT_CHECK(!o.upstream || (b.grad && b.lse),
+           "selective_log_softmax: the backward needs grad and the forward lse");
   RT_CHECK(!o.upstream || o.out || b.grad != b.logits,
            "selective_log_softmax: a backward without the forward log-probabilities reads the logits after "
            "the dense pass, so the gradient must not alias them");
@@ -644,7 +699,7 @@ void selective_log_softmax_rows(const RowBlock& b, const SelectiveRows& o, int* 
 void count_valid_rows(const void* labels, DType label_dtype, int64_t rows, int64_t ignore_index, float weight,
                       float* inv_count, int* count, void* stream) {
   count_kernel<<<1, 1024, 0, static_cast<cudaStream_t>(stream)>>>(labels, label_dtype == DType::I64, rows,
-                                                                   ignore_index, weight, inv_count, count);
+                                                                  ignore_index, weight, inv_count, count);
   check(cudaGetLastError(), "count_valid_rows launch");
 }
 
