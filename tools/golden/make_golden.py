@@ -353,7 +353,7 @@ class TorchBackend:
         logits, loss = self._loss(tokens, targets)
         loss.backward()
         G = {k: p.grad.detach().numpy().copy() for k, p in self.P.items()}
-        return logits.detach().numpy(), float(loss), G
+        return logits.detach().numpy(), float(loss.detach()), G
 
     def train(self, batches, tr):
         torch = self.torch
