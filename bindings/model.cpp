@@ -174,28 +174,32 @@ std::map<std::string, std::string> str_map(pyb::handle h) {
 void bind_config(pyb::module_& m) {
   pyb::class_<TransformerConfig> c(
       m, "TransformerConfig",
-      "The shape of a Transformer: vocab, context, layers, d_model, heads, kv_heads (0: heads), d_ff (0: about "
+      "The shape of a Transformer: vocab, context, layers, d_model, heads, kv_heads (0: heads), d_ff (0: "
+      "about "
       "8/3 d_model), rope_theta, norm_eps, tie_embeddings. Every field is a read/write attribute.");
-  c.def(pyb::init([](int64_t vocab, int64_t context, int64_t layers, int64_t d_model, int64_t heads,
-                     int64_t kv_heads, int64_t d_ff, float rope_theta, float norm_eps, bool tie_embeddings) {
-          TransformerConfig t;
-          t.vocab = vocab, t.context = context, t.layers = layers, t.d_model = d_model, t.heads = heads;
-          t.kv_heads = kv_heads, t.d_ff = d_ff, t.rope_theta = rope_theta, t.norm_eps = norm_eps;
-          t.tie_embeddings = tie_embeddings;
-          return t;
-        }),
-        pyb::kw_only(), pyb::arg("vocab") = 256, pyb::arg("context") = 128, pyb::arg("layers") = 4,
-        pyb::arg("d_model") = 128, pyb::arg("heads") = 4, pyb::arg("kv_heads") = 0, pyb::arg("d_ff") = 0,
-        pyb::arg("rope_theta") = 10000.0f, pyb::arg("norm_eps") = 1e-5f, pyb::arg("tie_embeddings") = true,
-        "A config (keywords only; the defaults are examples/train.cpp's). Checked when a Transformer is made, "
-        "or by resolved().");
+  c.def(
+      pyb::init([](int64_t vocab, int64_t context, int64_t layers, int64_t d_model, int64_t heads,
+                   int64_t kv_heads, int64_t d_ff, float rope_theta, float norm_eps, bool tie_embeddings) {
+        TransformerConfig t;
+        t.vocab = vocab, t.context = context, t.layers = layers, t.d_model = d_model, t.heads = heads;
+        t.kv_heads = kv_heads, t.d_ff = d_ff, t.rope_theta = rope_theta, t.norm_eps = norm_eps;
+        t.tie_embeddings = tie_embeddings;
+        return t;
+      }),
+      pyb::kw_only(), pyb::arg("vocab") = 256, pyb::arg("context") = 128, pyb::arg("layers") = 4,
+      pyb::arg("d_model") = 128, pyb::arg("heads") = 4, pyb::arg("kv_heads") = 0, pyb::arg("d_ff") = 0,
+      pyb::arg("rope_theta") = 10000.0f, pyb::arg("norm_eps") = 1e-5f, pyb::arg("tie_embeddings") = true,
+      "A config (keywords only; the defaults are examples/train.cpp's). Checked when a Transformer is made, "
+      "or by resolved().");
   c.def_readwrite("vocab", &TransformerConfig::vocab, "Vocabulary size.")
       .def_readwrite("context", &TransformerConfig::context, "Longest sequence forward accepts.")
       .def_readwrite("layers", &TransformerConfig::layers, "Transformer blocks.")
       .def_readwrite("d_model", &TransformerConfig::d_model, "Width of the residual stream.")
       .def_readwrite("heads", &TransformerConfig::heads, "Query heads; d_model / heads must be even.")
-      .def_readwrite("kv_heads", &TransformerConfig::kv_heads, "Key/value heads (0: heads); must divide heads.")
-      .def_readwrite("d_ff", &TransformerConfig::d_ff, "SwiGLU hidden width (0: 8/3 d_model rounded up to 32).")
+      .def_readwrite("kv_heads", &TransformerConfig::kv_heads,
+                     "Key/value heads (0: heads); must divide heads.")
+      .def_readwrite("d_ff", &TransformerConfig::d_ff,
+                     "SwiGLU hidden width (0: 8/3 d_model rounded up to 32).")
       .def_readwrite("rope_theta", &TransformerConfig::rope_theta, "RoPE base.")
       .def_readwrite("norm_eps", &TransformerConfig::norm_eps, "RMSNorm epsilon (inside the square root).")
       .def_readwrite("tie_embeddings", &TransformerConfig::tie_embeddings, "The lm head is the embedding.")
@@ -213,19 +217,20 @@ void bind_transformer(pyb::module_& m) {
       "A Llama-style decoder (RMSNorm, RoPE, causal grouped-query attention, SwiGLU, optionally tied head), "
       "f32 parameters on one backend. logits() and loss() run cached forward graphs; forward() adds the "
       "model to a graph of your own; Trainer trains it.")
-      .def(pyb::init([](const TransformerConfig& config, uint64_t seed, pyb::handle backend) {
-             auto pm = std::make_shared<PyModel>();
-             pm->be = parse_backend(backend);
-             if (!pm->be) pm->be = cpu_backend(0);
-             pm->ctx = std::make_shared<PyCtx>(pm->be);
-             pyb::gil_scoped_release nogil;
-             pm->model = std::make_unique<Transformer>(*pm->ctx, config, seed);
-             return pm;
-           }),
-           pyb::arg("config"), pyb::arg("seed") = 0, pyb::arg("backend") = pyb::none(),
-           "A model with examples/train.cpp's seeded init (N(0, 0.02) weights, residual projections scaled by "
-           "1/sqrt(2 layers), norm weights 1) on backend (default: the CPU). Raises retort.Error on a bad "
-           "config.")
+      .def(
+          pyb::init([](const TransformerConfig& config, uint64_t seed, pyb::handle backend) {
+            auto pm = std::make_shared<PyModel>();
+            pm->be = parse_backend(backend);
+            if (!pm->be) pm->be = cpu_backend(0);
+            pm->ctx = std::make_shared<PyCtx>(pm->be);
+            pyb::gil_scoped_release nogil;
+            pm->model = std::make_unique<Transformer>(*pm->ctx, config, seed);
+            return pm;
+          }),
+          pyb::arg("config"), pyb::arg("seed") = 0, pyb::arg("backend") = pyb::none(),
+          "A model with examples/train.cpp's seeded init (N(0, 0.02) weights, residual projections scaled by "
+          "1/sqrt(2 layers), norm weights 1) on backend (default: the CPU). Raises retort.Error on a bad "
+          "config.")
       .def_property_readonly(
           "config", [](const PyModel& p) { return p.model->config(); }, "The resolved config (a copy).")
       .def_property_readonly(
@@ -240,7 +245,8 @@ void bind_transformer(pyb::module_& m) {
             for (Tensor* t : p.model->parameters()) out.push_back(make_ref(t, int(t->shape().size())));
             return out;
           },
-          "Every parameter as a retort.Tensor, in a fixed order (embedding, blocks, final norm, untied head).")
+          "Every parameter as a retort.Tensor, in a fixed order (embedding, blocks, final norm, untied "
+          "head).")
       .def(
           "state_dict",
           [](const PyModel& p, bool copy) {
@@ -250,7 +256,8 @@ void bind_transformer(pyb::module_& m) {
             return d;
           },
           pyb::arg("copy") = false,
-          "{name: NumPy array} of every parameter. On the CPU (copy=False) the arrays are views: writing them "
+          "{name: NumPy array} of every parameter. On the CPU (copy=False) the arrays are views: writing "
+          "them "
           "changes the model, and they see every update. On a GPU they are copies.")
       .def(
           "forward",
@@ -312,7 +319,8 @@ void bind_transformer(pyb::module_& m) {
             return double(get_data(e.out)[0]);
           },
           pyb::arg("tokens"), pyb::arg("targets"), pyb::arg("ignore_index") = -100,
-          "Mean next-token cross-entropy (nats) of the model on tokens [B, T] against targets [B, T]; targets "
+          "Mean next-token cross-entropy (nats) of the model on tokens [B, T] against targets [B, T]; "
+          "targets "
           "equal to ignore_index do not count. The GIL is released meanwhile.")
       .def(
           "save",
@@ -336,13 +344,15 @@ void bind_transformer(pyb::module_& m) {
             for (const Tensor* t : p.model->parameters()) {
               const Shape& s = st.shape(t->name);
               RT_CHECK(st.dtype(t->name) == t->dtype && s == t->shape(), path, ": tensor '", t->name, "' is ",
-                       dtype_name(st.dtype(t->name)), " ", shape_str_of(s), ", the model's is ", t->describe());
+                       dtype_name(st.dtype(t->name)), " ", shape_str_of(s), ", the model's is ",
+                       t->describe());
             }
             for (Tensor* t : p.model->parameters()) st.load_into(t, t->name);
           },
           pyb::arg("path"),
           "Reads every parameter from a safetensors file written by save() (or any file with the same names, "
-          "dtypes and shapes). Raises retort.Error naming the file and tensor on a missing or mismatched one, "
+          "dtypes and shapes). Raises retort.Error naming the file and tensor on a missing or mismatched "
+          "one, "
           "before changing anything.")
       .def("__repr__", [](const PyModel& p) {
         return "retort.Transformer(" + p.model->config().describe() + ", " +
@@ -353,37 +363,39 @@ void bind_transformer(pyb::module_& m) {
 void bind_trainer(pyb::module_& m) {
   pyb::class_<PyTrainer>(
       m, "Trainer",
-      "examples/train.cpp's training step for a Transformer: forward and backward on a batch, clip the global "
+      "examples/train.cpp's training step for a Transformer: forward and backward on a batch, clip the "
+      "global "
       "gradient norm, a learning rate from cosine_lr (linear warmup, cosine decay to lr_min at total_steps), "
       "AdamW with decoupled weight decay on every parameter.")
-      .def(pyb::init([](ModelPtr model, int64_t total_steps, float lr, pyb::handle lr_min, int64_t warmup,
-                        float weight_decay, float beta1, float beta2, float eps, float clip,
-                        int64_t ignore_index) {
-             RT_CHECK(model != nullptr, "Trainer: model is None");
-             auto t = std::make_unique<PyTrainer>();
-             t->m = model;
-             t->lr = lr;
-             t->lr_min = lr_min.is_none() ? lr / 10 : lr_min.cast<float>();
-             t->warmup = warmup;
-             t->total = total_steps;
-             t->clip = clip;
-             t->ignore_index = ignore_index;
-             RT_CHECK(std::isfinite(clip) && clip >= 0, "Trainer: clip = ", clip,
-                      " must be >= 0 (0 turns clipping off)");
-             cosine_lr(0, t->warmup, t->total, t->lr, t->lr_min);  // checks the schedule's arguments
-             pyb::gil_scoped_release nogil;
-             std::lock_guard<std::mutex> lock(model->mu);
-             t->opt = std::make_unique<AdamW>(model->model->parameters(),
-                                              AdamWConfig{lr, beta1, beta2, eps, weight_decay});
-             return t;
-           }),
-           pyb::arg("model"), pyb::kw_only(), pyb::arg("total_steps"), pyb::arg("lr") = 3e-3f,
-           pyb::arg("lr_min") = pyb::none(), pyb::arg("warmup") = 0, pyb::arg("weight_decay") = 0.1f,
-           pyb::arg("beta1") = 0.9f, pyb::arg("beta2") = 0.95f, pyb::arg("eps") = 1e-8f, pyb::arg("clip") = 1.0f,
-           pyb::arg("ignore_index") = -100,
-           "A trainer for total_steps steps (the schedule's length; more steps keep lr_min). lr_min defaults "
-           "to lr / 10; clip 0 turns clipping off. The defaults are examples/train.cpp's. Raises retort.Error "
-           "(ValueError) on a bad option.")
+      .def(
+          pyb::init([](ModelPtr model, int64_t total_steps, float lr, pyb::handle lr_min, int64_t warmup,
+                       float weight_decay, float beta1, float beta2, float eps, float clip,
+                       int64_t ignore_index) {
+            RT_CHECK(model != nullptr, "Trainer: model is None");
+            auto t = std::make_unique<PyTrainer>();
+            t->m = model;
+            t->lr = lr;
+            t->lr_min = lr_min.is_none() ? lr / 10 : lr_min.cast<float>();
+            t->warmup = warmup;
+            t->total = total_steps;
+            t->clip = clip;
+            t->ignore_index = ignore_index;
+            RT_CHECK(std::isfinite(clip) && clip >= 0, "Trainer: clip = ", clip,
+                     " must be >= 0 (0 turns clipping off)");
+            cosine_lr(0, t->warmup, t->total, t->lr, t->lr_min);  // checks the schedule's arguments
+            pyb::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(model->mu);
+            t->opt = std::make_unique<AdamW>(model->model->parameters(),
+                                             AdamWConfig{lr, beta1, beta2, eps, weight_decay});
+            return t;
+          }),
+          pyb::arg("model"), pyb::kw_only(), pyb::arg("total_steps"), pyb::arg("lr") = 3e-3f,
+          pyb::arg("lr_min") = pyb::none(), pyb::arg("warmup") = 0, pyb::arg("weight_decay") = 0.1f,
+          pyb::arg("beta1") = 0.9f, pyb::arg("beta2") = 0.95f, pyb::arg("eps") = 1e-8f,
+          pyb::arg("clip") = 1.0f, pyb::arg("ignore_index") = -100,
+          "A trainer for total_steps steps (the schedule's length; more steps keep lr_min). lr_min defaults "
+          "to lr / 10; clip 0 turns clipping off. The defaults are examples/train.cpp's. Raises retort.Error "
+          "(ValueError) on a bad option.")
       .def(
           "step",
           [](PyTrainer& t, pyb::handle tokens, pyb::handle targets) {
@@ -404,7 +416,8 @@ void bind_trainer(pyb::module_& m) {
       .def_property_readonly(
           "steps", [](const PyTrainer& t) { return t.opt->steps(); }, "Steps taken so far.")
       .def_property_readonly(
-          "last_loss", [](const PyTrainer& t) { return t.last_loss; }, "The loss of the last step (NaN before).")
+          "last_loss", [](const PyTrainer& t) { return t.last_loss; },
+          "The loss of the last step (NaN before).")
       .def_property_readonly(
           "last_lr", [](const PyTrainer& t) { return t.last_lr; }, "The learning rate of the last step.")
       .def_property_readonly(
@@ -420,9 +433,9 @@ void bind_trainer(pyb::module_& m) {
             auto ts = named(t.m->model->parameters());
             for (const Tensor* s : t.opt->m()) ts.emplace_back(s->name, s);
             for (const Tensor* s : t.opt->v()) ts.emplace_back(s->name, s);
-            save_safetensors(path, ts,
-                             {{"config", t.m->model->config().describe()},
-                              {"steps", std::to_string(t.opt->steps())}});
+            save_safetensors(
+                path, ts,
+                {{"config", t.m->model->config().describe()}, {"steps", std::to_string(t.opt->steps())}});
           },
           pyb::arg("path"),
           "A checkpoint: every parameter, AdamW's moments (<name>.adam_m, <name>.adam_v) and the step count "
