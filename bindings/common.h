@@ -171,5 +171,6 @@ void bind_ops(pyb::module_& m);     // ops.cpp: retort.ops and Tensor operators
 void bind_graph(pyb::module_& m);   // graph.cpp: Graph, optimizers, schedules
 void bind_losses(pyb::module_& m);  // losses.cpp: retort.losses
 void bind_fused(pyb::module_& m);   // fused.cpp: the fused linear losses in retort.losses and retort.ops
+void bind_model(pyb::module_& m);   // model.cpp: TransformerConfig, Transformer, Trainer
 
 }  // namespace retort::py

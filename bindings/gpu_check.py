@@ -7,7 +7,9 @@ temperature, top-K normalization, padding and masks, ignored rows, sum reduction
 the per-row values, the log-sum-exps and the gradient with respect to the logits in retort (on the inputs'
 own CUDA memory, no copies), and a float64 PyTorch reference on the same values (bf16 inputs are upcast
 exactly), then prints one line per quantity: the largest relative error max|retort - ref| / max|ref| and the
-tolerance it must meet. It also checks that DLPack hands CUDA memory over without a copy both ways.
+tolerance it must meet. It also checks that DLPack hands CUDA memory over without a copy both ways, and runs
+the golden Transformer test (tests/data/golden: logits, loss, gradients, ten Trainer steps against a float64
+reference) on the device through retort.Transformer and retort.Trainer.
 
 Exit status: 0 when every check passes, 1 otherwise.
 
@@ -349,6 +351,71 @@ def check_dlpack(torch, retort, device):
     return out
 
 
+def check_golden(retort, backend, on_gpu):
+    """The golden test (tests/nn/test_golden.cpp) on this backend through the Python API: the tiny models'
+    logits, loss, every gradient and ten Trainer steps against tests/data/golden's float64 fixture (PyTorch's
+    when generated, else the NumPy one). Rows of (name, quantity, err, tol); an empty list when the files are
+    missing. The GPU gets 10x the CPU's tolerances (other summation orders in cuBLAS and the reductions)."""
+    import json
+
+    import numpy as np
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "tools", "golden"))
+    import make_golden
+
+    gdir = os.path.join(root, "tests", "data", "golden")
+    fixture = next((os.path.join(gdir, f) for f in ("fixture_torch.safetensors", "fixture_numpy.safetensors")
+                    if os.path.exists(os.path.join(gdir, f))), None)
+    if fixture is None or not hasattr(retort, "Transformer"):
+        return [], None
+    inputs, meta = make_golden.read_safetensors(os.path.join(gdir, "inputs.safetensors"))
+    ref, _ = make_golden.read_safetensors(fixture)
+    train = json.loads(meta["train"])
+    scale = 10.0 if on_gpu else 1.0
+    tol = {"logits": 1e-5, "loss": 1e-6, "grad": 2e-5, "train": 3e-5}
+
+    def rel(got, want):
+        want = np.asarray(want, np.float64)
+        return float(np.max(np.abs(np.asarray(got, np.float64).reshape(want.shape) - want))
+                     / max(float(np.max(np.abs(want))), 1e-30))
+
+    rows = []
+    tokens, targets = inputs["tokens"], inputs["targets"]
+    for name in meta["models"].split(","):
+        c = json.loads(meta[name + ".config"])
+        cfg = retort.TransformerConfig(vocab=c["vocab"], context=c["context"], layers=c["layers"],
+                                       d_model=c["d_model"], heads=c["heads"], kv_heads=c["kv_heads"],
+                                       d_ff=c["d_ff"], rope_theta=c["rope_theta"], norm_eps=c["norm_eps"],
+                                       tie_embeddings=c["tie_embeddings"])
+
+        def fresh():
+            m = retort.Transformer(cfg, backend=backend)
+            for p in m.parameters:
+                p.assign(inputs[f"{name}/params/{p.name}"])
+            return m
+
+        m = fresh()
+        rows.append((name, "logits", rel(m.logits(tokens), ref[name + "/logits"]), tol["logits"] * scale))
+        rows.append((name, "loss", rel([m.loss(tokens, targets)], ref[name + "/loss"]), tol["loss"] * scale))
+        loss = retort.ops.cross_entropy(m.forward(tokens),
+                                        retort.tensor(targets.reshape(-1).astype(np.int32), backend=backend))
+        g = retort.Graph()
+        g.backward(loss)
+        g.compute()
+        worst = max(rel(g.grad(p).numpy(), ref[f"{name}/grad/{p.name}"]) for p in m.parameters)
+        rows.append((name, "grads", worst, tol["grad"] * scale))
+        m = fresh()
+        t = retort.Trainer(m, total_steps=train["total"], lr=train["lr_max"], lr_min=train["lr_min"],
+                           warmup=train["warmup"], weight_decay=train["weight_decay"], beta1=train["beta1"],
+                           beta2=train["beta2"], eps=train["eps"], clip=train["clip"])
+        losses = [t.step(inputs["train_tokens"][i], inputs["train_targets"][i]) for i in range(train["steps"])]
+        rows.append((name, "train", rel(losses, ref[name + "/train_losses"]), tol["train"] * scale))
+        rows.append((name, "final", rel([m.loss(tokens, targets)], ref[name + "/final_loss"]),
+                     tol["train"] * scale))
+    return rows, fixture
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1024)
@@ -401,6 +468,15 @@ def main():
     for what, ok in check_dlpack(torch, retort, device):
         failures += not ok
         print(f"dlpack: {what:<52} {'ok' if ok else 'FAIL'}")
+    rows, fixture = check_golden(retort, backend, not args.cpu)
+    if fixture:
+        print(f"\ngolden Transformer vs {os.path.relpath(fixture)}:")
+    else:
+        print("\ngolden Transformer: skipped (no fixture in tests/data/golden or no retort.Transformer)")
+    for model, what, err, tol in rows:
+        ok = err <= tol
+        failures += not ok
+        print(f"golden {model:<8} {what:<8} {err:>12.3e} {tol:>8.0e}  {'ok' if ok else 'FAIL'}")
     print(f"\n{'all checks passed' if not failures else f'{failures} check(s) failed'} "
           f"({time.time() - start:.1f} s)")
     return 1 if failures else 0

@@ -1,0 +1,474 @@
+// retort.TransformerConfig, retort.Transformer and retort.Trainer: the model and the training step of
+// examples/train.cpp, driven from NumPy token arrays.
+//
+// Threading: every call converts its Python arguments first, then releases the GIL and takes the model's
+// mutex for all C++ work (graph building included, since that adds nodes to the model's context). Taking the
+// mutex only after the GIL is released means a thread waiting for the model never holds the GIL that the
+// thread inside needs to return.
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "common.h"
+
+namespace retort::py {
+
+namespace {
+
+// Token ids (or targets) [B, T] from an integer array-like; a 1-D array is one sequence.
+struct IdBatch {
+  int64_t B = 0, T = 0;
+  std::vector<int64_t> ids;
+};
+
+IdBatch id_batch(pyb::handle obj, const char* who, const char* what) {
+  pyb::array arr = pyb::array::ensure(obj);
+  RT_CHECK(arr, who, ": ", what, " must be an integer array [batch, seq], got ",
+           std::string(pyb::str(pyb::type::handle_of(obj).attr("__name__"))));
+  const char kind = arr.dtype().kind();
+  RT_CHECK(kind == 'i' || kind == 'u', who, ": ", what, " must be an integer array [batch, seq], got dtype ",
+           std::string(pyb::str(arr.dtype())));
+  RT_CHECK(arr.ndim() == 1 || arr.ndim() == 2, who, ": ", what, " must be [batch, seq] (or [seq]), got ",
+           arr.ndim(), " dims");
+  IdBatch b;
+  b.B = arr.ndim() == 2 ? int64_t(arr.shape(0)) : 1;
+  b.T = int64_t(arr.shape(arr.ndim() - 1));
+  RT_CHECK(b.B >= 1 && b.T >= 1, who, ": ", what, " is empty: [", b.B, ", ", b.T, "]");
+  auto a = pyb::array_t<int64_t, pyb::array::c_style | pyb::array::forcecast>::ensure(arr);
+  b.ids.assign(a.data(), a.data() + a.size());
+  return b;
+}
+
+std::string shape_str_of(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+void check_same_shape(const IdBatch& x, const IdBatch& y, const char* who) {
+  RT_CHECK(x.B == y.B && x.T == y.T, who, ": targets [", y.B, ", ", y.T, "] must have the shape of tokens [",
+           x.B, ", ", x.T, "]");
+}
+
+}  // namespace
+
+// A Transformer whose parameters (and every graph node built for it) live in one PyCtx, so that its
+// parameters are ordinary retort Tensors for Python (retort.Graph, optimizers, numpy views).
+struct PyModel {
+  BackendPtr be;
+  std::shared_ptr<PyCtx> ctx;
+  std::unique_ptr<Transformer> model;
+  std::mutex mu;
+
+  // Forward-only graphs, built on first use per batch shape and re-run with new ids.
+  struct Eval {
+    Tensor* tokens = nullptr;
+    Tensor* targets = nullptr;
+    Tensor* out = nullptr;  // logits [B*T, V] or the loss
+    std::unique_ptr<Graph> graph;
+  };
+  std::map<std::tuple<int64_t, int64_t>, Eval> logits_graphs;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, Eval> loss_graphs;
+
+  // Call with mu held.
+  Eval& logits_graph(int64_t B, int64_t T) {
+    Eval& e = logits_graphs[{B, T}];
+    if (!e.graph) {
+      e.tokens = ctx->input(DType::I32, {B, T}, "tokens");
+      e.out = model->forward(*ctx, e.tokens);
+      e.out->flags |= kOutput;
+      e.graph = std::make_unique<Graph>(*ctx);
+      e.graph->forward(e.out);
+    }
+    return e;
+  }
+  Eval& loss_graph(int64_t B, int64_t T, int64_t ignore_index) {
+    Eval& e = loss_graphs[{B, T, ignore_index}];
+    if (!e.graph) {
+      e.tokens = ctx->input(DType::I32, {B, T}, "tokens");
+      e.targets = ctx->input(DType::I32, {B, T}, "targets");
+      e.out = lm_loss(*ctx, model->forward(*ctx, e.tokens), e.targets, ignore_index);
+      e.out->flags |= kOutput;
+      e.graph = std::make_unique<Graph>(*ctx);
+      e.graph->forward(e.out);
+    }
+    return e;
+  }
+};
+using ModelPtr = std::shared_ptr<PyModel>;
+
+namespace {
+
+// Runs g, and waits for a device, so that a fault (a token id out of range) is reported by this call.
+void run_graph(PyModel& m, Graph& g) {
+  g.compute();
+  if (!m.be->backend->is_host()) m.be->backend->synchronize();
+}
+
+void check_range(const IdBatch& b, int64_t vocab, const char* who, const char* what, int64_t ignore) {
+  for (int64_t id : b.ids)
+    RT_CHECK((id >= 0 && id < vocab) || id == ignore, who, ": ", what, " holds id ", id,
+             ", outside the vocabulary [0, ", vocab, ")");
+}
+
+// examples/train.cpp's step on a model: AdamW (one state per parameter), one training graph per batch shape.
+struct PyTrainer {
+  ModelPtr m;
+  std::unique_ptr<AdamW> opt;
+  float lr = 3e-3f, lr_min = 3e-4f, clip = 1.0f;
+  int64_t warmup = 0, total = 1, ignore_index = -100;
+  double last_loss = NAN, last_grad_norm = NAN;
+  float last_lr = NAN;
+  struct Train {
+    Tensor* tokens = nullptr;
+    Tensor* targets = nullptr;
+    Tensor* loss = nullptr;
+    std::unique_ptr<Graph> graph;
+  };
+  std::map<std::tuple<int64_t, int64_t>, Train> graphs;
+
+  double step(const IdBatch& x, const IdBatch& y) {
+    Transformer& model = *m->model;
+    RT_CHECK(x.T <= model.config().context, "Trainer.step: tokens [", x.B, ", ", x.T, "] have ", x.T,
+             " positions, more than the model's context ", model.config().context);
+    Train& t = graphs[{x.B, x.T}];
+    if (!t.graph) {
+      PyCtx& ctx = *m->ctx;
+      t.tokens = ctx.input(DType::I32, {x.B, x.T}, "tokens");
+      t.targets = ctx.input(DType::I32, {x.B, x.T}, "targets");
+      t.loss = lm_loss(ctx, model.forward(ctx, t.tokens), t.targets, ignore_index);
+      t.graph = std::make_unique<Graph>(ctx);
+      t.graph->backward(t.loss);
+    }
+    set_data_int(t.tokens, x.ids);
+    set_data_int(t.targets, y.ids);
+    t.graph->zero_grad();
+    run_graph(*m, *t.graph);
+    const double l = get_data(t.loss)[0];
+    const int64_t step = opt->steps() + 1;
+    RT_CHECK(std::isfinite(l), "Trainer.step: the loss became ", l, " at step ", step,
+             " (try a lower lr or a smaller model)");
+    last_grad_norm = clip > 0 ? clip_grad_norm(*t.graph, clip) : NAN;
+    last_lr = cosine_lr(step, warmup, total, lr, lr_min);
+    opt->step(*t.graph, last_lr);
+    last_loss = l;
+    return l;
+  }
+};
+
+std::vector<std::pair<std::string, const Tensor*>> named(const std::vector<Tensor*>& ts) {
+  std::vector<std::pair<std::string, const Tensor*>> out;
+  for (const Tensor* t : ts) out.emplace_back(t->name, t);
+  return out;
+}
+
+std::map<std::string, std::string> str_map(pyb::handle h) {
+  std::map<std::string, std::string> out;
+  if (h.is_none()) return out;
+  for (auto kv : h.cast<pyb::dict>()) out[std::string(pyb::str(kv.first))] = std::string(pyb::str(kv.second));
+  return out;
+}
+
+void bind_config(pyb::module_& m) {
+  pyb::class_<TransformerConfig> c(
+      m, "TransformerConfig",
+      "The shape of a Transformer: vocab, context, layers, d_model, heads, kv_heads (0: heads), d_ff (0: "
+      "about "
+      "8/3 d_model), rope_theta, norm_eps, tie_embeddings. Every field is a read/write attribute.");
+  c.def(
+      pyb::init([](int64_t vocab, int64_t context, int64_t layers, int64_t d_model, int64_t heads,
+                   int64_t kv_heads, int64_t d_ff, float rope_theta, float norm_eps, bool tie_embeddings) {
+        TransformerConfig t;
+        t.vocab = vocab, t.context = context, t.layers = layers, t.d_model = d_model, t.heads = heads;
+        t.kv_heads = kv_heads, t.d_ff = d_ff, t.rope_theta = rope_theta, t.norm_eps = norm_eps;
+        t.tie_embeddings = tie_embeddings;
+        return t;
+      }),
+      pyb::kw_only(), pyb::arg("vocab") = 256, pyb::arg("context") = 128, pyb::arg("layers") = 4,
+      pyb::arg("d_model") = 128, pyb::arg("heads") = 4, pyb::arg("kv_heads") = 0, pyb::arg("d_ff") = 0,
+      pyb::arg("rope_theta") = 10000.0f, pyb::arg("norm_eps") = 1e-5f, pyb::arg("tie_embeddings") = true,
+      "A config (keywords only; the defaults are examples/train.cpp's). Checked when a Transformer is made, "
+      "or by resolved().");
+  c.def_readwrite("vocab", &TransformerConfig::vocab, "Vocabulary size.")
+      .def_readwrite("context", &TransformerConfig::context, "Longest sequence forward accepts.")
+      .def_readwrite("layers", &TransformerConfig::layers, "Transformer blocks.")
+      .def_readwrite("d_model", &TransformerConfig::d_model, "Width of the residual stream.")
+      .def_readwrite("heads", &TransformerConfig::heads, "Query heads; d_model / heads must be even.")
+      .def_readwrite("kv_heads", &TransformerConfig::kv_heads,
+                     "Key/value heads (0: heads); must divide heads.")
+      .def_readwrite("d_ff", &TransformerConfig::d_ff,
+                     "SwiGLU hidden width (0: 8/3 d_model rounded up to 32).")
+      .def_readwrite("rope_theta", &TransformerConfig::rope_theta, "RoPE base.")
+      .def_readwrite("norm_eps", &TransformerConfig::norm_eps, "RMSNorm epsilon (inside the square root).")
+      .def_readwrite("tie_embeddings", &TransformerConfig::tie_embeddings, "The lm head is the embedding.")
+      .def("resolved", &TransformerConfig::resolved,
+           "The config with the 0 defaults filled in; raises retort.Error (ValueError) naming a bad field.")
+      .def_property_readonly("head_dim", &TransformerConfig::head_dim, "d_model / heads.")
+      .def("describe", &TransformerConfig::describe, "One line: 'layers=4 d_model=128 heads=4 ...'.")
+      .def("__repr__",
+           [](const TransformerConfig& t) { return "retort.TransformerConfig(" + t.describe() + ")"; });
+}
+
+void bind_transformer(pyb::module_& m) {
+  pyb::class_<PyModel, ModelPtr>(
+      m, "Transformer",
+      "A Llama-style decoder (RMSNorm, RoPE, causal grouped-query attention, SwiGLU, optionally tied head), "
+      "f32 parameters on one backend. logits() and loss() run cached forward graphs; forward() adds the "
+      "model to a graph of your own; Trainer trains it.")
+      .def(
+          pyb::init([](const TransformerConfig& config, uint64_t seed, pyb::handle backend) {
+            auto pm = std::make_shared<PyModel>();
+            pm->be = parse_backend(backend);
+            if (!pm->be) pm->be = cpu_backend(0);
+            pm->ctx = std::make_shared<PyCtx>(pm->be);
+            pyb::gil_scoped_release nogil;
+            pm->model = std::make_unique<Transformer>(*pm->ctx, config, seed);
+            return pm;
+          }),
+          pyb::arg("config"), pyb::arg("seed") = 0, pyb::arg("backend") = pyb::none(),
+          "A model with examples/train.cpp's seeded init (N(0, 0.02) weights, residual projections scaled by "
+          "1/sqrt(2 layers), norm weights 1) on backend (default: the CPU). Raises retort.Error on a bad "
+          "config.")
+      .def_property_readonly(
+          "config", [](const PyModel& p) { return p.model->config(); }, "The resolved config (a copy).")
+      .def_property_readonly(
+          "backend", [](const PyModel& p) { return p.be; }, "The backend holding the parameters.")
+      .def_property_readonly(
+          "parameter_count", [](const PyModel& p) { return p.model->parameter_count(); },
+          "The number of parameter elements.")
+      .def_property_readonly(
+          "parameters",
+          [](const PyModel& p) {
+            std::vector<TensorRef> out;
+            for (Tensor* t : p.model->parameters()) out.push_back(make_ref(t, int(t->shape().size())));
+            return out;
+          },
+          "Every parameter as a retort.Tensor, in a fixed order (embedding, blocks, final norm, untied "
+          "head).")
+      .def(
+          "state_dict",
+          [](const PyModel& p, bool copy) {
+            pyb::dict d;
+            for (Tensor* t : p.model->parameters())
+              d[pyb::str(t->name)] = to_numpy(make_ref(t, int(t->shape().size())), copy);
+            return d;
+          },
+          pyb::arg("copy") = false,
+          "{name: NumPy array} of every parameter. On the CPU (copy=False) the arrays are views: writing "
+          "them "
+          "changes the model, and they see every update. On a GPU they are copies.")
+      .def(
+          "forward",
+          [](PyModel& p, pyb::handle tokens) {
+            TensorRef tok = to_tensor(tokens, p.be, DType::I32, "tokens");
+            Tensor* out = nullptr;
+            {
+              pyb::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> lock(p.mu);
+              p.ctx->depend_on(tok.ctx);
+              out = p.model->forward(*p.ctx, tok.t);
+            }
+            return make_ref(out, 2);
+          },
+          pyb::arg("tokens"),
+          "The logits node [B*T, vocab] for tokens [B, T] (an integer array, copied to i32): nothing runs "
+          "until a retort.Graph computes it, so it can feed losses of your own.")
+      .def(
+          "logits",
+          [](PyModel& p, pyb::handle tokens) {
+            const IdBatch x = id_batch(tokens, "Transformer.logits", "tokens");
+            const int64_t V = p.model->config().vocab;
+            std::vector<float> out;
+            {
+              pyb::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> lock(p.mu);
+              check_range(x, V, "Transformer.logits", "tokens", -1);
+              RT_CHECK(x.T <= p.model->config().context, "Transformer.logits: tokens [", x.B, ", ", x.T,
+                       "] have more positions than the model's context ", p.model->config().context);
+              PyModel::Eval& e = p.logits_graph(x.B, x.T);
+              set_data_int(e.tokens, x.ids);
+              run_graph(p, *e.graph);
+              out = get_data(e.out);
+            }
+            pyb::array_t<float> a({x.B, x.T, V});
+            std::memcpy(a.mutable_data(), out.data(), out.size() * sizeof(float));
+            return a;
+          },
+          pyb::arg("tokens"),
+          "Runs the model: float32 logits [B, T, vocab] for integer tokens [B, T] ([T] is one sequence); "
+          "logits[b, t] predicts the token after position t. The GIL is released meanwhile.")
+      .def(
+          "loss",
+          [](PyModel& p, pyb::handle tokens, pyb::handle targets, int64_t ignore_index) {
+            const IdBatch x = id_batch(tokens, "Transformer.loss", "tokens");
+            const IdBatch y = id_batch(targets, "Transformer.loss", "targets");
+            check_same_shape(x, y, "Transformer.loss");
+            pyb::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(p.mu);
+            const int64_t V = p.model->config().vocab;
+            check_range(x, V, "Transformer.loss", "tokens", -1);
+            check_range(y, V, "Transformer.loss", "targets", ignore_index);
+            RT_CHECK(x.T <= p.model->config().context, "Transformer.loss: tokens [", x.B, ", ", x.T,
+                     "] have more positions than the model's context ", p.model->config().context);
+            PyModel::Eval& e = p.loss_graph(x.B, x.T, ignore_index);
+            set_data_int(e.tokens, x.ids);
+            set_data_int(e.targets, y.ids);
+            run_graph(p, *e.graph);
+            return double(get_data(e.out)[0]);
+          },
+          pyb::arg("tokens"), pyb::arg("targets"), pyb::arg("ignore_index") = -100,
+          "Mean next-token cross-entropy (nats) of the model on tokens [B, T] against targets [B, T]; "
+          "targets "
+          "equal to ignore_index do not count. The GIL is released meanwhile.")
+      .def(
+          "save",
+          [](PyModel& p, const std::string& path, pyb::handle metadata) {
+            auto meta = str_map(metadata);
+            meta.emplace("config", p.model->config().describe());
+            pyb::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(p.mu);
+            save_safetensors(path, named(p.model->parameters()), meta);
+          },
+          pyb::arg("path"), pyb::arg("metadata") = pyb::none(),
+          "Writes every parameter to a safetensors file (atomically), by name, with string metadata (the "
+          "config's description is added as 'config').")
+      .def(
+          "load",
+          [](PyModel& p, const std::string& path) {
+            pyb::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(p.mu);
+            SafeTensors st(path);
+            // Check every name and shape first, so a bad file leaves the model unchanged.
+            for (const Tensor* t : p.model->parameters()) {
+              const Shape& s = st.shape(t->name);
+              RT_CHECK(st.dtype(t->name) == t->dtype && s == t->shape(), path, ": tensor '", t->name, "' is ",
+                       dtype_name(st.dtype(t->name)), " ", shape_str_of(s), ", the model's is ",
+                       t->describe());
+            }
+            for (Tensor* t : p.model->parameters()) st.load_into(t, t->name);
+          },
+          pyb::arg("path"),
+          "Reads every parameter from a safetensors file written by save() (or any file with the same names, "
+          "dtypes and shapes). Raises retort.Error naming the file and tensor on a missing or mismatched "
+          "one, "
+          "before changing anything.")
+      .def("__repr__", [](const PyModel& p) {
+        return "retort.Transformer(" + p.model->config().describe() + ", " +
+               std::to_string(p.model->parameter_count()) + " parameters, " + p.be->name() + ")";
+      });
+}
+
+void bind_trainer(pyb::module_& m) {
+  pyb::class_<PyTrainer>(
+      m, "Trainer",
+      "examples/train.cpp's training step for a Transformer: forward and backward on a batch, clip the "
+      "global "
+      "gradient norm, a learning rate from cosine_lr (linear warmup, cosine decay to lr_min at total_steps), "
+      "AdamW with decoupled weight decay on every parameter.")
+      .def(
+          pyb::init([](ModelPtr model, int64_t total_steps, float lr, pyb::handle lr_min, int64_t warmup,
+                       float weight_decay, float beta1, float beta2, float eps, float clip,
+                       int64_t ignore_index) {
+            RT_CHECK(model != nullptr, "Trainer: model is None");
+            auto t = std::make_unique<PyTrainer>();
+            t->m = model;
+            t->lr = lr;
+            t->lr_min = lr_min.is_none() ? lr / 10 : lr_min.cast<float>();
+            t->warmup = warmup;
+            t->total = total_steps;
+            t->clip = clip;
+            t->ignore_index = ignore_index;
+            RT_CHECK(std::isfinite(clip) && clip >= 0, "Trainer: clip = ", clip,
+                     " must be >= 0 (0 turns clipping off)");
+            cosine_lr(0, t->warmup, t->total, t->lr, t->lr_min);  // checks the schedule's arguments
+            pyb::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(model->mu);
+            t->opt = std::make_unique<AdamW>(model->model->parameters(),
+                                             AdamWConfig{lr, beta1, beta2, eps, weight_decay});
+            return t;
+          }),
+          pyb::arg("model"), pyb::kw_only(), pyb::arg("total_steps"), pyb::arg("lr") = 3e-3f,
+          pyb::arg("lr_min") = pyb::none(), pyb::arg("warmup") = 0, pyb::arg("weight_decay") = 0.1f,
+          pyb::arg("beta1") = 0.9f, pyb::arg("beta2") = 0.95f, pyb::arg("eps") = 1e-8f,
+          pyb::arg("clip") = 1.0f, pyb::arg("ignore_index") = -100,
+          "A trainer for total_steps steps (the schedule's length; more steps keep lr_min). lr_min defaults "
+          "to lr / 10; clip 0 turns clipping off. The defaults are examples/train.cpp's. Raises retort.Error "
+          "(ValueError) on a bad option.")
+      .def(
+          "step",
+          [](PyTrainer& t, pyb::handle tokens, pyb::handle targets) {
+            const IdBatch x = id_batch(tokens, "Trainer.step", "tokens");
+            const IdBatch y = id_batch(targets, "Trainer.step", "targets");
+            check_same_shape(x, y, "Trainer.step");
+            pyb::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(t.m->mu);
+            const int64_t V = t.m->model->config().vocab;
+            check_range(x, V, "Trainer.step", "tokens", -1);
+            check_range(y, V, "Trainer.step", "targets", t.ignore_index);
+            return t.step(x, y);
+          },
+          pyb::arg("tokens"), pyb::arg("targets"),
+          "One step on tokens [B, T] and next-token targets [B, T] (integer arrays); returns the loss before "
+          "the update. Raises retort.Error when the loss is not finite (nothing is updated then). The GIL is "
+          "released meanwhile.")
+      .def_property_readonly(
+          "steps", [](const PyTrainer& t) { return t.opt->steps(); }, "Steps taken so far.")
+      .def_property_readonly(
+          "last_loss", [](const PyTrainer& t) { return t.last_loss; },
+          "The loss of the last step (NaN before).")
+      .def_property_readonly(
+          "last_lr", [](const PyTrainer& t) { return t.last_lr; }, "The learning rate of the last step.")
+      .def_property_readonly(
+          "last_grad_norm", [](const PyTrainer& t) { return t.last_grad_norm; },
+          "The global gradient norm of the last step before clipping (NaN when clipping is off).")
+      .def_property_readonly(
+          "model", [](const PyTrainer& t) { return t.m; }, "The model being trained.")
+      .def(
+          "save",
+          [](PyTrainer& t, const std::string& path) {
+            pyb::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(t.m->mu);
+            auto ts = named(t.m->model->parameters());
+            for (const Tensor* s : t.opt->m()) ts.emplace_back(s->name, s);
+            for (const Tensor* s : t.opt->v()) ts.emplace_back(s->name, s);
+            save_safetensors(
+                path, ts,
+                {{"config", t.m->model->config().describe()}, {"steps", std::to_string(t.opt->steps())}});
+          },
+          pyb::arg("path"),
+          "A checkpoint: every parameter, AdamW's moments (<name>.adam_m, <name>.adam_v) and the step count "
+          "(metadata 'steps'), in one safetensors file.")
+      .def(
+          "load",
+          [](PyTrainer& t, const std::string& path) {
+            pyb::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(t.m->mu);
+            SafeTensors st(path);
+            auto it = st.metadata().find("steps");
+            RT_CHECK(it != st.metadata().end(), path, ": not a Trainer checkpoint (no 'steps' metadata)");
+            const int64_t steps = std::stoll(it->second);
+            std::vector<Tensor*> all = t.m->model->parameters();
+            all.insert(all.end(), t.opt->m().begin(), t.opt->m().end());
+            all.insert(all.end(), t.opt->v().begin(), t.opt->v().end());
+            for (const Tensor* s : all)
+              RT_CHECK(st.shape(s->name) == s->shape(), path, ": tensor '", s->name, "' is ",
+                       shape_str_of(st.shape(s->name)), ", expected ", s->describe());
+            for (Tensor* s : all) st.load_into(s, s->name);
+            t.opt->set_steps(steps);
+          },
+          pyb::arg("path"),
+          "Restores a checkpoint written by save(): parameters, moments and step count, so that training "
+          "resumes where it stopped.");
+}
+
+}  // namespace
+
+void bind_model(pyb::module_& m) {
+  bind_config(m);
+  bind_transformer(m);
+  bind_trainer(m);
+}
+
+}  // namespace retort::py
