@@ -2,6 +2,7 @@
 // teacher-cache file or online with the teacher checkpoint in process. --help tells all.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "common.h"
 
@@ -52,7 +53,7 @@ Training
 Checkpoints
   --save PATH  --save-every N  --resume PATH     as in train
 Output
-  --svg PATH          loss curves (default: <save without .safetensors>.svg, or distill.svg)
+  --svg PATH          loss curves (default: the --save path with extension .svg, or distill.svg)
   --log-every N  --eval-every N  --eval-batches N (16)  --sample-len N (200)  --temperature F (0.8)
 Machine
   --device D  --threads N                        as in train
@@ -96,13 +97,8 @@ int main(int argc, char** argv) {
   if (log_every <= 0) log_every = std::max<int64_t>(1, to.steps / 15);
   if (eval_every < 0) eval_every = std::max<int64_t>(1, to.steps / 3);
   to.min_lr = to.lr / 10;
-  if (svg.empty()) {
-    const std::string ext = ".safetensors";
-    svg = save.empty() ? "distill.svg"
-                       : (save.size() > ext.size() && save.substr(save.size() - ext.size()) == ext
-                              ? save.substr(0, save.size() - ext.size())
-                              : save) + ".svg";
-  }
+  if (svg.empty())
+    svg = save.empty() ? std::string("distill.svg") : std::filesystem::path(save).replace_extension(".svg").string();
   try {
     const auto t_start = Clock::now();
     const Checkpoint tck(teacher);
