@@ -14,7 +14,8 @@ namespace ex {
 // ---- command line ---------------------------------------------------------------------------------------
 
 void Args::fail(const std::string& msg) const {
-  std::fprintf(stderr, "%s: %s\n(run %s --help for the options)\n", prog_.c_str(), msg.c_str(), prog_.c_str());
+  std::fprintf(stderr, "%s: %s\n(run %s --help for the options)\n", prog_.c_str(), msg.c_str(),
+               prog_.c_str());
   std::exit(2);
 }
 
@@ -95,8 +96,8 @@ bool gpu_usable() {
 }
 
 Device pick_device(const std::string& choice, int threads, const std::string& prog) {
-  RT_CHECK(choice == "auto" || choice == "cpu" || choice == "cuda", prog, ": --device is auto, cpu or cuda, got ",
-           choice);
+  RT_CHECK(choice == "auto" || choice == "cpu" || choice == "cuda", prog,
+           ": --device is auto, cpu or cuda, got ", choice);
   std::string why;
   const bool has_cuda = cuda_available(&why);
   RT_CHECK(choice != "cuda" || has_cuda, prog, ": --device cuda: ", why);
@@ -234,7 +235,8 @@ TextCodec TextCodec::from_metadata(const std::map<std::string, std::string>& md,
   char hex[16];
   std::snprintf(hex, sizeof hex, "%08x", c.crc_);
   RT_CHECK(get("tokenizer.crc32") == hex, ckpt, ": the tokenizer ", file,
-           " changed since the checkpoint was written (crc32 ", hex, ", recorded ", get("tokenizer.crc32"), ")");
+           " changed since the checkpoint was written (crc32 ", hex, ", recorded ", get("tokenizer.crc32"),
+           ")");
   return c;
 }
 
@@ -274,7 +276,8 @@ std::string TextCodec::describe() const {
   return kind_ + " (vocab " + std::to_string(vocab()) + ", " + file_ + ")";
 }
 
-std::vector<std::string> shards_for(const std::string& prefix, const std::string& split, const std::string& who) {
+std::vector<std::string> shards_for(const std::string& prefix, const std::string& split,
+                                    const std::string& who) {
   RT_CHECK(!prefix.empty(), who, ": no token shards: give --shards PREFIX (train writes them)");
   std::vector<std::string> v = list_shards(prefix, split);
   RT_CHECK(!v.empty(), who, ": no shards ", prefix, "_", split, "_00000.bin (train --data writes them)");
@@ -299,11 +302,12 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
   auto py = [&](double y) { return H - Bm - (y - y0) / (y1 - y0) * (H - Tm - Bm); };
   std::ostringstream os;
   os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
-     << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+     << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+        "fill=\"white\"/>\n";
   os << "<text x=\"" << L << "\" y=\"24\" font-size=\"15\">" << title << "</text>\n";
   os << "<line x1=\"" << L << "\" y1=\"" << H - Bm << "\" x2=\"" << W - R << "\" y2=\"" << H - Bm
-     << "\" stroke=\"black\"/>\n<line x1=\"" << L << "\" y1=\"" << Tm << "\" x2=\"" << L << "\" y2=\"" << H - Bm
-     << "\" stroke=\"black\"/>\n";
+     << "\" stroke=\"black\"/>\n<line x1=\"" << L << "\" y1=\"" << Tm << "\" x2=\"" << L << "\" y2=\""
+     << H - Bm << "\" stroke=\"black\"/>\n";
   for (int i = 0; i <= 5; ++i) {
     const double yv = y0 + (y1 - y0) * i / 5, xv = x0 + (x1 - x0) * i / 5;
     char b[32];
@@ -312,7 +316,8 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
     os << "<line x1=\"" << L << "\" y1=\"" << py(yv) << "\" x2=\"" << W - R << "\" y2=\"" << py(yv)
        << "\" stroke=\"#ddd\"/>\n";
     std::snprintf(b, sizeof b, "%.0f", xv);
-    os << "<text x=\"" << px(xv) << "\" y=\"" << H - Bm + 16 << "\" text-anchor=\"middle\">" << b << "</text>\n";
+    os << "<text x=\"" << px(xv) << "\" y=\"" << H - Bm + 16 << "\" text-anchor=\"middle\">" << b
+       << "</text>\n";
   }
   os << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 6 << "\" text-anchor=\"middle\">step</text>\n";
   int li = 0;
@@ -323,8 +328,8 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
     os << "\"/>\n";
     const double ly = Tm + 10 + 18 * li++;
     os << "<line x1=\"" << W - R + 10 << "\" y1=\"" << ly << "\" x2=\"" << W - R + 30 << "\" y2=\"" << ly
-       << "\" stroke=\"" << s.color << "\" stroke-width=\"2\"/><text x=\"" << W - R + 36 << "\" y=\"" << ly + 4
-       << "\">" << s.name << "</text>\n";
+       << "\" stroke=\"" << s.color << "\" stroke-width=\"2\"/><text x=\"" << W - R + 36 << "\" y=\""
+       << ly + 4 << "\">" << s.name << "</text>\n";
   }
   os << "</svg>\n";
   const std::string text = os.str();
@@ -384,7 +389,8 @@ std::vector<int32_t> Sampler::generate(const std::vector<int32_t>& prompt, int64
       next = int32_t(std::max_element(row, row + V) - row);
     } else {
       const float mx = *std::max_element(row, row + V);
-      for (int64_t v = 0; v < V; ++v) cand[size_t(v)] = {std::exp(double(row[v] - mx) / temperature), int32_t(v)};
+      for (int64_t v = 0; v < V; ++v)
+        cand[size_t(v)] = {std::exp(double(row[v] - mx) / temperature), int32_t(v)};
       std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
       size_t keep = top_k > 0 ? std::min<size_t>(size_t(top_k), cand.size()) : cand.size();
       double total = 0;

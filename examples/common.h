@@ -103,7 +103,8 @@ class TextCodec {
 
 // ---- checkpoint helpers ---------------------------------------------------------------------------------
 // The shards recorded in a checkpoint ("shards" metadata) for a split, or those of prefix when given.
-std::vector<std::string> shards_for(const std::string& prefix, const std::string& split, const std::string& who);
+std::vector<std::string> shards_for(const std::string& prefix, const std::string& split,
+                                    const std::string& who);
 
 // ---- SVG ------------------------------------------------------------------------------------------------
 struct Series {
@@ -128,8 +129,8 @@ class Sampler {
   Sampler(Context& ctx, Transformer& model);
   // Continues prompt by n tokens: logits / temperature, then the top_k best (0: all), then the smallest set
   // whose probability reaches top_p (1: all); temperature 0 takes the argmax.
-  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t n, float temperature, int64_t top_k,
-                                float top_p, uint64_t seed);
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t n, float temperature,
+                                int64_t top_k, float top_p, uint64_t seed);
 
  private:
   Transformer& model_;

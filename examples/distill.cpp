@@ -84,10 +84,13 @@ int main(int argc, char** argv) {
   a.add("--kd-temperature", &kd.temperature), a.add("--normalize-topk", &kd.normalize_topk);
   a.add("--layers", &sc.layers), a.add("--d-model", &sc.d_model), a.add("--heads", &sc.heads);
   a.add("--kv-heads", &sc.kv_heads), a.add("--d-ff", &sc.d_ff);
-  a.add("--steps", &to.steps), a.add("--batch", &to.batch), a.add("--lr", &to.lr), a.add("--warmup", &to.warmup);
+  a.add("--steps", &to.steps), a.add("--batch", &to.batch), a.add("--lr", &to.lr),
+      a.add("--warmup", &to.warmup);
   a.add("--weight-decay", &to.weight_decay), a.add("--clip", &to.clip), a.add("--seed", &to.seed);
-  a.add("--save", &save), a.add("--save-every", &save_every), a.add("--resume", &resume), a.add("--svg", &svg);
-  a.add("--log-every", &log_every), a.add("--eval-every", &eval_every), a.add("--eval-batches", &eval_batches);
+  a.add("--save", &save), a.add("--save-every", &save_every), a.add("--resume", &resume),
+      a.add("--svg", &svg);
+  a.add("--log-every", &log_every), a.add("--eval-every", &eval_every),
+      a.add("--eval-batches", &eval_batches);
   a.add("--sample-len", &sample_len), a.add("--temperature", &temperature);
   a.add("--device", &device), a.add("--threads", &threads);
   a.parse(argc, argv);
@@ -98,7 +101,8 @@ int main(int argc, char** argv) {
   if (eval_every < 0) eval_every = std::max<int64_t>(1, to.steps / 3);
   to.min_lr = to.lr / 10;
   if (svg.empty())
-    svg = save.empty() ? std::string("distill.svg") : std::filesystem::path(save).replace_extension(".svg").string();
+    svg = save.empty() ? std::string("distill.svg")
+                       : std::filesystem::path(save).replace_extension(".svg").string();
   try {
     const auto t_start = Clock::now();
     const Checkpoint tck(teacher);
@@ -117,8 +121,8 @@ int main(int argc, char** argv) {
       cache = std::make_unique<TopKCache>(TopKCache::open(cache_prefix));
       cache->check_vocab(tcfg.vocab);
       if (k <= 0) k = cache->k();
-      RT_CHECK(k <= cache->k(), "distill: --k ", k, " is larger than the cache ", cache_prefix, " holds (K = ",
-               cache->k(), ")");
+      RT_CHECK(k <= cache->k(), "distill: --k ", k, " is larger than the cache ", cache_prefix,
+               " holds (K = ", cache->k(), ")");
     } else if (k <= 0) {
       k = 16;
     }
@@ -161,13 +165,15 @@ int main(int argc, char** argv) {
     std::printf("retort %s | device: %s\n", RETORT_VERSION, dev.desc.c_str());
     std::printf("teacher: %s (%s, step %lld)\n", teacher.c_str(), tcfg.describe().c_str(),
                 (long long)tck.state().step);
-    std::printf("teacher top-K: %s, K = %lld\n", cache ? ("cache " + cache_prefix).c_str() : "online", (long long)k);
+    std::printf("teacher top-K: %s, K = %lld\n", cache ? ("cache " + cache_prefix).c_str() : "online",
+                (long long)k);
     std::printf("student: %s, %.2fM parameters; tokens %s from %s_*\n", cfg.describe().c_str(),
                 double(model.parameter_count()) / 1e6, codec.describe().c_str(), shards.c_str());
-    std::printf("loss: %.2g·CE + %.2g·T²·D, beta %.2g, T %.2g, normalize_topk %d; %lld steps x %lld x %lld, lr "
-                "%.2g\n",
-                double(kd.w_hard), double(kd.w_soft), double(kd.beta), double(kd.temperature), int(kd.normalize_topk),
-                (long long)to.steps, (long long)to.batch, (long long)cfg.context, double(to.lr));
+    std::printf(
+        "loss: %.2g·CE + %.2g·T²·D, beta %.2g, T %.2g, normalize_topk %d; %lld steps x %lld x %lld, lr "
+        "%.2g\n",
+        double(kd.w_hard), double(kd.w_soft), double(kd.beta), double(kd.temperature), int(kd.normalize_topk),
+        (long long)to.steps, (long long)to.batch, (long long)cfg.context, double(to.lr));
     std::fflush(stdout);
 
     std::function<void(const Batch&)> online;
@@ -197,8 +203,8 @@ int main(int argc, char** argv) {
     auto report_val = [&](int64_t step, double v) {
       s_val.x.push_back(double(step));
       s_val.y.push_back(v);
-      std::printf("  validation @ step %lld: cross-entropy %.4f nats/token, perplexity %.2f\n", (long long)step, v,
-                  std::exp(v));
+      std::printf("  validation @ step %lld: cross-entropy %.4f nats/token, perplexity %.2f\n",
+                  (long long)step, v, std::exp(v));
       std::fflush(stdout);
     };
     const double val_before = evaluator.run();
@@ -217,7 +223,8 @@ int main(int argc, char** argv) {
       s_soft.x.push_back(double(step)), s_soft.y.push_back(r.soft);
       if (kd.w_hard > 0) s_hard.x.push_back(double(step)), s_hard.y.push_back(r.hard);
       char f[160];
-      std::snprintf(f, sizeof f, "loss %.4f (hard %.3f soft %.3f) | lr %.2e", r.loss, r.hard, r.soft, double(r.lr));
+      std::snprintf(f, sizeof f, "loss %.4f (hard %.3f soft %.3f) | lr %.2e", r.loss, r.hard, r.soft,
+                    double(r.lr));
       progress.update(step, f);
       if (eval_every > 0 && step % eval_every == 0 && step != to.steps) {
         val_after = evaluator.run();

@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
     if (shards.empty()) shards = ck.meta("shards");
     const auto paths = shards_for(shards, split, "eval");
     if (seq <= 0) seq = ck.config().context;
-    RT_CHECK(seq <= ck.config().context, "eval: --seq ", seq, " exceeds the model's context ", ck.config().context);
+    RT_CHECK(seq <= ck.config().context, "eval: --seq ", seq, " exceeds the model's context ",
+             ck.config().context);
     Device dev = pick_device(device, threads, "eval");
     Context ctx(*dev.backend);
     Transformer model(ctx, ck.config());

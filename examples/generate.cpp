@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   int threads = 0;
   Args a("generate", kHelp);
-  a.add("--ckpt", &ckpt), a.add("--prompt", &prompt), a.add("--len", &len), a.add("--temperature", &temperature);
+  a.add("--ckpt", &ckpt), a.add("--prompt", &prompt), a.add("--len", &len),
+      a.add("--temperature", &temperature);
   a.add("--top-k", &top_k), a.add("--top-p", &top_p), a.add("--seed", &seed), a.add("--device", &device);
   a.add("--threads", &threads);
   a.parse(argc, argv);
@@ -64,9 +65,10 @@ int main(int argc, char** argv) {
     const auto out = sampler.generate(codec.encode(prompt), len, temperature, top_k, top_p, seed);
     const double secs = seconds_since(t0);
     std::printf("%s%s\n", printable(prompt).c_str(), printable(codec.decode(out)).c_str());
-    std::fprintf(stderr, "(%lld tokens in %s, %.1f tokens/s on %s; temperature %.2g, top-k %lld, top-p %.2g)\n",
-                 (long long)len, duration(secs).c_str(), secs > 0 ? double(len) / secs : 0.0, dev.desc.c_str(),
-                 double(temperature), (long long)top_k, double(top_p));
+    std::fprintf(stderr,
+                 "(%lld tokens in %s, %.1f tokens/s on %s; temperature %.2g, top-k %lld, top-p %.2g)\n",
+                 (long long)len, duration(secs).c_str(), secs > 0 ? double(len) / secs : 0.0,
+                 dev.desc.c_str(), double(temperature), (long long)top_k, double(top_p));
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "generate: %s\n", e.what());

@@ -9,7 +9,8 @@ using namespace ex;
 
 namespace {
 
-const char* kHelp = R"(teacher-cache - write a teacher's top-K next-token distribution for every position of the shards.
+const char* kHelp =
+    R"(teacher-cache - write a teacher's top-K next-token distribution for every position of the shards.
 
 Loads the teacher checkpoint (written by train), reads the token shards it was trained on (or --shards), and
 runs the teacher over them window by window in stream order: windows of the teacher's context, stride = the
@@ -87,8 +88,9 @@ int main(int argc, char** argv) {
     TopKCacheWriter writer(out, spec);
     std::printf("retort %s | device: %s\nteacher: %s (%s, step %lld)\n", RETORT_VERSION, dev.desc.c_str(),
                 teacher.c_str(), cfg.describe().c_str(), (long long)ck.state().step);
-    std::printf("caching top-%lld (%s) for %lld windows x %lld positions of %s_%s_* -> %s_*.topk\n", (long long)k,
-                dtype.c_str(), (long long)windows, (long long)T, shards.c_str(), split.c_str(), out.c_str());
+    std::printf("caching top-%lld (%s) for %lld windows x %lld positions of %s_%s_* -> %s_*.topk\n",
+                (long long)k, dtype.c_str(), (long long)windows, (long long)T, shards.c_str(), split.c_str(),
+                out.c_str());
     std::fflush(stdout);
 
     const int64_t steps = (windows + B - 1) / B;
@@ -125,8 +127,9 @@ int main(int argc, char** argv) {
     const int64_t rec = k * 4 + k * (dtype == "bf16" ? 2 : 4) + k;
     std::printf("\nsummary: %lld positions in %s (%.0f tok/s) on %s\n", (long long)cache.positions(),
                 duration(progress.elapsed()).c_str(), progress.tokens_per_second(), dev.desc.c_str());
-    std::printf("  %zu cache shard(s), about %.1f MiB; the teacher's loss on them %.4f nats/token\n", written.size(),
-                double(cache.positions() * ((rec + 3) / 4 * 4)) / (1 << 20), nll / double(done * T));
+    std::printf("  %zu cache shard(s), about %.1f MiB; the teacher's loss on them %.4f nats/token\n",
+                written.size(), double(cache.positions() * ((rec + 3) / 4 * 4)) / (1 << 20),
+                nll / double(done * T));
     std::printf("cache: %s\n", out.c_str());
     return 0;
   } catch (const Error& e) {

@@ -10,7 +10,8 @@ using namespace ex;
 
 namespace {
 
-const std::string kHelp = std::string(R"(train - tokenize a text, train a small language model on it with retort, save it.
+const std::string kHelp =
+    std::string(R"(train - tokenize a text, train a small language model on it with retort, save it.
 
 1. Tokenizes --data with --tokenizer and writes token shards "<shards>_train_00000.bin" and
    "<shards>_val_00000.bin" (the last --val-frac of the tokens is held out for validation):
@@ -94,20 +95,23 @@ int main(int argc, char** argv) {
   a.add("--data", &o.data), a.add("--max-bytes", &o.max_bytes), a.add("--tokenizer", &o.tokenizer);
   a.add("--vocab", &o.vocab), a.add("--shards", &o.shards), a.add("--val-frac", &o.val_frac);
   a.add("--layers", &o.model.layers), a.add("--d-model", &o.model.d_model), a.add("--heads", &o.model.heads);
-  a.add("--kv-heads", &o.model.kv_heads), a.add("--d-ff", &o.model.d_ff), a.add("--context", &o.model.context);
+  a.add("--kv-heads", &o.model.kv_heads), a.add("--d-ff", &o.model.d_ff),
+      a.add("--context", &o.model.context);
   a.add("--steps", &o.train.steps), a.add("--batch", &o.train.batch), a.add("--lr", &o.train.lr);
   a.add("--warmup", &o.train.warmup), a.add("--weight-decay", &o.train.weight_decay);
   a.add("--clip", &o.train.clip), a.add("--seed", &o.train.seed);
   a.add("--save", &o.save), a.add("--save-every", &o.save_every), a.add("--resume", &o.resume);
   a.add("--device", &o.device), a.add("--threads", &o.threads);
-  a.add("--log-every", &o.log_every), a.add("--eval-every", &o.eval_every), a.add("--eval-batches", &o.eval_batches);
+  a.add("--log-every", &o.log_every), a.add("--eval-every", &o.eval_every),
+      a.add("--eval-batches", &o.eval_batches);
   a.add("--sample-len", &o.sample_len), a.add("--temperature", &o.temperature), a.add("--prompt", &o.prompt);
   a.parse(argc, argv);
   if (o.train.steps < 1) a.fail("--steps must be >= 1");
   if (o.train.batch < 1) a.fail("--batch must be >= 1");
   if (o.val_frac <= 0 || o.val_frac >= 0.5) a.fail("--val-frac must be in (0, 0.5)");
   if (o.train.lr <= 0) a.fail("--lr must be > 0");
-  if (o.tokenizer != "bytes" && o.tokenizer != "bpe" && o.tokenizer != "gpt2") a.fail("--tokenizer is bytes, bpe or gpt2");
+  if (o.tokenizer != "bytes" && o.tokenizer != "bpe" && o.tokenizer != "gpt2")
+    a.fail("--tokenizer is bytes, bpe or gpt2");
   if (o.train.warmup < 0) o.train.warmup = std::max<int64_t>(1, o.train.steps / 20);
   if (o.log_every <= 0) o.log_every = std::max<int64_t>(1, o.train.steps / 15);
   if (o.eval_every < 0) o.eval_every = std::max<int64_t>(1, o.train.steps / 3);
@@ -134,7 +138,8 @@ int main(int argc, char** argv) {
         reuse = codec.vocab() == o.vocab;
       }
       if (!reuse) {
-        std::printf("training a BPE vocabulary of %lld tokens on %zu bytes...\n", (long long)o.vocab, text.size());
+        std::printf("training a BPE vocabulary of %lld tokens on %zu bytes...\n", (long long)o.vocab,
+                    text.size());
         std::fflush(stdout);
         BpeTrainOptions bo;
         bo.vocab_size = o.vocab;
@@ -169,12 +174,14 @@ int main(int argc, char** argv) {
     std::printf("data: %s, %zu bytes -> %s, %lld train + %lld validation tokens in %s_*\n", o.data.c_str(),
                 text.size(), codec.describe().c_str(), (long long)set.train_tokens, (long long)set.val_tokens,
                 o.shards.c_str());
-    std::printf("model: %s, %.2fM parameters\n", cfg.describe().c_str(), double(model.parameter_count()) / 1e6);
-    std::printf("training: %lld steps x %lld windows x %lld tokens, lr %.2g (warmup %lld, cosine to %.2g), AdamW "
-                "wd %.2g, clip %.2g, seed %llu\n",
-                (long long)o.train.steps, (long long)o.train.batch, (long long)cfg.context, double(o.train.lr),
-                (long long)o.train.warmup, double(o.train.min_lr), double(o.train.weight_decay),
-                double(o.train.clip), (unsigned long long)o.train.seed);
+    std::printf("model: %s, %.2fM parameters\n", cfg.describe().c_str(),
+                double(model.parameter_count()) / 1e6);
+    std::printf(
+        "training: %lld steps x %lld windows x %lld tokens, lr %.2g (warmup %lld, cosine to %.2g), AdamW "
+        "wd %.2g, clip %.2g, seed %llu\n",
+        (long long)o.train.steps, (long long)o.train.batch, (long long)cfg.context, double(o.train.lr),
+        (long long)o.train.warmup, double(o.train.min_lr), double(o.train.weight_decay), double(o.train.clip),
+        (unsigned long long)o.train.seed);
     std::fflush(stdout);
 
     std::map<std::string, std::string> meta = codec.metadata();
@@ -225,7 +232,8 @@ int main(int argc, char** argv) {
         size_t at = tail.find('\n', tail.size() / 2);
         prompt = tail.substr(at == std::string::npos ? 0 : at + 1, 24);
       }
-      const auto out = sampler.generate(codec.encode(prompt), o.sample_len, o.temperature, 0, 1.0f, o.train.seed + 7);
+      const auto out =
+          sampler.generate(codec.encode(prompt), o.sample_len, o.temperature, 0, 1.0f, o.train.seed + 7);
       std::printf("\n---- sample (temperature %.2g, %lld tokens) ----\n%s%s\n---- end of sample ----\n",
                   double(o.temperature), (long long)o.sample_len, printable(prompt).c_str(),
                   printable(codec.decode(out)).c_str());
@@ -243,8 +251,8 @@ int main(int argc, char** argv) {
       std::printf("  training loss   %.4f -> %.4f (first step -> mean of the last %zu)\n", losses[0],
                   last / double(tail), tail);
     }
-    std::printf("  validation loss %.4f -> %.4f nats/token (perplexity %.2f -> %.2f)\n", val_before, val_after,
-                std::exp(val_before), std::exp(val_after));
+    std::printf("  validation loss %.4f -> %.4f nats/token (perplexity %.2f -> %.2f)\n", val_before,
+                val_after, std::exp(val_before), std::exp(val_after));
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "\ntrain: %s\n", e.what());

@@ -63,19 +63,16 @@ bool reserved_key(const std::string& k) {
 }  // namespace
 
 std::map<std::string, std::string> config_to_metadata(const TransformerConfig& c) {
-  return {{"config.vocab", std::to_string(c.vocab)},
-          {"config.context", std::to_string(c.context)},
-          {"config.layers", std::to_string(c.layers)},
-          {"config.d_model", std::to_string(c.d_model)},
-          {"config.heads", std::to_string(c.heads)},
-          {"config.kv_heads", std::to_string(c.kv_heads)},
-          {"config.d_ff", std::to_string(c.d_ff)},
-          {"config.rope_theta", float_str(c.rope_theta)},
-          {"config.norm_eps", float_str(c.norm_eps)},
-          {"config.tie_embeddings", c.tie_embeddings ? "1" : "0"}};
+  return {
+      {"config.vocab", std::to_string(c.vocab)},   {"config.context", std::to_string(c.context)},
+      {"config.layers", std::to_string(c.layers)}, {"config.d_model", std::to_string(c.d_model)},
+      {"config.heads", std::to_string(c.heads)},   {"config.kv_heads", std::to_string(c.kv_heads)},
+      {"config.d_ff", std::to_string(c.d_ff)},     {"config.rope_theta", float_str(c.rope_theta)},
+      {"config.norm_eps", float_str(c.norm_eps)},  {"config.tie_embeddings", c.tie_embeddings ? "1" : "0"}};
 }
 
-TransformerConfig config_from_metadata(const std::map<std::string, std::string>& md, const std::string& path) {
+TransformerConfig config_from_metadata(const std::map<std::string, std::string>& md,
+                                       const std::string& path) {
   TransformerConfig c;
   c.vocab = parse_int(md, "config.vocab", path);
   c.context = parse_int(md, "config.context", path);
@@ -102,8 +99,10 @@ void save_checkpoint(const std::string& path, const Transformer& model, const Ad
   if (optimizer) {
     RT_CHECK(optimizer->m().size() == params.size(), "save_checkpoint: ", path,
              ": the optimizer does not hold the model's parameters");
-    for (size_t i = 0; i < params.size(); ++i) tensors.emplace_back("adam.m." + params[i]->name, optimizer->m()[i]);
-    for (size_t i = 0; i < params.size(); ++i) tensors.emplace_back("adam.v." + params[i]->name, optimizer->v()[i]);
+    for (size_t i = 0; i < params.size(); ++i)
+      tensors.emplace_back("adam.m." + params[i]->name, optimizer->m()[i]);
+    for (size_t i = 0; i < params.size(); ++i)
+      tensors.emplace_back("adam.v." + params[i]->name, optimizer->v()[i]);
   }
   std::map<std::string, std::string> md = config_to_metadata(model.config());
   for (const auto& [k, v] : extra) {
@@ -138,8 +137,9 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
   const auto& md = impl_->st.metadata();
   const auto fmt = md.find("format");
   if (fmt == md.end() || fmt->second != kCheckpointFormat)
-    io::file_error(path, "wrong magic: metadata format is '" + (fmt == md.end() ? std::string("(none)") : fmt->second) +
-                             "', expected '" + kCheckpointFormat + "' (not a retort checkpoint)");
+    io::file_error(path, "wrong magic: metadata format is '" +
+                             (fmt == md.end() ? std::string("(none)") : fmt->second) + "', expected '" +
+                             kCheckpointFormat + "' (not a retort checkpoint)");
   if (meta("version") != "1")
     io::file_error(path, "unsupported checkpoint version '" + meta("version") + "' (this build reads 1)");
   uint32_t crc = 0;
@@ -180,9 +180,10 @@ const std::map<std::string, std::string>& Checkpoint::metadata() const {
 
 void Checkpoint::load_model(Transformer& model) const {
   const TransformerConfig& c = model.config();
-  if (c.describe() != config_.describe() || c.rope_theta != config_.rope_theta || c.norm_eps != config_.norm_eps)
-    io::file_error(path_, "checkpoint holds a model " + config_.describe() + ", not the " + c.describe() +
-                              " asked for");
+  if (c.describe() != config_.describe() || c.rope_theta != config_.rope_theta ||
+      c.norm_eps != config_.norm_eps)
+    io::file_error(
+        path_, "checkpoint holds a model " + config_.describe() + ", not the " + c.describe() + " asked for");
   for (Tensor* p : model.parameters()) impl_->st.load_into(p, p->name);
 }
 
@@ -240,10 +241,12 @@ LossOutputs lm_topk_distill(Context& ctx, Transformer& model, Tensor* tokens, Te
 LmTrainer::LmTrainer(Context& ctx, Transformer& model, const std::vector<std::string>& train_shards,
                      const TrainerOptions& options, const DistillHead& head)
     : ctx_(ctx), model_(model), opt_(options), head_(head) {
-  RT_CHECK(opt_.steps >= 1 && opt_.batch >= 1 && opt_.seq_len >= 1, "trainer: steps, batch and seq_len must be >= 1");
+  RT_CHECK(opt_.steps >= 1 && opt_.batch >= 1 && opt_.seq_len >= 1,
+           "trainer: steps, batch and seq_len must be >= 1");
   RT_CHECK(opt_.seq_len <= model.config().context, "trainer: seq_len ", opt_.seq_len,
            " exceeds the model's context ", model.config().context);
-  RT_CHECK(opt_.warmup >= 0 && opt_.warmup <= opt_.steps, "trainer: warmup ", opt_.warmup, " must be in [0, steps]");
+  RT_CHECK(opt_.warmup >= 0 && opt_.warmup <= opt_.steps, "trainer: warmup ", opt_.warmup,
+           " must be in [0, steps]");
   BatchLoaderOptions lo;
   lo.batch = opt_.batch;
   lo.seq_len = opt_.seq_len;
@@ -256,8 +259,8 @@ LmTrainer::LmTrainer(Context& ctx, Transformer& model, const std::vector<std::st
     RT_CHECK(head_.k >= 1, "trainer: distillation needs K >= 1, got ", head_.k);
     if (head_.cache) {
       head_.cache->check_vocab(model.config().vocab);
-      RT_CHECK(head_.k <= head_.cache->k(), "trainer: K = ", head_.k, " is larger than the teacher cache holds (K = ",
-               head_.cache->k(), ")");
+      RT_CHECK(head_.k <= head_.cache->k(), "trainer: K = ", head_.k,
+               " is larger than the teacher cache holds (K = ", head_.cache->k(), ")");
     }
     t_ids_ = ctx.input(DType::I32, {N, head_.k}, "teacher_ids");
     t_logprobs_ = ctx.input(DType::F32, {N, head_.k}, "teacher_logprobs");
@@ -337,8 +340,8 @@ void LmTrainer::resume(const Checkpoint& ckpt) {
 
 // ---- evaluation -----------------------------------------------------------------------------------------
 
-LmEvaluator::LmEvaluator(Context& ctx, Transformer& model, const std::vector<std::string>& shards, int64_t batch,
-                         int64_t seq_len, int64_t max_batches)
+LmEvaluator::LmEvaluator(Context& ctx, Transformer& model, const std::vector<std::string>& shards,
+                         int64_t batch, int64_t seq_len, int64_t max_batches)
     : T_(seq_len) {
   RT_CHECK(!shards.empty(), "evaluate: no validation shards");
   BatchLoaderOptions lo;

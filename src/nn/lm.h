@@ -109,8 +109,8 @@ struct TrainerOptions {
 struct DistillHead {
   bool enabled = false;
   TopKDistillOptions opts;
-  int64_t k = 0;                      // teacher candidates per position
-  const TopKCache* cache = nullptr;   // offline: gathered per batch; null: the caller fills ids/logprobs/mask
+  int64_t k = 0;                     // teacher candidates per position
+  const TopKCache* cache = nullptr;  // offline: gathered per batch; null: the caller fills ids/logprobs/mask
 };
 
 // One training run's step: loader → batch → forward+backward → clip → AdamW with a cosine schedule. The

@@ -101,8 +101,11 @@ TEST(Checkpoint, RoundTripParamsMomentsStateAndMetadata) {
   save_checkpoint(bare, model, nullptr, TrainState{});
   EXPECT_FALSE(Checkpoint(bare).has_optimizer());
   expect_error([&] { Checkpoint(bare).load_optimizer(opt, other); }, {bare, "no optimizer state"});
-  expect_error([&] { save_checkpoint(bare, model, nullptr, TrainState{}, {{"config.vocab", "1"}}); },
-               {"reserved"});
+  expect_error(
+      [&] {
+        save_checkpoint(bare, model, nullptr, TrainState{}, {{"config.vocab", "1"}});
+      },
+      {"reserved"});
 }
 
 // Train k steps, save, resume in a fresh context for m steps == train k+m steps straight: bit-equal.
@@ -217,7 +220,8 @@ TEST(Checkpoint, TeacherStudentVocabularyAndCacheK) {
       const int64_t n = TokenShard(p).size();
       std::vector<int32_t> ids(size_t(n * 4));
       std::vector<float> lp(size_t(n * 4));
-      for (int64_t i = 0; i < n * 4; ++i) ids[size_t(i)] = int32_t(i % 48), lp[size_t(i)] = -1.0f - float(i % 4);
+      for (int64_t i = 0; i < n * 4; ++i)
+        ids[size_t(i)] = int32_t(i % 48), lp[size_t(i)] = -1.0f - float(i % 4);
       w.write(pos, n, ids.data(), lp.data());
       pos += n;
     }
