@@ -59,7 +59,7 @@ else
   : "${STUDENT:=--layers 2 --d-model 64 --heads 2}" "${STUDENT_STEPS:=250}" "${STUDENT_LR:=3e-3}"
   : "${K:=16}"
 fi
-: "${W_HARD:=0.3}" "${W_SOFT:=0.7}" "${KD_T:=1.0}" "${BETA:=0}" "${SEED:=1}"
+: "${W_HARD:=0.1}" "${W_SOFT:=0.9}" "${KD_T:=1.0}" "${BETA:=0}" "${SEED:=1}"
 COMMON="--device $DEVICE --batch $BATCH"
 echo "settings (environment variables): GPU=$GPU MAX_BYTES=$MAX_BYTES CONTEXT=$CONTEXT BATCH=$BATCH"
 echo "  TEACHER='$TEACHER' TEACHER_STEPS=$TEACHER_STEPS TEACHER_LR=$TEACHER_LR"
