@@ -1,430 +1,258 @@
-// train: trains a small byte-level Llama-style language model on a text file and prints a sample.
-// The whole training step is in main(): build the graph once, then per step fill the batch, run forward and
-// backward, clip, and update. Run with --help for the story and the options.
-#include <algorithm>
-#include <chrono>
+// train: tokenizes a text file into shards and trains a Llama-style language model on them, with
+// checkpoints that resume bit-for-bit. The step itself is retort::LmTrainer (src/nn/lm.h). --help tells all.
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <functional>
-#include <iterator>
-#include <map>
-#include <memory>
-#include <random>
-#include <string>
-#include <vector>
+#include <filesystem>
 
-#include <unistd.h>
+#include "common.h"
 
-#include "retort.h"
-
-#ifndef RETORT_DATA_DIR
-#define RETORT_DATA_DIR "data"
-#endif
-
-using namespace retort;
+using namespace ex;
 
 namespace {
 
-const char* kHelp = R"(train - train a small byte-level language model with retort, then write a sample.
+const std::string kHelp =
+    std::string(R"(train - tokenize a text, train a small language model on it with retort, save it.
 
-Reads a text file as bytes (vocabulary 256: no tokenizer), holds out its last --val-frac for validation, and
-trains a Llama-style decoder (RMSNorm, rotary positions, causal self-attention, SwiGLU MLP, tied embedding) on
-random windows of --context bytes, --batch windows per step, with AdamW, a cosine learning-rate schedule with
-warmup and global gradient-norm clipping. Every step is one graph built once and re-run with new data.
-
-It prints a progress line with the training loss, learning rate, tokens per second and ETA; the validation
-loss (nats and bits per byte) before training and every --eval-every steps; then a text sample continuing a
-prompt taken from the held-out text; and a summary. With the defaults it runs a few minutes on two CPU cores,
-and the loss falls from ln(256) = 5.5 towards 2 and below.
+1. Tokenizes --data with --tokenizer and writes token shards "<shards>_train_00000.bin" and
+   "<shards>_val_00000.bin" (the last --val-frac of the tokens is held out for validation):
+     bytes   every byte is a token (vocabulary 256, nothing to train)
+     bpe     a byte-level BPE vocabulary of --vocab tokens, trained on the data and saved as
+             "<shards>.tokenizer" (reused when it exists with that size)
+     gpt2    GPT-2's vocabulary (50257 tokens) from the bundled data
+2. Trains a Llama-style decoder (RMSNorm, rotary positions, causal self-attention, SwiGLU MLP, tied
+   embedding) on shuffled windows of --context tokens, --batch windows per step, with AdamW, a cosine
+   learning-rate schedule with warmup and gradient-norm clipping. The loss is a fused linear cross-entropy:
+   the lm head and the loss are one graph node that never holds the [tokens, vocabulary] logits.
+3. Prints a progress bar (loss, learning rate, tokens/s, ETA), the validation loss before, every
+   --eval-every steps and after, a sample continuing a held-out prompt, and a summary.
+4. With --save PATH writes a checkpoint (safetensors: parameters, AdamW moments, step, loader position,
+   model config, tokenizer identity and shard prefix) every --save-every steps and at the end, atomically:
+   a run killed while saving leaves the previous checkpoint intact. --resume PATH continues a run from
+   such a checkpoint exactly where it stopped: on the CPU the parameters come out bit-for-bit equal to an
+   uninterrupted run's. eval, generate, teacher-cache and distill read these checkpoints.
 
 Usage: train [options]
 
 Data
-  --data PATH         text file to train on (default: the bundled King James Bible,
-                      )" RETORT_DATA_DIR R"(/kjv.txt; austen.txt is next to it)
-  --val-frac F        fraction held out at the end for validation (default 0.05)
+  --data PATH         text to train on (default: the bundled King James Bible, )" RETORT_DATA_DIR R"(/kjv.txt)
+  --max-bytes N       use only the first N bytes of the text, 0 for all (default 0)
+  --tokenizer KIND    bytes, bpe or gpt2 (default bytes)
+  --vocab N           BPE vocabulary size with --tokenizer bpe (default 1024)
+  --shards PREFIX     where the shards go (default: the data path without .txt, plus .<tokenizer>)
+  --val-frac F        fraction of the tokens held out (default 0.05)
 Model
   --layers N          transformer blocks (default 4)
-  --d-model N         width of the residual stream (default 128)
+  --d-model N         residual width (default 128)
   --heads N           attention heads (default 4); d-model / heads must be even
-  --kv-heads N        key/value heads for grouped-query attention; must divide heads (default: heads)
+  --kv-heads N        key/value heads (grouped-query attention); must divide heads (default: heads)
   --d-ff N            SwiGLU hidden width (default: 8/3 d-model rounded up to a multiple of 32)
-  --context N         bytes per training window, and the model's context (default 128)
+  --context N         tokens per window and the model's context (default 128)
 Training
   --steps N           optimizer steps (default 300)
   --batch N           windows per step (default 16)
-  --lr F              peak learning rate (default 3e-3); decays along a cosine to lr/10
+  --lr F              peak learning rate (default 3e-3); cosine decay to lr/10
   --warmup N          linear warmup steps (default: steps/20)
   --weight-decay F    AdamW decoupled weight decay (default 0.1)
-  --clip F            clip the global gradient norm to F; 0 turns clipping off (default 1.0)
-  --seed N            seeds the init, the batches and the sampler (default 1)
+  --clip F            global gradient-norm clip, 0 for none (default 1.0)
+  --seed N            seeds the init and the batch order (default 1)
+Checkpoints
+  --save PATH         write a checkpoint here (at the end, and every --save-every steps)
+  --save-every N      0 for only at the end (default 0)
+  --resume PATH       continue the run saved in PATH (same model, data and seed; --steps is the total)
 Machine
-  --device D          auto, cpu or cuda (default auto: cuda when a GPU is usable, else cpu)
+  --device D          auto, cpu or cuda (default auto: cuda when a GPU is usable)
   --threads N         CPU threads (default 0: all cores)
 Output
-  --log-every N       print a progress line every N steps (default: steps/15)
-  --eval-every N      validation loss every N steps, 0 for only before and after (default: steps/3)
-  --eval-batches N    validation batches per evaluation (default 8)
-  --sample-len N      bytes to generate after training, 0 for none (default 400)
+  --log-every N       progress line every N steps (default: steps/15)
+  --eval-every N      validation every N steps, 0 for before and after only (default: steps/3)
+  --eval-batches N    validation batches (default 16)
+  --sample-len N      tokens to generate at the end, 0 for none (default 300)
   --temperature F     sampling temperature (default 0.8)
-  --prompt TEXT       prompt for the sample (default: the start of a line in the held-out text)
+  --prompt TEXT       prompt for the sample (default: a line of the held-out text)
   --help              this text
 
-Example: train --steps 1000 --layers 6 --d-model 192 --heads 6 --data build/data/austen.txt
-)";
+Example: train --tokenizer bpe --vocab 2048 --steps 1000 --save build/teacher.safetensors
+)");
 
 struct Options {
-  std::string data = RETORT_DATA_DIR "/kjv.txt";
+  std::string data = RETORT_DATA_DIR "/kjv.txt", tokenizer = "bytes", shards, save, resume, prompt;
+  int64_t max_bytes = 0, vocab = 1024, save_every = 0, log_every = -1, eval_every = -1, eval_batches = 16;
+  int64_t sample_len = 300;
   double val_frac = 0.05;
   TransformerConfig model;
-  int64_t steps = 300, batch = 16, warmup = -1, log_every = -1, eval_every = -1, eval_batches = 8;
-  float lr = 3e-3f, weight_decay = 0.1f, clip = 1.0f, temperature = 0.8f;
-  uint64_t seed = 1;
+  TrainerOptions train;
+  float temperature = 0.8f;
   std::string device = "auto";
   int threads = 0;
-  int64_t sample_len = 400;
-  std::string prompt;
-  bool has_prompt = false;
 };
-
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::fprintf(stderr, "train: %s\n(run train --help for the options)\n", msg.c_str());
-  std::exit(2);
-}
-
-int64_t to_int(const std::string& flag, const char* v) {
-  char* end = nullptr;
-  long long x = std::strtoll(v, &end, 10);
-  if (!*v || *end) usage_error(flag + " wants an integer, got '" + v + "'");
-  return x;
-}
-
-double to_float(const std::string& flag, const char* v) {
-  char* end = nullptr;
-  double x = std::strtod(v, &end);
-  if (!*v || *end || !std::isfinite(x)) usage_error(flag + " wants a number, got '" + v + "'");
-  return x;
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  std::string f;  // the flag being parsed, for the error messages of to_int / to_float
-  const std::map<std::string, std::function<void(const char*)>> setters = {
-      {"--data", [&](const char* v) { o.data = v; }},
-      {"--val-frac", [&](const char* v) { o.val_frac = to_float(f, v); }},
-      {"--layers", [&](const char* v) { o.model.layers = to_int(f, v); }},
-      {"--d-model", [&](const char* v) { o.model.d_model = to_int(f, v); }},
-      {"--heads", [&](const char* v) { o.model.heads = to_int(f, v); }},
-      {"--kv-heads", [&](const char* v) { o.model.kv_heads = to_int(f, v); }},
-      {"--d-ff", [&](const char* v) { o.model.d_ff = to_int(f, v); }},
-      {"--context", [&](const char* v) { o.model.context = to_int(f, v); }},
-      {"--steps", [&](const char* v) { o.steps = to_int(f, v); }},
-      {"--batch", [&](const char* v) { o.batch = to_int(f, v); }},
-      {"--lr", [&](const char* v) { o.lr = float(to_float(f, v)); }},
-      {"--warmup", [&](const char* v) { o.warmup = to_int(f, v); }},
-      {"--weight-decay", [&](const char* v) { o.weight_decay = float(to_float(f, v)); }},
-      {"--clip", [&](const char* v) { o.clip = float(to_float(f, v)); }},
-      {"--seed", [&](const char* v) { o.seed = uint64_t(to_int(f, v)); }},
-      {"--device", [&](const char* v) { o.device = v; }},
-      {"--threads", [&](const char* v) { o.threads = int(to_int(f, v)); }},
-      {"--log-every", [&](const char* v) { o.log_every = to_int(f, v); }},
-      {"--eval-every", [&](const char* v) { o.eval_every = to_int(f, v); }},
-      {"--eval-batches", [&](const char* v) { o.eval_batches = to_int(f, v); }},
-      {"--sample-len", [&](const char* v) { o.sample_len = to_int(f, v); }},
-      {"--temperature", [&](const char* v) { o.temperature = float(to_float(f, v)); }},
-      {"--prompt", [&](const char* v) { o.prompt = v, o.has_prompt = true; }},
-  };
-  for (int i = 1; i < argc; ++i) {
-    f = argv[i];
-    if (f == "--help" || f == "-h") {
-      std::fputs(kHelp, stdout);
-      std::exit(0);
-    }
-    const auto it = setters.find(f);
-    if (it == setters.end()) usage_error("unknown option " + f);
-    if (i + 1 >= argc) usage_error(f + " needs a value");
-    it->second(argv[++i]);
-  }
-  if (o.steps < 1) usage_error("--steps must be >= 1");
-  if (o.batch < 1) usage_error("--batch must be >= 1");
-  if (o.val_frac <= 0 || o.val_frac >= 0.5) usage_error("--val-frac must be in (0, 0.5)");
-  if (o.lr <= 0) usage_error("--lr must be > 0");
-  if (o.clip < 0) usage_error("--clip must be >= 0");
-  if (o.temperature <= 0) usage_error("--temperature must be > 0");
-  if (o.eval_batches < 1) usage_error("--eval-batches must be >= 1");
-  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
-    usage_error("--device is auto, cpu or cuda");
-  if (o.warmup < 0) o.warmup = std::max<int64_t>(1, o.steps / 20);
-  if (o.log_every <= 0) o.log_every = std::max<int64_t>(1, o.steps / 15);
-  if (o.eval_every < 0) o.eval_every = std::max<int64_t>(1, o.steps / 3);
-  return o;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  RT_CHECK(f.good(), "train: cannot open --data ", path,
-           " (the bundled corpora are unpacked by the build: ninja -C build data/kjv.txt)");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return s;
-}
-
-std::string duration(double s) {
-  char buf[32];
-  if (s < 60)
-    std::snprintf(buf, sizeof buf, "%.0fs", s);
-  else if (s < 3600)
-    std::snprintf(buf, sizeof buf, "%dm%02ds", int(s) / 60, int(s) % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%dh%02dm", int(s) / 3600, int(s) % 3600 / 60);
-  return buf;
-}
-
-// Printable form of generated bytes: text, newlines and well-formed UTF-8 stay; any other byte (a control
-// byte, or a stray byte >= 128 that an undertrained byte model emits) becomes '?', so the terminal shows no
-// junk.
-std::string printable(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '\n' || c == '\t' || (c >= 32 && c < 127)) {
-      out += char(c);
-      ++i;
-      continue;
-    }
-    // A UTF-8 lead byte and the continuation bytes it announces.
-    const size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-    bool ok = len > 0 && i + len <= s.size();
-    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    if (ok) {
-      out.append(s, i, len);
-      i += len;
-    } else {
-      out += '?';
-      ++i;
-    }
-  }
-  return out;
-}
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// B windows of T+1 bytes at the given offsets -> tokens [B, T] and next-byte targets [B, T].
-void fill_batch(const std::string& text, const std::vector<int64_t>& offsets, int64_t T, Tensor* tokens,
-                Tensor* targets) {
-  std::vector<int64_t> x, y;
-  x.reserve(offsets.size() * size_t(T));
-  y.reserve(offsets.size() * size_t(T));
-  for (int64_t o : offsets)
-    for (int64_t t = 0; t < T; ++t) {
-      x.push_back(static_cast<unsigned char>(text[size_t(o + t)]));
-      y.push_back(static_cast<unsigned char>(text[size_t(o + t + 1)]));
-    }
-  set_data_int(tokens, x);
-  set_data_int(targets, y);
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options opt = parse(argc, argv);
+  Options o;
+  o.train.warmup = -1;
+  Args a("train", kHelp);
+  a.add("--data", &o.data), a.add("--max-bytes", &o.max_bytes), a.add("--tokenizer", &o.tokenizer);
+  a.add("--vocab", &o.vocab), a.add("--shards", &o.shards), a.add("--val-frac", &o.val_frac);
+  a.add("--layers", &o.model.layers), a.add("--d-model", &o.model.d_model), a.add("--heads", &o.model.heads);
+  a.add("--kv-heads", &o.model.kv_heads), a.add("--d-ff", &o.model.d_ff),
+      a.add("--context", &o.model.context);
+  a.add("--steps", &o.train.steps), a.add("--batch", &o.train.batch), a.add("--lr", &o.train.lr);
+  a.add("--warmup", &o.train.warmup), a.add("--weight-decay", &o.train.weight_decay);
+  a.add("--clip", &o.train.clip), a.add("--seed", &o.train.seed);
+  a.add("--save", &o.save), a.add("--save-every", &o.save_every), a.add("--resume", &o.resume);
+  a.add("--device", &o.device), a.add("--threads", &o.threads);
+  a.add("--log-every", &o.log_every), a.add("--eval-every", &o.eval_every),
+      a.add("--eval-batches", &o.eval_batches);
+  a.add("--sample-len", &o.sample_len), a.add("--temperature", &o.temperature), a.add("--prompt", &o.prompt);
+  a.parse(argc, argv);
+  if (o.train.steps < 1) a.fail("--steps must be >= 1");
+  if (o.train.batch < 1) a.fail("--batch must be >= 1");
+  if (o.val_frac <= 0 || o.val_frac >= 0.5) a.fail("--val-frac must be in (0, 0.5)");
+  if (o.train.lr <= 0) a.fail("--lr must be > 0");
+  if (o.tokenizer != "bytes" && o.tokenizer != "bpe" && o.tokenizer != "gpt2")
+    a.fail("--tokenizer is bytes, bpe or gpt2");
+  if (o.train.warmup < 0) o.train.warmup = std::max<int64_t>(1, o.train.steps / 20);
+  if (o.log_every <= 0) o.log_every = std::max<int64_t>(1, o.train.steps / 15);
+  if (o.eval_every < 0) o.eval_every = std::max<int64_t>(1, o.train.steps / 3);
+  o.train.min_lr = o.train.lr / 10;
   try {
-    const std::string text = read_file(opt.data);
-    const int64_t T = opt.model.context, B = opt.batch;
-    const int64_t n_val = int64_t(double(text.size()) * opt.val_frac);
-    const int64_t n_train = int64_t(text.size()) - n_val;
-    RT_CHECK(n_val > T + 1 && n_train > T + 1, "train: ", opt.data, " has ", text.size(),
-             " bytes, too few for windows of --context ", T, " bytes");
-    const std::string train_text = text.substr(0, size_t(n_train));
-    const std::string val_text = text.substr(size_t(n_train));
-
-    // ---- device -----------------------------------------------------------------------------------------
-    std::string why_no_cuda;
-    const bool has_cuda = cuda_available(&why_no_cuda);
-    RT_CHECK(opt.device != "cuda" || has_cuda, "train: --device cuda: ", why_no_cuda);
-    const bool use_cuda = opt.device == "cuda" || (opt.device == "auto" && has_cuda);
-    std::unique_ptr<Backend> backend;
-    std::string device_desc;
-    if (use_cuda) {
-      backend = make_cuda_backend(0);
-      device_desc = "cuda";
-    } else {
-      auto cpu = std::make_unique<CpuBackend>(opt.threads);
-      device_desc = "cpu, " + std::to_string(cpu->threads()) + " threads";
-      backend = std::move(cpu);
+    const auto t_start = Clock::now();
+    // ---- tokenizer and shards ---------------------------------------------------------------------------
+    std::string text = io::read_text_file(o.data);
+    if (o.max_bytes > 0 && int64_t(text.size()) > o.max_bytes) text.resize(size_t(o.max_bytes));
+    if (o.shards.empty()) {
+      std::string base = o.data;
+      if (base.size() > 4 && base.substr(base.size() - 4) == ".txt") base.resize(base.size() - 4);
+      o.shards = base + "." + o.tokenizer + (o.tokenizer == "bpe" ? std::to_string(o.vocab) : "");
+      if (o.max_bytes > 0) o.shards += ".first" + std::to_string(o.max_bytes);
     }
-    Context ctx(*backend);
+    TextCodec codec = TextCodec::bytes();
+    if (o.tokenizer == "gpt2") {
+      codec = TextCodec::gpt2(RETORT_DATA_DIR);
+    } else if (o.tokenizer == "bpe") {
+      const std::string tok_path = o.shards + ".tokenizer";
+      bool reuse = false;
+      if (std::filesystem::exists(tok_path)) {
+        codec = TextCodec::bpe_file(tok_path);
+        reuse = codec.vocab() == o.vocab;
+      }
+      if (!reuse) {
+        std::printf("training a BPE vocabulary of %lld tokens on %zu bytes...\n", (long long)o.vocab,
+                    text.size());
+        std::fflush(stdout);
+        BpeTrainOptions bo;
+        bo.vocab_size = o.vocab;
+        // Only the training part: the held-out text must stay unseen.
+        Tokenizer::train(std::string_view(text).substr(0, size_t(double(text.size()) * (1 - o.val_frac))), bo)
+            .save(tok_path);
+        codec = TextCodec::bpe_file(tok_path);
+      }
+    }
+    const std::vector<int32_t> ids = codec.encode(text);
+    ShardWriteOptions so;
+    so.val_fraction = o.val_frac;
+    const ShardSet set = write_shards(ids, o.shards, codec.vocab(), so);
+    o.model.vocab = codec.vocab();
 
-    // ---- model and graphs -------------------------------------------------------------------------------
-    Transformer model(ctx, opt.model, opt.seed);
+    // ---- model ------------------------------------------------------------------------------------------
+    Device dev = pick_device(o.device, o.threads, "train");
+    Context ctx(*dev.backend);
+    Transformer model(ctx, o.model, o.train.seed);
     const TransformerConfig& cfg = model.config();
-    RT_CHECK(cfg.vocab == 256, "train: the model must have vocab 256 (bytes)");
+    o.train.seq_len = cfg.context;
+    LmTrainer trainer(ctx, model, set.train, o.train);
+    LmEvaluator evaluator(ctx, model, set.val, o.train.batch, cfg.context, o.eval_batches);
+    Sampler sampler(ctx, model);
+    if (!o.resume.empty()) {
+      const Checkpoint ck(o.resume);
+      trainer.resume(ck);
+      std::printf("resumed from %s at step %lld\n", o.resume.c_str(), (long long)trainer.steps_done());
+    }
 
-    // Training graph, built once: tokens/targets [B, T] are refilled every step.
-    Tensor* tokens = ctx.input(DType::I32, {B, T}, "tokens");
-    Tensor* targets = ctx.input(DType::I32, {B, T}, "targets");
-    Tensor* logits = model.forward(ctx, tokens);   // [B*T, 256]
-    Tensor* loss = lm_loss(ctx, logits, targets);  // scalar, mean over B*T
-    Graph train(ctx);
-    train.backward(loss);
-    AdamWConfig adam;
-    adam.lr = opt.lr;
-    adam.beta1 = 0.9f;
-    adam.beta2 = 0.95f;
-    adam.weight_decay = opt.weight_decay;
-    AdamW optimizer(train.params(), adam);
-
-    // Validation graph: same parameters, forward only.
-    Tensor* vtokens = ctx.input(DType::I32, {B, T}, "val_tokens");
-    Tensor* vtargets = ctx.input(DType::I32, {B, T}, "val_targets");
-    Tensor* vloss = lm_loss(ctx, model.forward(ctx, vtokens), vtargets);
-    vloss->flags |= kOutput;
-    Graph val(ctx);
-    val.forward(vloss);
-
-    // Generation graph: one window of the full context; row t of the logits predicts the byte after t, and
-    // causal attention keeps it blind to the padding after the prompt.
-    Tensor* gtokens = ctx.input(DType::I32, {1, T}, "gen_tokens");
-    Tensor* glogits = model.forward(ctx, gtokens);  // [T, 256]
-    glogits->flags |= kOutput;
-    Graph gen(ctx);
-    gen.forward(glogits);
-
-    std::printf("retort %s | device: %s%s\n", RETORT_VERSION, device_desc.c_str(),
-                use_cuda || opt.device == "cpu" ? "" : (" (no GPU: " + why_no_cuda + ")").c_str());
-    std::printf("data: %s, %lld bytes (%lld train, %lld validation)\n", opt.data.c_str(),
-                (long long)text.size(), (long long)n_train, (long long)n_val);
+    std::printf("retort %s | device: %s\n", RETORT_VERSION, dev.desc.c_str());
+    std::printf("data: %s, %zu bytes -> %s, %lld train + %lld validation tokens in %s_*\n", o.data.c_str(),
+                text.size(), codec.describe().c_str(), (long long)set.train_tokens, (long long)set.val_tokens,
+                o.shards.c_str());
     std::printf("model: %s, %.2fM parameters\n", cfg.describe().c_str(),
                 double(model.parameter_count()) / 1e6);
     std::printf(
-        "training: %lld steps x %lld windows x %lld bytes, lr %.2g (warmup %lld, cosine to %.2g), "
-        "AdamW wd %.2g, clip %.2g, seed %llu\n",
-        (long long)opt.steps, (long long)B, (long long)T, double(opt.lr), (long long)opt.warmup,
-        double(opt.lr) / 10, double(opt.weight_decay), double(opt.clip), (unsigned long long)opt.seed);
-    std::printf("memory plan: training graph %.1f MiB, validation %.1f MiB\n",
-                double(train.plan().arena_bytes) / (1 << 20), double(val.plan().arena_bytes) / (1 << 20));
+        "training: %lld steps x %lld windows x %lld tokens, lr %.2g (warmup %lld, cosine to %.2g), AdamW "
+        "wd %.2g, clip %.2g, seed %llu\n",
+        (long long)o.train.steps, (long long)o.train.batch, (long long)cfg.context, double(o.train.lr),
+        (long long)o.train.warmup, double(o.train.min_lr), double(o.train.weight_decay), double(o.train.clip),
+        (unsigned long long)o.train.seed);
     std::fflush(stdout);
 
-    // Validation always reads the same windows, so evaluations are comparable.
-    std::mt19937_64 rng(opt.seed * 0x9E3779B97F4A7C15ull + 1);
-    std::vector<std::vector<int64_t>> val_offsets(static_cast<size_t>(opt.eval_batches));
-    {
-      std::uniform_int_distribution<int64_t> pick(0, n_val - T - 2);
-      for (auto& offs : val_offsets)
-        for (int64_t b = 0; b < B; ++b) offs.push_back(pick(rng));
-    }
-    auto evaluate = [&]() {
-      double sum = 0;
-      for (const auto& offs : val_offsets) {
-        fill_batch(val_text, offs, T, vtokens, vtargets);
-        val.compute();
-        sum += get_data(vloss)[0];
-      }
-      return sum / double(val_offsets.size());
+    std::map<std::string, std::string> meta = codec.metadata();
+    meta["shards"] = o.shards;
+    meta["program"] = "train";
+    auto save = [&](double val) {
+      if (o.save.empty()) return;
+      meta["val_loss"] = std::to_string(val);
+      trainer.save(o.save, meta);
     };
     auto report_val = [&](int64_t step, double v) {
-      std::printf("  validation @ step %lld: loss %.4f nats, %.3f bits/byte\n", (long long)step, v,
-                  v / std::log(2.0));
+      std::printf("  validation @ step %lld: loss %.4f nats/token, perplexity %.2f\n", (long long)step, v,
+                  std::exp(v));
       std::fflush(stdout);
     };
-
-    const double val_before = evaluate();
-    report_val(0, val_before);
+    const double val_before = evaluator.run();
+    report_val(trainer.steps_done(), val_before);
+    double val_after = val_before;
 
     // ---- training loop ----------------------------------------------------------------------------------
-    std::uniform_int_distribution<int64_t> pick(0, n_train - T - 2);
-    std::vector<int64_t> offsets(static_cast<size_t>(B));
-    const bool tty = isatty(fileno(stdout));
-    const auto start = Clock::now();
-    double first_loss = 0, val_after = val_before;
+    const int64_t first = trainer.steps_done();
+    Progress progress(o.train.steps, o.train.batch * cfg.context, o.log_every, first);
     std::vector<double> losses;
-    for (int64_t step = 1; step <= opt.steps; ++step) {
-      for (auto& o : offsets) o = pick(rng);
-      fill_batch(train_text, offsets, T, tokens, targets);
-      train.zero_grad();
-      train.compute();  // forward + backward: loss, and every parameter's gradient in train.grad(p)
-      const double l = get_data(loss)[0];
-      RT_CHECK(std::isfinite(l), "train: the loss became ", l, " at step ", step,
-               " (try a lower --lr or a smaller model)");
-      const double gnorm = opt.clip > 0 ? clip_grad_norm(train, opt.clip) : 0.0;
-      const float lr = cosine_lr(step, opt.warmup, opt.steps, opt.lr, opt.lr / 10);
-      optimizer.step(train, lr);
-
-      if (step == 1) first_loss = l;
-      losses.push_back(l);
-      const double elapsed = seconds_since(start);
-      const double tok_s = double(step * B * T) / elapsed;
-      const double eta = elapsed / double(step) * double(opt.steps - step);
-      char line[256];
-      std::snprintf(
-          line, sizeof line, "step %5lld/%lld | loss %.4f | lr %.2e | |g| %.2f | %7.0f tok/s | ETA %s",
-          (long long)step, (long long)opt.steps, l, double(lr), gnorm, tok_s, duration(eta).c_str());
-      if (step % opt.log_every == 0 || step == opt.steps || step == 1) {
-        std::printf("%s%s\n", tty ? "\r\033[K" : "", line);
-      } else if (tty) {
-        std::printf("\r\033[K%s", line);
+    for (int64_t step = first + 1; step <= o.train.steps; ++step) {
+      const auto r = trainer.step();
+      losses.push_back(r.loss);
+      char f[128];
+      std::snprintf(f, sizeof f, "loss %.4f | lr %.2e | |g| %.2f", r.loss, double(r.lr), r.grad_norm);
+      progress.update(step, f);
+      if (o.eval_every > 0 && step % o.eval_every == 0 && step != o.train.steps) {
+        val_after = evaluator.run();
+        report_val(step, val_after);
       }
-      std::fflush(stdout);
-      if (opt.eval_every > 0 && step % opt.eval_every == 0 && step != opt.steps) report_val(step, evaluate());
+      if (o.save_every > 0 && step % o.save_every == 0 && step != o.train.steps) save(val_after);
     }
-    const double train_seconds = seconds_since(start);
-    val_after = evaluate();
-    report_val(opt.steps, val_after);
+    const double train_seconds = progress.elapsed();
+    val_after = evaluator.run();
+    report_val(trainer.steps_done(), val_after);
+    save(val_after);
+    if (!o.save.empty()) std::printf("checkpoint: %s\n", o.save.c_str());
 
     // ---- sample -----------------------------------------------------------------------------------------
-    std::string sample;
-    std::string prompt = opt.prompt;
-    if (!opt.has_prompt) {
-      // The start of a line in the held-out text: text the model has not trained on.
-      size_t at = val_text.find('\n', val_text.size() / 2);
-      at = at == std::string::npos ? 0 : at + 1;
-      prompt = val_text.substr(at, 24);
-    }
-    if (opt.sample_len > 0) {
-      std::string ctxt = prompt.empty() ? std::string("\n") : prompt;
-      std::mt19937_64 srng(opt.seed + 7);
-      const auto gstart = Clock::now();
-      for (int64_t i = 0; i < opt.sample_len; ++i) {
-        // The last T bytes, left-aligned, padded after with zeros that the causal mask keeps out of view.
-        const std::string win = ctxt.size() > size_t(T) ? ctxt.substr(ctxt.size() - size_t(T)) : ctxt;
-        std::vector<int64_t> ids(size_t(T), 0);
-        for (size_t j = 0; j < win.size(); ++j) ids[j] = static_cast<unsigned char>(win[j]);
-        set_data_int(gtokens, ids);
-        gen.compute();
-        const std::vector<float> all = get_data(glogits);
-        const float* row = all.data() + (win.size() - 1) * 256;
-        std::vector<double> p(256);
-        const float mx = *std::max_element(row, row + 256);
-        for (int v = 0; v < 256; ++v) p[size_t(v)] = std::exp(double(row[v] - mx) / opt.temperature);
-        std::discrete_distribution<int> dist(p.begin(), p.end());
-        const char c = char(dist(srng));
-        ctxt += c;
-        sample += c;
+    if (o.sample_len > 0) {
+      std::string prompt = o.prompt;
+      if (!a.given("--prompt")) {
+        // The start of a line from the held-out tail of the text.
+        const std::string tail = text.substr(text.size() - text.size() / 20);
+        size_t at = tail.find('\n', tail.size() / 2);
+        prompt = tail.substr(at == std::string::npos ? 0 : at + 1, 24);
       }
-      std::printf("\n---- sample (temperature %.2g, %lld bytes, %.1f bytes/s) ----\n%s",
-                  double(opt.temperature), (long long)opt.sample_len,
-                  double(opt.sample_len) / seconds_since(gstart), printable(prompt).c_str());
-      std::printf("%s\n---- end of sample ----\n", printable(sample).c_str());
+      const auto out =
+          sampler.generate(codec.encode(prompt), o.sample_len, o.temperature, 0, 1.0f, o.train.seed + 7);
+      std::printf("\n---- sample (temperature %.2g, %lld tokens) ----\n%s%s\n---- end of sample ----\n",
+                  double(o.temperature), (long long)o.sample_len, printable(prompt).c_str(),
+                  printable(codec.decode(out)).c_str());
     }
 
     // ---- summary ----------------------------------------------------------------------------------------
-    std::printf("\nsummary: %lld steps, %.2fM tokens in %s (%.0f tok/s) on %s\n", (long long)opt.steps,
-                double(opt.steps * B * T) / 1e6, duration(train_seconds).c_str(),
-                double(opt.steps * B * T) / train_seconds, device_desc.c_str());
-    // The mean of the last tenth of the steps: one batch's loss is noisy.
-    const size_t tail = std::max<size_t>(1, losses.size() / 10);
-    double last = 0;
-    for (size_t i = losses.size() - tail; i < losses.size(); ++i) last += losses[i];
-    last /= double(tail);
-    std::printf("  training loss   %.4f -> %.4f (first step -> mean of the last %zu)\n", first_loss, last,
-                tail);
-    std::printf("  validation loss %.4f -> %.4f nats (%.3f -> %.3f bits/byte; uniform is 8)\n", val_before,
-                val_after, val_before / std::log(2.0), val_after / std::log(2.0));
+    const int64_t done = o.train.steps - first;
+    std::printf("\nsummary: %lld steps, %.2fM tokens in %s (%.0f tok/s) on %s; total %s\n", (long long)done,
+                double(done * o.train.batch * cfg.context) / 1e6, duration(train_seconds).c_str(),
+                progress.tokens_per_second(), dev.desc.c_str(), duration(seconds_since(t_start)).c_str());
+    if (!losses.empty()) {
+      const size_t tail = std::max<size_t>(1, losses.size() / 10);
+      double last = 0;
+      for (size_t i = losses.size() - tail; i < losses.size(); ++i) last += losses[i];
+      std::printf("  training loss   %.4f -> %.4f (first step -> mean of the last %zu)\n", losses[0],
+                  last / double(tail), tail);
+    }
+    std::printf("  validation loss %.4f -> %.4f nats/token (perplexity %.2f -> %.2f)\n", val_before,
+                val_after, std::exp(val_before), std::exp(val_after));
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "\ntrain: %s\n", e.what());

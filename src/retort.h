@@ -15,6 +15,7 @@
 #include "io/shards.h"
 #include "io/tokenizer.h"
 #include "io/topk_cache.h"
+#include "nn/lm.h"
 #include "nn/optim.h"
 #include "nn/transformer.h"
 #include "ops/ops.h"

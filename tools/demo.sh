@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing (meson, ninja), builds the library and examples/train in build/
-# (release; CUDA when nvcc is found), then trains a small byte-level language model on the bundled King James
-# Bible and prints the falling loss, a text sample and a summary. On a machine with a usable GPU it trains on
-# CUDA. Arguments go to the program: bash tools/demo.sh --help, bash tools/demo.sh --steps 1000, ...
+# The main job: the whole distillation pipeline on the bundled King James Bible.
+#   1. builds the library and the example programs in build/ (release; CUDA when nvcc is found);
+#   2. trains a teacher (examples/train; reused when build/demo/teacher.safetensors was trained with the same
+#      settings and still loads);
+#   3. writes the teacher's top-K cache over the training tokens (examples/teacher-cache; reused likewise);
+#   4. distills a smaller student from the cache (examples/distill; loss curves in build/demo/distill.svg);
+#   5. trains the same student from scratch on the same tokens and steps (examples/train);
+#   6. evaluates all three on the held-out tokens (examples/eval) and prints a table with the share of the
+#      teacher-student gap that distillation closed, (scratch - distilled) / (scratch - teacher), and a sample
+#      of the distilled student (examples/generate).
+# On the CPU the defaults run a few minutes on two cores; with a usable GPU larger defaults apply. Settings
+# are environment variables (printed at the start), e.g. STUDENT_STEPS=600 bash tools/demo.sh; DEVICE=cpu
+# forces the CPU. Logs of every step are in build/demo/*.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/lib.sh
+T0=$(date +%s)
 
 step "tools"
 ensure_build_tools
@@ -20,11 +30,122 @@ else
   setup_build build -Dbuildtype=release -Dcuda=auto -Dexamples=true -Dtests=false -Dbench=false -Dpython=disabled
 fi
 show_summary build
-ninja -C build examples/train data/kjv.txt data/austen.txt >"$LOGS"/build.demo.log 2>&1 || {
+PROGRAMS="train teacher-cache distill eval generate"
+ninja -C build $(for p in $PROGRAMS; do echo examples/$p; done) data/kjv.txt >"$LOGS"/build.demo.log 2>&1 || {
   grep -v '^\[[0-9]*/[0-9]*\] ' "$LOGS"/build.demo.log | tail -60
   die "build failed (full log: $LOGS/build.demo.log)"
 }
-echo "built build/examples/train"
+echo "built: $PROGRAMS (build/examples/)"
+X=build/examples
+OUT=build/demo
+mkdir -p "$OUT"
 
-step "build/examples/train $*"
-exec build/examples/train "$@"
+# ---- settings -------------------------------------------------------------------------------------------
+DEVICE=${DEVICE:-auto}
+GPU=0
+if [ "$DEVICE" != cpu ] && grep -q 'RETORT_HAS_CUDA 1' build/retort_config.h 2>/dev/null &&
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  GPU=1
+fi
+if [ "$GPU" = 1 ]; then
+  # A GPU: the whole-ish corpus, a wider teacher and student, longer runs.
+  : "${MAX_BYTES:=2000000}" "${CONTEXT:=256}" "${BATCH:=32}"
+  : "${TEACHER:=--layers 6 --d-model 256 --heads 8}" "${TEACHER_STEPS:=1500}" "${TEACHER_LR:=2e-3}"
+  : "${STUDENT:=--layers 2 --d-model 96 --heads 2}" "${STUDENT_STEPS:=1500}" "${STUDENT_LR:=3e-3}"
+  : "${K:=32}"
+else
+  : "${MAX_BYTES:=300000}" "${CONTEXT:=128}" "${BATCH:=16}"
+  : "${TEACHER:=--layers 4 --d-model 128 --heads 4}" "${TEACHER_STEPS:=250}" "${TEACHER_LR:=3e-3}"
+  : "${STUDENT:=--layers 2 --d-model 64 --heads 2}" "${STUDENT_STEPS:=250}" "${STUDENT_LR:=3e-3}"
+  : "${K:=16}"
+fi
+: "${W_HARD:=0.1}" "${W_SOFT:=0.9}" "${KD_T:=1.0}" "${BETA:=0}" "${SEED:=1}"
+COMMON="--device $DEVICE --batch $BATCH"
+echo "settings (environment variables): GPU=$GPU MAX_BYTES=$MAX_BYTES CONTEXT=$CONTEXT BATCH=$BATCH"
+echo "  TEACHER='$TEACHER' TEACHER_STEPS=$TEACHER_STEPS TEACHER_LR=$TEACHER_LR"
+echo "  STUDENT='$STUDENT' STUDENT_STEPS=$STUDENT_STEPS STUDENT_LR=$STUDENT_LR"
+echo "  K=$K W_HARD=$W_HARD W_SOFT=$W_SOFT KD_T=$KD_T BETA=$BETA SEED=$SEED"
+
+# Runs a program with its output in a log; shows the progress lines and the summary as it goes.
+run() {
+  local log=$1
+  shift
+  echo "\$ $*"
+  if ! "$@" >"$OUT/$log" 2>&1; then
+    tail -20 "$OUT/$log"
+    die "$1 failed (log: $OUT/$log)"
+  fi
+  # The evaluations and summaries, then the last progress line.
+  grep -E 'validation @|^summary|^  (training|validation|[0-9]+ cache)' "$OUT/$log" | sed 's/^/  /' || true
+  grep -E '^\[[#.]{20}\] ' "$OUT/$log" | tail -1 | sed 's/^/  /' || true
+}
+
+# ---- 1. teacher -----------------------------------------------------------------------------------------
+step "1/5 teacher: train"
+TARGS="--max-bytes $MAX_BYTES --context $CONTEXT $TEACHER --steps $TEACHER_STEPS --lr $TEACHER_LR --seed $SEED"
+if [ -f "$OUT/teacher.args" ] && [ "$(cat "$OUT/teacher.args")" = "$TARGS" ] &&
+  "$X"/eval --ckpt "$OUT/teacher.safetensors" --max-batches 1 --device "$DEVICE" >/dev/null 2>&1; then
+  echo "reusing $OUT/teacher.safetensors (trained with the same settings: $TARGS)"
+else
+  rm -f "$OUT/teacher.args" "$OUT/cache.args"
+  run teacher.log "$X"/train $TARGS $COMMON --sample-len 0 --save "$OUT/teacher.safetensors"
+  echo "$TARGS" >"$OUT/teacher.args"
+fi
+SHARDS=build/data/kjv.bytes.first$MAX_BYTES
+
+# ---- 2. cache -------------------------------------------------------------------------------------------
+step "2/5 teacher top-K cache"
+CACHE=$OUT/teacher.topk$K
+CARGS="$TARGS K=$K"
+if [ -f "$OUT/cache.args" ] && [ "$(cat "$OUT/cache.args")" = "$CARGS" ] && [ -f "${CACHE}_00000.topk" ]; then
+  echo "reusing ${CACHE}_*.topk"
+else
+  rm -f "${CACHE}"_*.topk
+  run cache.log "$X"/teacher-cache --teacher "$OUT/teacher.safetensors" --k "$K" --out "$CACHE" $COMMON
+  echo "$CARGS" >"$OUT/cache.args"
+fi
+
+# ---- 3. distilled student -------------------------------------------------------------------------------
+step "3/5 student: distill from the cache"
+SARGS="$STUDENT --steps $STUDENT_STEPS --lr $STUDENT_LR --seed $SEED $COMMON"
+run distill.log "$X"/distill --teacher "$OUT/teacher.safetensors" --cache "$CACHE" --k "$K" --w-hard "$W_HARD" \
+  --w-soft "$W_SOFT" --kd-temperature "$KD_T" --beta "$BETA" $SARGS --sample-len 0 \
+  --save "$OUT/student-distilled.safetensors" --svg "$OUT/distill.svg"
+
+# ---- 4. scratch student ---------------------------------------------------------------------------------
+step "4/5 student: the same model from scratch, same tokens and steps"
+run scratch.log "$X"/train --max-bytes "$MAX_BYTES" --context "$CONTEXT" $SARGS --sample-len 0 \
+  --save "$OUT/student-scratch.safetensors"
+
+# ---- 5. evaluate ----------------------------------------------------------------------------------------
+step "5/5 evaluate on the held-out tokens"
+declare -A VAL
+for m in teacher student-distilled student-scratch; do
+  "$X"/eval --ckpt "$OUT/$m.safetensors" --device "$DEVICE" >"$OUT/eval.$m.log" 2>&1 ||
+    die "eval failed (log: $OUT/eval.$m.log)"
+  VAL[$m]=$(sed -n 's/^val_loss=//p' "$OUT/eval.$m.log")
+done
+params() { sed -n 's/^model: .*, \([0-9.]*M\) parameters$/\1/p;s/^student: .*, \([0-9.]*M\) parameters.*/\1/p' "$OUT/$1" | head -1; }
+python3 - "${VAL[teacher]}" "${VAL[student-distilled]}" "${VAL[student-scratch]}" \
+  "$(params teacher.log)" "$(params distill.log)" "$(params scratch.log)" <<'EOF'
+import math, sys
+t, d, s = map(float, sys.argv[1:4])
+pt, pd, ps = sys.argv[4:7]
+print(f"{'model':<20} {'params':>8} {'val loss (nats/token)':>22} {'perplexity':>11}")
+for name, p, v in (("distilled student", pd, d), ("scratch student", ps, s), ("teacher", pt, t)):
+    print(f"{name:<20} {p or '?':>8} {v:>22.4f} {math.exp(v):>11.3f}")
+gap = s - t
+if gap > 0:
+    print(f"gap closed by distillation: (scratch - distilled) / (scratch - teacher) = "
+          f"({s:.4f} - {d:.4f}) / ({s:.4f} - {t:.4f}) = {100 * (s - d) / gap:.1f}%")
+else:
+    print("the scratch student is not worse than the teacher here: no gap to close")
+EOF
+
+echo
+echo "sample of the distilled student (examples/generate, temperature 0.8, top-p 0.95):"
+"$X"/generate --ckpt "$OUT/student-distilled.safetensors" --prompt "And God said" --len 200 --top-p 0.95 \
+  --device "$DEVICE" 2>/dev/null | sed 's/^/  | /'
+echo
+echo "loss curves: $OUT/distill.svg; checkpoints and logs: $OUT/"
+echo "demo finished in $(($(date +%s) - T0))s"

@@ -135,6 +135,10 @@ Tensor* Transformer::mlp(Context& ctx, const TransformerBlock& blk, Tensor* h) {
 }
 
 Tensor* Transformer::forward(Context& ctx, Tensor* tokens) {
+  return matmul(ctx, hidden(ctx, tokens), lm_head_, false, true);  // [B*T, vocab]
+}
+
+Tensor* Transformer::hidden(Context& ctx, Tensor* tokens) {
   RT_CHECK(&ctx == ctx_, "transformer.forward: ctx must be the context that holds the parameters");
   RT_CHECK(tokens != nullptr, "transformer.forward: tokens is null");
   RT_CHECK(is_int(tokens->dtype) && tokens->n_dims() <= 2 && tokens->ne[2] == 1 && tokens->ne[3] == 1,
@@ -157,8 +161,7 @@ Tensor* Transformer::forward(Context& ctx, Tensor* tokens) {
     x = add(ctx, x, attention(ctx, blk, mul(ctx, rms_norm(ctx, x, eps), blk.attn_norm), positions, B, T));
     x = add(ctx, x, mlp(ctx, blk, mul(ctx, rms_norm(ctx, x, eps), blk.mlp_norm)));
   }
-  Tensor* h = mul(ctx, rms_norm(ctx, x, eps), final_norm_);
-  return matmul(ctx, h, lm_head_, false, true);  // [B*T, vocab]
+  return mul(ctx, rms_norm(ctx, x, eps), final_norm_);  // [B*T, d_model]
 }
 
 Tensor* lm_loss(Context& ctx, Tensor* logits, Tensor* targets, int64_t ignore_index) {

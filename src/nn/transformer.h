@@ -52,6 +52,11 @@ class Transformer {
   // T <= context. Adds nodes to ctx (which must be the parameters' context); throws retort::Error on a bad
   // tokens tensor. Token ids outside [0, vocab) throw when the graph runs.
   Tensor* forward(Context& ctx, Tensor* tokens);
+  // The final hidden states f32 [B*T, d_model] (after the final norm, before the lm head), for a fused
+  // linear loss that applies lm_head() chunk by chunk instead of materializing the logits.
+  Tensor* hidden(Context& ctx, Tensor* tokens);
+  // The lm-head weight [vocab, d_model] (the token embedding when tied).
+  Tensor* lm_head() const { return lm_head_; }
 
   const TransformerConfig& config() const { return config_; }
   // Every parameter, in a fixed order (embedding, blocks, final norm, untied head).

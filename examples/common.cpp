@@ -1,0 +1,419 @@
+#include "common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+
+#include <unistd.h>
+
+namespace ex {
+
+// ---- command line ---------------------------------------------------------------------------------------
+
+void Args::fail(const std::string& msg) const {
+  std::fprintf(stderr, "%s: %s\n(run %s --help for the options)\n", prog_.c_str(), msg.c_str(),
+               prog_.c_str());
+  std::exit(2);
+}
+
+void Args::add(const std::string& flag, int64_t* v) {
+  setters_[flag] = [this, flag, v](const std::string& s) {
+    char* end = nullptr;
+    const long long x = std::strtoll(s.c_str(), &end, 10);
+    if (s.empty() || *end) fail(flag + " wants an integer, got '" + s + "'");
+    *v = x;
+  };
+}
+void Args::add(const std::string& flag, int* v) {
+  setters_[flag] = [this, flag, v](const std::string& s) {
+    char* end = nullptr;
+    const long x = std::strtol(s.c_str(), &end, 10);
+    if (s.empty() || *end) fail(flag + " wants an integer, got '" + s + "'");
+    *v = int(x);
+  };
+}
+void Args::add(const std::string& flag, uint64_t* v) {
+  setters_[flag] = [this, flag, v](const std::string& s) {
+    char* end = nullptr;
+    const unsigned long long x = std::strtoull(s.c_str(), &end, 10);
+    if (s.empty() || *end || s[0] == '-') fail(flag + " wants a non-negative integer, got '" + s + "'");
+    *v = x;
+  };
+}
+void Args::add(const std::string& flag, double* v) {
+  setters_[flag] = [this, flag, v](const std::string& s) {
+    char* end = nullptr;
+    const double x = std::strtod(s.c_str(), &end);
+    if (s.empty() || *end || !std::isfinite(x)) fail(flag + " wants a number, got '" + s + "'");
+    *v = x;
+  };
+}
+void Args::add(const std::string& flag, float* v) {
+  setters_[flag] = [this, flag, v](const std::string& s) {
+    char* end = nullptr;
+    const double x = std::strtod(s.c_str(), &end);
+    if (s.empty() || *end || !std::isfinite(x)) fail(flag + " wants a number, got '" + s + "'");
+    *v = float(x);
+  };
+}
+void Args::add(const std::string& flag, std::string* v) {
+  setters_[flag] = [v](const std::string& s) { *v = s; };
+}
+void Args::add(const std::string& flag, bool* v) {
+  setters_[flag] = [this, flag, v](const std::string& s) {
+    if (s == "1" || s == "true" || s == "on" || s == "yes")
+      *v = true;
+    else if (s == "0" || s == "false" || s == "off" || s == "no")
+      *v = false;
+    else
+      fail(flag + " wants 0 or 1, got '" + s + "'");
+  };
+}
+
+void Args::parse(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "--help" || f == "-h") {
+      std::fputs(help_.c_str(), stdout);
+      std::exit(0);
+    }
+    const auto it = setters_.find(f);
+    if (it == setters_.end()) fail("unknown option " + f);
+    if (i + 1 >= argc) fail(f + " needs a value");
+    it->second(argv[++i]);
+    given_[f] = true;
+  }
+}
+
+// ---- device ---------------------------------------------------------------------------------------------
+
+bool gpu_usable() {
+  std::string why;
+  return cuda_available(&why);
+}
+
+Device pick_device(const std::string& choice, int threads, const std::string& prog) {
+  RT_CHECK(choice == "auto" || choice == "cpu" || choice == "cuda", prog,
+           ": --device is auto, cpu or cuda, got ", choice);
+  std::string why;
+  const bool has_cuda = cuda_available(&why);
+  RT_CHECK(choice != "cuda" || has_cuda, prog, ": --device cuda: ", why);
+  Device d;
+  d.cuda = choice == "cuda" || (choice == "auto" && has_cuda);
+  if (d.cuda) {
+    d.backend = make_cuda_backend(0);
+    d.desc = "cuda";
+  } else {
+    auto cpu = std::make_unique<CpuBackend>(threads);
+    d.desc = "cpu, " + std::to_string(cpu->threads()) + " threads";
+    if (choice == "auto") d.desc += " (no GPU: " + why + ")";
+    d.backend = std::move(cpu);
+  }
+  return d;
+}
+
+// ---- output ---------------------------------------------------------------------------------------------
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string duration(double s) {
+  char buf[32];
+  if (s < 60)
+    std::snprintf(buf, sizeof buf, "%.0fs", s);
+  else if (s < 3600)
+    std::snprintf(buf, sizeof buf, "%dm%02ds", int(s) / 60, int(s) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%dh%02dm", int(s) / 3600, int(s) % 3600 / 60);
+  return buf;
+}
+
+std::string printable(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '\n' || c == '\t' || (c >= 32 && c < 127)) {
+      out += char(c);
+      ++i;
+      continue;
+    }
+    const size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    bool ok = len > 0 && i + len <= s.size();
+    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    if (ok) {
+      out.append(s, i, len);
+      i += len;
+    } else {
+      out += '?';
+      ++i;
+    }
+  }
+  return out;
+}
+
+Progress::Progress(int64_t total, int64_t tokens_per_step, int64_t every, int64_t first)
+    : total_(total),
+      tokens_per_step_(tokens_per_step),
+      every_(std::max<int64_t>(1, every)),
+      first_(first),
+      last_(first),
+      start_(Clock::now()),
+      tty_(isatty(fileno(stdout))) {}
+
+double Progress::tokens_per_second() const {
+  const double t = elapsed();
+  return t > 0 ? double((last_ - first_) * tokens_per_step_) / t : 0.0;
+}
+
+void Progress::update(int64_t step, const std::string& fields) {
+  last_ = step;
+  const double el = elapsed();
+  const double done = double(step - first_);
+  const double eta = done > 0 ? el / done * double(total_ - step) : 0.0;
+  // A bar of 20 cells, so a glance tells how far the run is.
+  const int cells = total_ > 0 ? int(20 * step / total_) : 20;
+  std::string bar = "[" + std::string(size_t(cells), '#') + std::string(size_t(20 - cells), '.') + "]";
+  char line[512];
+  std::snprintf(line, sizeof line, "%s %5lld/%lld | %s | %7.0f tok/s | ETA %s", bar.c_str(), (long long)step,
+                (long long)total_, fields.c_str(), tokens_per_second(), duration(eta).c_str());
+  if (step % every_ == 0 || step == total_ || step == first_ + 1)
+    std::printf("%s%s\n", tty_ ? "\r\033[K" : "", line);
+  else if (tty_)
+    std::printf("\r\033[K%s", line);
+  std::fflush(stdout);
+}
+
+// ---- text codec -----------------------------------------------------------------------------------------
+
+namespace {
+uint32_t file_crc(const std::string& path) {
+  const std::vector<uint8_t> b = io::read_file(path);
+  return io::crc32(b.data(), b.size());
+}
+}  // namespace
+
+TextCodec TextCodec::bytes() {
+  return TextCodec();
+}
+
+TextCodec TextCodec::bpe_file(const std::string& path) {
+  TextCodec c;
+  c.kind_ = "bpe";
+  c.file_ = path;
+  c.tok_ = std::make_shared<Tokenizer>(Tokenizer::load(path));
+  c.crc_ = file_crc(path);
+  return c;
+}
+
+TextCodec TextCodec::gpt2(const std::string& data_dir) {
+  TextCodec c;
+  c.kind_ = "gpt2";
+  c.file_ = data_dir + "/gpt2";
+  c.tok_ = std::make_shared<Tokenizer>(
+      Tokenizer::load_gpt2(data_dir + "/gpt2/encoder.json", data_dir + "/gpt2/vocab.bpe"));
+  return c;
+}
+
+TextCodec TextCodec::from_metadata(const std::map<std::string, std::string>& md, const std::string& ckpt) {
+  const auto get = [&](const std::string& k) {
+    const auto it = md.find(k);
+    return it == md.end() ? std::string() : it->second;
+  };
+  const std::string kind = get("tokenizer");
+  if (kind.empty() || kind == "bytes") return bytes();
+  if (kind == "gpt2") {
+    const std::string dir = get("tokenizer.file");
+    return gpt2(dir.size() > 5 ? dir.substr(0, dir.size() - 5) : RETORT_DATA_DIR);
+  }
+  RT_CHECK(kind == "bpe", ckpt, ": unknown tokenizer '", kind, "' in checkpoint metadata");
+  const std::string file = get("tokenizer.file");
+  TextCodec c = bpe_file(file);
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", c.crc_);
+  RT_CHECK(get("tokenizer.crc32") == hex, ckpt, ": the tokenizer ", file,
+           " changed since the checkpoint was written (crc32 ", hex, ", recorded ", get("tokenizer.crc32"),
+           ")");
+  return c;
+}
+
+std::vector<int32_t> TextCodec::encode(const std::string& text) const {
+  if (!tok_) {
+    std::vector<int32_t> ids(text.size());
+    for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
+    return ids;
+  }
+  return tok_->encode(text, true);
+}
+
+std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
+  if (!tok_) {
+    std::string s;
+    for (int32_t id : ids) s += char(id & 0xFF);
+    return s;
+  }
+  return tok_->decode(ids);
+}
+
+int64_t TextCodec::vocab() const {
+  return tok_ ? tok_->vocab_size() : 256;
+}
+
+std::map<std::string, std::string> TextCodec::metadata() const {
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", crc_);
+  return {{"tokenizer", kind_},
+          {"tokenizer.file", file_},
+          {"tokenizer.vocab", std::to_string(vocab())},
+          {"tokenizer.crc32", hex}};
+}
+
+std::string TextCodec::describe() const {
+  if (kind_ == "bytes") return "bytes (vocab 256)";
+  return kind_ + " (vocab " + std::to_string(vocab()) + ", " + file_ + ")";
+}
+
+std::vector<std::string> shards_for(const std::string& prefix, const std::string& split,
+                                    const std::string& who) {
+  RT_CHECK(!prefix.empty(), who, ": no token shards: give --shards PREFIX (train writes them)");
+  std::vector<std::string> v = list_shards(prefix, split);
+  RT_CHECK(!v.empty(), who, ": no shards ", prefix, "_", split, "_00000.bin (train --data writes them)");
+  return v;
+}
+
+// ---- SVG ------------------------------------------------------------------------------------------------
+
+void write_svg(const std::string& path, const std::string& title, const std::vector<Series>& series) {
+  double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
+  for (const Series& s : series)
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      if (!std::isfinite(s.y[i])) continue;
+      x0 = std::min(x0, s.x[i]), x1 = std::max(x1, s.x[i]);
+      y0 = std::min(y0, s.y[i]), y1 = std::max(y1, s.y[i]);
+    }
+  if (x0 > x1) x0 = 0, x1 = 1, y0 = 0, y1 = 1;
+  if (x1 == x0) x1 = x0 + 1;
+  if (y1 == y0) y1 = y0 + 1;
+  const double W = 720, H = 420, L = 60, R = 180, Tm = 40, Bm = 40;
+  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
+  auto py = [&](double y) { return H - Bm - (y - y0) / (y1 - y0) * (H - Tm - Bm); };
+  std::ostringstream os;
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+     << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+        "fill=\"white\"/>\n";
+  os << "<text x=\"" << L << "\" y=\"24\" font-size=\"15\">" << title << "</text>\n";
+  os << "<line x1=\"" << L << "\" y1=\"" << H - Bm << "\" x2=\"" << W - R << "\" y2=\"" << H - Bm
+     << "\" stroke=\"black\"/>\n<line x1=\"" << L << "\" y1=\"" << Tm << "\" x2=\"" << L << "\" y2=\""
+     << H - Bm << "\" stroke=\"black\"/>\n";
+  for (int i = 0; i <= 5; ++i) {
+    const double yv = y0 + (y1 - y0) * i / 5, xv = x0 + (x1 - x0) * i / 5;
+    char b[32];
+    std::snprintf(b, sizeof b, "%.3g", yv);
+    os << "<text x=\"" << L - 6 << "\" y=\"" << py(yv) + 4 << "\" text-anchor=\"end\">" << b << "</text>\n";
+    os << "<line x1=\"" << L << "\" y1=\"" << py(yv) << "\" x2=\"" << W - R << "\" y2=\"" << py(yv)
+       << "\" stroke=\"#ddd\"/>\n";
+    std::snprintf(b, sizeof b, "%.0f", xv);
+    os << "<text x=\"" << px(xv) << "\" y=\"" << H - Bm + 16 << "\" text-anchor=\"middle\">" << b
+       << "</text>\n";
+  }
+  os << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 6 << "\" text-anchor=\"middle\">step</text>\n";
+  int li = 0;
+  for (const Series& s : series) {
+    os << "<polyline fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"1.5\" points=\"";
+    for (size_t i = 0; i < s.x.size(); ++i)
+      if (std::isfinite(s.y[i])) os << px(s.x[i]) << "," << py(s.y[i]) << " ";
+    os << "\"/>\n";
+    const double ly = Tm + 10 + 18 * li++;
+    os << "<line x1=\"" << W - R + 10 << "\" y1=\"" << ly << "\" x2=\"" << W - R + 30 << "\" y2=\"" << ly
+       << "\" stroke=\"" << s.color << "\" stroke-width=\"2\"/><text x=\"" << W - R + 36 << "\" y=\""
+       << ly + 4 << "\">" << s.name << "</text>\n";
+  }
+  os << "</svg>\n";
+  const std::string text = os.str();
+  io::write_file_atomic(path, text.data(), text.size());
+}
+
+}  // namespace ex
+
+namespace ex {
+
+void topk_logprobs(const float* logits, int64_t rows, int64_t V, int64_t K, int32_t* ids, float* logprobs) {
+  RT_CHECK(K >= 1 && K <= V, "top-K: K = ", K, " must be in [1, vocab ", V, "]");
+  std::vector<int32_t> idx(static_cast<size_t>(V));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* z = logits + r * V;
+    const float mx = *std::max_element(z, z + V);
+    double s = 0;
+    for (int64_t v = 0; v < V; ++v) s += std::exp(double(z[v] - mx));
+    const float lse = mx + float(std::log(s));
+    for (int64_t v = 0; v < V; ++v) idx[size_t(v)] = int32_t(v);
+    // Ties go to the smaller id, so the cache does not depend on the sort's whims.
+    std::partial_sort(idx.begin(), idx.begin() + K, idx.end(),
+                      [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
+    for (int64_t k = 0; k < K; ++k) {
+      ids[r * K + k] = idx[size_t(k)];
+      logprobs[r * K + k] = std::min(0.0f, z[idx[size_t(k)]] - lse);
+    }
+  }
+}
+
+Sampler::Sampler(Context& ctx, Transformer& model) : model_(model) {
+  const int64_t T = model.config().context;
+  tokens_ = ctx.input(DType::I32, {1, T}, "gen_tokens");
+  logits_ = model.forward(ctx, tokens_);
+  logits_->flags |= kOutput;
+  graph_ = std::make_unique<Graph>(ctx);
+  graph_->forward(logits_);
+}
+
+std::vector<int32_t> Sampler::generate(const std::vector<int32_t>& prompt, int64_t n, float temperature,
+                                       int64_t top_k, float top_p, uint64_t seed) {
+  const int64_t T = model_.config().context, V = model_.config().vocab;
+  std::vector<int32_t> ctxt = prompt.empty() ? std::vector<int32_t>{0} : prompt, out;
+  std::mt19937_64 rng(seed);
+  std::vector<std::pair<double, int32_t>> cand(static_cast<size_t>(V));
+  for (int64_t i = 0; i < n; ++i) {
+    // The last T tokens, left-aligned; the causal mask keeps the zero padding after them out of view.
+    const size_t w = std::min(ctxt.size(), size_t(T));
+    std::vector<int64_t> ids(size_t(T), 0);
+    for (size_t j = 0; j < w; ++j) ids[j] = ctxt[ctxt.size() - w + j];
+    set_data_int(tokens_, ids);
+    graph_->compute();
+    const std::vector<float> all = get_data(logits_);
+    const float* row = all.data() + (w - 1) * size_t(V);
+    int32_t next = 0;
+    if (temperature <= 0) {
+      next = int32_t(std::max_element(row, row + V) - row);
+    } else {
+      const float mx = *std::max_element(row, row + V);
+      for (int64_t v = 0; v < V; ++v)
+        cand[size_t(v)] = {std::exp(double(row[v] - mx) / temperature), int32_t(v)};
+      std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      size_t keep = top_k > 0 ? std::min<size_t>(size_t(top_k), cand.size()) : cand.size();
+      double total = 0;
+      for (size_t j = 0; j < keep; ++j) total += cand[j].first;
+      if (top_p < 1) {
+        double acc = 0;
+        for (size_t j = 0; j < keep; ++j) {
+          acc += cand[j].first / total;
+          if (acc >= top_p) {
+            keep = j + 1;
+            break;
+          }
+        }
+      }
+      std::vector<double> p(keep);
+      for (size_t j = 0; j < keep; ++j) p[j] = cand[j].first;
+      std::discrete_distribution<size_t> dist(p.begin(), p.end());
+      next = cand[dist(rng)].second;
+    }
+    ctxt.push_back(next);
+    out.push_back(next);
+  }
+  return out;
+}
+
+}  // namespace ex

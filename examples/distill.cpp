@@ -1,0 +1,263 @@
+// distill: trains a student language model against a teacher's top-K next-token distribution, offline from a
+// teacher-cache file or online with the teacher checkpoint in process. --help tells all.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "common.h"
+
+using namespace ex;
+
+namespace {
+
+const char* kHelp = R"(distill - train a small student language model from a teacher with retort.
+
+The student (a Llama-style decoder like train's, usually smaller) trains on the teacher's token shards with
+the loss, per position,
+    w_hard · CE(student, next token)  +  w_soft · T² · D(teacher top-K ‖ student)
+where D is forward KL (--beta 0), reverse KL (--beta 1) or the generalized Jensen-Shannon divergence between,
+computed at temperature T over the teacher's K best candidates; with --normalize-topk the student's
+distribution is renormalized over those K tokens too (and with --w-hard 0 the loss reads only K student
+logits per position, no full-vocabulary matmul). The lm head and the loss are one fused graph node
+(fused_linear_topk_kd): the [tokens, vocabulary] logits never exist whole.
+
+The teacher's candidates come from
+  --cache PREFIX   a teacher top-K cache written by teacher-cache (offline: the teacher never runs), or
+  (no --cache)     the teacher checkpoint itself, run in process on each batch (online).
+Either way --teacher names the teacher checkpoint: the student takes its tokenizer, vocabulary and shards.
+Position t of the teacher data is the distribution of token t+1, the student's target at t.
+
+It prints a progress bar (loss, hard and soft parts, tokens/s, ETA), the validation cross-entropy before,
+every --eval-every steps and after, a sample, and a summary; writes the loss curves (training loss, its soft
+part, validation cross-entropy) as an SVG plot; and with --save a checkpoint like train's (--resume works
+the same way).
+
+Usage: distill --teacher CKPT [--cache PREFIX] [options]
+
+Teacher
+  --teacher PATH      teacher checkpoint (required)
+  --cache PREFIX      teacher top-K cache (default: none, the teacher runs online)
+  --k N               teacher candidates used per position (default: all the cache holds, or 16 online)
+Loss
+  --w-hard F          weight of the cross-entropy with the true next token (default 0.5)
+  --w-soft F          weight of the distillation term (default 0.5)
+  --beta F            0 forward KL, 1 reverse KL, between: generalized JSD (default 0)
+  --kd-temperature F  distillation temperature T (default 1)
+  --normalize-topk B  0 or 1: renormalize the student over the K candidates (default 0)
+Student
+  --layers N --d-model N --heads N --kv-heads N --d-ff N   as in train (defaults 2, 64, 2, heads, auto)
+  (the context is the teacher's)
+Training
+  --steps N (300)  --batch N (16)  --lr F (3e-3)  --warmup N (steps/20)  --weight-decay F (0.1)
+  --clip F (1.0)  --seed N (1)
+Checkpoints
+  --save PATH  --save-every N  --resume PATH     as in train
+Output
+  --svg PATH          loss curves (default: the --save path with extension .svg, or distill.svg)
+  --log-every N  --eval-every N  --eval-batches N (16)  --sample-len N (200)  --temperature F (0.8)
+Machine
+  --device D  --threads N                        as in train
+  --help              this text
+
+Example: distill --teacher build/demo/teacher.safetensors --cache build/data/kjv.bytes.topk16 --steps 500
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string teacher, cache_prefix, save, resume, svg, device = "auto";
+  int64_t k = 0, log_every = -1, eval_every = -1, eval_batches = 16, save_every = 0, sample_len = 200;
+  TopKDistillOptions kd;
+  kd.w_hard = 0.5f;
+  kd.w_soft = 0.5f;
+  TransformerConfig sc;
+  sc.layers = 2;
+  sc.d_model = 64;
+  sc.heads = 2;
+  TrainerOptions to;
+  to.warmup = -1;
+  float temperature = 0.8f;
+  int threads = 0;
+  Args a("distill", kHelp);
+  a.add("--teacher", &teacher), a.add("--cache", &cache_prefix), a.add("--k", &k);
+  a.add("--w-hard", &kd.w_hard), a.add("--w-soft", &kd.w_soft), a.add("--beta", &kd.beta);
+  a.add("--kd-temperature", &kd.temperature), a.add("--normalize-topk", &kd.normalize_topk);
+  a.add("--layers", &sc.layers), a.add("--d-model", &sc.d_model), a.add("--heads", &sc.heads);
+  a.add("--kv-heads", &sc.kv_heads), a.add("--d-ff", &sc.d_ff);
+  a.add("--steps", &to.steps), a.add("--batch", &to.batch), a.add("--lr", &to.lr),
+      a.add("--warmup", &to.warmup);
+  a.add("--weight-decay", &to.weight_decay), a.add("--clip", &to.clip), a.add("--seed", &to.seed);
+  a.add("--save", &save), a.add("--save-every", &save_every), a.add("--resume", &resume),
+      a.add("--svg", &svg);
+  a.add("--log-every", &log_every), a.add("--eval-every", &eval_every),
+      a.add("--eval-batches", &eval_batches);
+  a.add("--sample-len", &sample_len), a.add("--temperature", &temperature);
+  a.add("--device", &device), a.add("--threads", &threads);
+  a.parse(argc, argv);
+  if (teacher.empty()) a.fail("--teacher is required");
+  if (to.steps < 1 || to.batch < 1) a.fail("--steps and --batch must be >= 1");
+  if (to.warmup < 0) to.warmup = std::max<int64_t>(1, to.steps / 20);
+  if (log_every <= 0) log_every = std::max<int64_t>(1, to.steps / 15);
+  if (eval_every < 0) eval_every = std::max<int64_t>(1, to.steps / 3);
+  to.min_lr = to.lr / 10;
+  if (svg.empty())
+    svg = save.empty() ? std::string("distill.svg")
+                       : std::filesystem::path(save).replace_extension(".svg").string();
+  try {
+    const auto t_start = Clock::now();
+    const Checkpoint tck(teacher);
+    const TransformerConfig tcfg = tck.config();
+    const TextCodec codec = TextCodec::from_metadata(tck.metadata(), teacher);
+    const std::string shards = tck.meta("shards");
+    const auto train_shards = shards_for(shards, "train", "distill");
+    const auto val_shards = shards_for(shards, "val", "distill");
+    sc.vocab = tcfg.vocab;
+    sc.context = tcfg.context;
+
+    Device dev = pick_device(device, threads, "distill");
+    Context ctx(*dev.backend);
+    std::unique_ptr<TopKCache> cache;
+    if (!cache_prefix.empty()) {
+      cache = std::make_unique<TopKCache>(TopKCache::open(cache_prefix));
+      cache->check_vocab(tcfg.vocab);
+      if (k <= 0) k = cache->k();
+      RT_CHECK(k <= cache->k(), "distill: --k ", k, " is larger than the cache ", cache_prefix,
+               " holds (K = ", cache->k(), ")");
+    } else if (k <= 0) {
+      k = 16;
+    }
+    RT_CHECK(k <= tcfg.vocab, "distill: --k ", k, " exceeds the vocabulary ", tcfg.vocab);
+
+    // Online: the teacher in its own context (its parameters are constants here), same backend.
+    std::unique_ptr<Context> tctx;
+    std::unique_ptr<Transformer> tmodel;
+    std::unique_ptr<Graph> tgraph;
+    Tensor *ttokens = nullptr, *tlogits = nullptr;
+    if (!cache) {
+      tctx = std::make_unique<Context>(*dev.backend);
+      tmodel = std::make_unique<Transformer>(*tctx, tcfg);
+      tck.load_model(*tmodel);
+      ttokens = tctx->input(DType::I32, {to.batch, tcfg.context}, "teacher_tokens");
+      tlogits = tmodel->forward(*tctx, ttokens);
+      tlogits->flags |= kOutput;
+      tgraph = std::make_unique<Graph>(*tctx);
+      tgraph->forward(tlogits);
+    }
+
+    Transformer model(ctx, sc, to.seed);
+    const TransformerConfig& cfg = model.config();
+    to.seq_len = cfg.context;
+    DistillHead head;
+    head.enabled = true;
+    head.opts = kd;
+    head.k = k;
+    head.cache = cache.get();
+    LmTrainer trainer(ctx, model, train_shards, to, head);
+    LmEvaluator evaluator(ctx, model, val_shards, to.batch, cfg.context, eval_batches);
+    Sampler sampler(ctx, model);
+    if (!resume.empty()) {
+      const Checkpoint ck(resume);
+      check_same_vocab(tcfg, ck.config(), teacher, resume);
+      trainer.resume(ck);
+      std::printf("resumed from %s at step %lld\n", resume.c_str(), (long long)trainer.steps_done());
+    }
+
+    std::printf("retort %s | device: %s\n", RETORT_VERSION, dev.desc.c_str());
+    std::printf("teacher: %s (%s, step %lld)\n", teacher.c_str(), tcfg.describe().c_str(),
+                (long long)tck.state().step);
+    std::printf("teacher top-K: %s, K = %lld\n", cache ? ("cache " + cache_prefix).c_str() : "online",
+                (long long)k);
+    std::printf("student: %s, %.2fM parameters; tokens %s from %s_*\n", cfg.describe().c_str(),
+                double(model.parameter_count()) / 1e6, codec.describe().c_str(), shards.c_str());
+    std::printf(
+        "loss: %.2g·CE + %.2g·T²·D, beta %.2g, T %.2g, normalize_topk %d; %lld steps x %lld x %lld, lr "
+        "%.2g\n",
+        double(kd.w_hard), double(kd.w_soft), double(kd.beta), double(kd.temperature), int(kd.normalize_topk),
+        (long long)to.steps, (long long)to.batch, (long long)cfg.context, double(to.lr));
+    std::fflush(stdout);
+
+    std::function<void(const Batch&)> online;
+    std::vector<int32_t> ids;
+    std::vector<float> lp;
+    if (!cache) {
+      online = [&](const Batch& b) {
+        set_data_int(ttokens, std::vector<int64_t>(b.inputs.begin(), b.inputs.end()));
+        tgraph->compute();
+        const std::vector<float> z = get_data(tlogits);
+        const int64_t N = b.B * b.T;
+        ids.resize(size_t(N * k));
+        lp.resize(size_t(N * k));
+        topk_logprobs(z.data(), N, tcfg.vocab, k, ids.data(), lp.data());
+        set_data_int(trainer.teacher_ids(), std::vector<int64_t>(ids.begin(), ids.end()));
+        set_data(trainer.teacher_logprobs(), lp);
+        set_data(trainer.teacher_mask(), std::vector<float>(lp.size(), 1.0f));
+      };
+    }
+
+    std::map<std::string, std::string> meta = codec.metadata();
+    meta["shards"] = shards;
+    meta["program"] = "distill";
+    meta["teacher"] = teacher;
+    Series s_loss{"train loss", "#1f77b4", {}, {}}, s_soft{"soft part (T²·D)", "#ff7f0e", {}, {}},
+        s_hard{"hard part (CE)", "#2ca02c", {}, {}}, s_val{"validation CE", "#d62728", {}, {}};
+    auto report_val = [&](int64_t step, double v) {
+      s_val.x.push_back(double(step));
+      s_val.y.push_back(v);
+      std::printf("  validation @ step %lld: cross-entropy %.4f nats/token, perplexity %.2f\n",
+                  (long long)step, v, std::exp(v));
+      std::fflush(stdout);
+    };
+    const double val_before = evaluator.run();
+    report_val(trainer.steps_done(), val_before);
+    double val_after = val_before;
+    auto save_ckpt = [&]() {
+      if (save.empty()) return;
+      meta["val_loss"] = std::to_string(val_after);
+      trainer.save(save, meta);
+    };
+    const int64_t first = trainer.steps_done();
+    Progress progress(to.steps, to.batch * cfg.context, log_every, first);
+    for (int64_t step = first + 1; step <= to.steps; ++step) {
+      const auto r = trainer.step(online);
+      s_loss.x.push_back(double(step)), s_loss.y.push_back(r.loss);
+      s_soft.x.push_back(double(step)), s_soft.y.push_back(r.soft);
+      if (kd.w_hard > 0) s_hard.x.push_back(double(step)), s_hard.y.push_back(r.hard);
+      char f[160];
+      std::snprintf(f, sizeof f, "loss %.4f (hard %.3f soft %.3f) | lr %.2e", r.loss, r.hard, r.soft,
+                    double(r.lr));
+      progress.update(step, f);
+      if (eval_every > 0 && step % eval_every == 0 && step != to.steps) {
+        val_after = evaluator.run();
+        report_val(step, val_after);
+      }
+      if (save_every > 0 && step % save_every == 0 && step != to.steps) save_ckpt();
+    }
+    const double train_seconds = progress.elapsed();
+    val_after = evaluator.run();
+    report_val(trainer.steps_done(), val_after);
+    save_ckpt();
+    std::vector<Series> curves = {s_loss, s_soft};
+    if (kd.w_hard > 0) curves.push_back(s_hard);
+    curves.push_back(s_val);
+    write_svg(svg, "distill: student loss (nats/token)", curves);
+    if (!save.empty()) std::printf("checkpoint: %s\n", save.c_str());
+    std::printf("loss curves: %s\n", svg.c_str());
+
+    if (sample_len > 0) {
+      const std::string prompt = "\n";
+      const auto out = sampler.generate(codec.encode(prompt), sample_len, temperature, 0, 1.0f, to.seed + 7);
+      std::printf("\n---- sample (temperature %.2g) ----\n%s\n---- end of sample ----\n", double(temperature),
+                  printable(codec.decode(out)).c_str());
+    }
+    const int64_t done = to.steps - first;
+    std::printf("\nsummary: %lld steps, %.2fM tokens in %s (%.0f tok/s) on %s; total %s\n", (long long)done,
+                double(done * to.batch * cfg.context) / 1e6, duration(train_seconds).c_str(),
+                progress.tokens_per_second(), dev.desc.c_str(), duration(seconds_since(t_start)).c_str());
+    std::printf("  validation cross-entropy %.4f -> %.4f nats/token (perplexity %.2f -> %.2f)\n", val_before,
+                val_after, std::exp(val_before), std::exp(val_after));
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "\ndistill: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,379 @@
+#include "lm.h"
+
+#include <cmath>
+
+#include "../core/error.h"
+#include "../io/file.h"
+#include "../io/safetensors.h"
+#include "../ops/loss/fused_linear.h"
+#include "../ops/ops.h"
+
+namespace retort {
+
+namespace {
+
+int64_t parse_int(const std::map<std::string, std::string>& md, const std::string& key,
+                  const std::string& path) {
+  const auto it = md.find(key);
+  if (it == md.end()) io::file_error(path, "checkpoint metadata lacks '" + key + "'");
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(it->second, &used);
+    if (used == it->second.size()) return v;
+  } catch (const std::exception&) {
+  }
+  io::file_error(path, "checkpoint metadata '" + key + "' = '" + it->second + "' is not an integer");
+}
+
+float parse_float(const std::map<std::string, std::string>& md, const std::string& key,
+                  const std::string& path) {
+  const auto it = md.find(key);
+  if (it == md.end()) io::file_error(path, "checkpoint metadata lacks '" + key + "'");
+  try {
+    size_t used = 0;
+    const float v = std::stof(it->second, &used);
+    if (used == it->second.size()) return v;
+  } catch (const std::exception&) {
+  }
+  io::file_error(path, "checkpoint metadata '" + key + "' = '" + it->second + "' is not a number");
+}
+
+// %.9g round-trips every float.
+std::string float_str(float f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", double(f));
+  return buf;
+}
+
+// The metadata's part of the checksum: sorted "key=value\n" lines, crc32 itself left out.
+uint32_t metadata_crc(uint32_t crc, const std::map<std::string, std::string>& md) {
+  for (const auto& [k, v] : md) {
+    if (k == "crc32") continue;
+    const std::string line = k + "=" + v + "\n";
+    crc = io::crc32_update(crc, line.data(), line.size());
+  }
+  return crc;
+}
+
+bool reserved_key(const std::string& k) {
+  return k == "format" || k == "version" || k == "crc32" || k.rfind("config.", 0) == 0 ||
+         k.rfind("state.", 0) == 0;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> config_to_metadata(const TransformerConfig& c) {
+  return {
+      {"config.vocab", std::to_string(c.vocab)},   {"config.context", std::to_string(c.context)},
+      {"config.layers", std::to_string(c.layers)}, {"config.d_model", std::to_string(c.d_model)},
+      {"config.heads", std::to_string(c.heads)},   {"config.kv_heads", std::to_string(c.kv_heads)},
+      {"config.d_ff", std::to_string(c.d_ff)},     {"config.rope_theta", float_str(c.rope_theta)},
+      {"config.norm_eps", float_str(c.norm_eps)},  {"config.tie_embeddings", c.tie_embeddings ? "1" : "0"}};
+}
+
+TransformerConfig config_from_metadata(const std::map<std::string, std::string>& md,
+                                       const std::string& path) {
+  TransformerConfig c;
+  c.vocab = parse_int(md, "config.vocab", path);
+  c.context = parse_int(md, "config.context", path);
+  c.layers = parse_int(md, "config.layers", path);
+  c.d_model = parse_int(md, "config.d_model", path);
+  c.heads = parse_int(md, "config.heads", path);
+  c.kv_heads = parse_int(md, "config.kv_heads", path);
+  c.d_ff = parse_int(md, "config.d_ff", path);
+  c.rope_theta = parse_float(md, "config.rope_theta", path);
+  c.norm_eps = parse_float(md, "config.norm_eps", path);
+  c.tie_embeddings = parse_int(md, "config.tie_embeddings", path) != 0;
+  try {
+    return c.resolved();
+  } catch (const Error& e) {
+    io::file_error(path, std::string("bad model config in checkpoint: ") + e.what());
+  }
+}
+
+void save_checkpoint(const std::string& path, const Transformer& model, const AdamW* optimizer,
+                     const TrainState& state, const std::map<std::string, std::string>& extra) {
+  std::vector<std::pair<std::string, const Tensor*>> tensors;
+  const auto& params = model.parameters();
+  for (const Tensor* p : params) tensors.emplace_back(p->name, p);
+  if (optimizer) {
+    RT_CHECK(optimizer->m().size() == params.size(), "save_checkpoint: ", path,
+             ": the optimizer does not hold the model's parameters");
+    for (size_t i = 0; i < params.size(); ++i)
+      tensors.emplace_back("adam.m." + params[i]->name, optimizer->m()[i]);
+    for (size_t i = 0; i < params.size(); ++i)
+      tensors.emplace_back("adam.v." + params[i]->name, optimizer->v()[i]);
+  }
+  std::map<std::string, std::string> md = config_to_metadata(model.config());
+  for (const auto& [k, v] : extra) {
+    RT_CHECK(!reserved_key(k), "save_checkpoint: ", path, ": metadata key '", k, "' is reserved");
+    md[k] = v;
+  }
+  md["format"] = kCheckpointFormat;
+  md["version"] = "1";
+  md["state.step"] = std::to_string(optimizer ? optimizer->steps() : state.step);
+  md["state.total_steps"] = std::to_string(state.total_steps);
+  md["state.seed"] = std::to_string(state.seed);
+  md["state.loader_epoch"] = std::to_string(state.loader_epoch);
+  md["state.loader_cursor"] = std::to_string(state.loader_cursor);
+  uint32_t crc = 0;
+  for (const auto& [name, t] : tensors) {
+    const std::vector<uint8_t> b = get_bytes(t);
+    crc = io::crc32_update(crc, b.data(), b.size());
+  }
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", metadata_crc(crc, md));
+  md["crc32"] = hex;
+  save_safetensors(path, tensors, md);
+}
+
+struct Checkpoint::Impl {
+  explicit Impl(const std::string& path) : st(path) {}
+  SafeTensors st;
+};
+
+Checkpoint::Checkpoint(const std::string& path) : path_(path) {
+  impl_ = std::make_unique<Impl>(path);  // missing, truncated, not safetensors: SafeTensors names the fault
+  const auto& md = impl_->st.metadata();
+  const auto fmt = md.find("format");
+  if (fmt == md.end() || fmt->second != kCheckpointFormat)
+    io::file_error(path, "wrong magic: metadata format is '" +
+                             (fmt == md.end() ? std::string("(none)") : fmt->second) + "', expected '" +
+                             kCheckpointFormat + "' (not a retort checkpoint)");
+  if (meta("version") != "1")
+    io::file_error(path, "unsupported checkpoint version '" + meta("version") + "' (this build reads 1)");
+  uint32_t crc = 0;
+  for (const std::string& n : impl_->st.names()) {
+    const auto b = impl_->st.bytes(n);
+    crc = io::crc32_update(crc, b.data(), b.size());
+  }
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", metadata_crc(crc, md));
+  if (meta("crc32") != hex)
+    io::file_error(path, "checksum mismatch: stored crc32 " + meta("crc32", "(none)") + ", computed " + hex +
+                             " (the file is corrupt)");
+  config_ = config_from_metadata(md, path);
+  state_.step = parse_int(md, "state.step", path);
+  state_.total_steps = parse_int(md, "state.total_steps", path);
+  state_.seed = uint64_t(parse_int(md, "state.seed", path));
+  state_.loader_epoch = parse_int(md, "state.loader_epoch", path);
+  state_.loader_cursor = parse_int(md, "state.loader_cursor", path);
+}
+
+Checkpoint::~Checkpoint() = default;
+Checkpoint::Checkpoint(Checkpoint&&) noexcept = default;
+Checkpoint& Checkpoint::operator=(Checkpoint&&) noexcept = default;
+
+bool Checkpoint::has_optimizer() const {
+  return impl_->st.has("adam.m.tok_emb");
+}
+
+std::string Checkpoint::meta(const std::string& key, const std::string& fallback) const {
+  const auto& md = impl_->st.metadata();
+  const auto it = md.find(key);
+  return it == md.end() ? fallback : it->second;
+}
+
+const std::map<std::string, std::string>& Checkpoint::metadata() const {
+  return impl_->st.metadata();
+}
+
+void Checkpoint::load_model(Transformer& model) const {
+  const TransformerConfig& c = model.config();
+  if (c.describe() != config_.describe() || c.rope_theta != config_.rope_theta ||
+      c.norm_eps != config_.norm_eps)
+    io::file_error(
+        path_, "checkpoint holds a model " + config_.describe() + ", not the " + c.describe() + " asked for");
+  for (Tensor* p : model.parameters()) impl_->st.load_into(p, p->name);
+}
+
+void Checkpoint::load_optimizer(AdamW& optimizer, const Transformer& model) const {
+  if (!has_optimizer()) io::file_error(path_, "checkpoint holds no optimizer state (cannot resume from it)");
+  const auto& params = model.parameters();
+  RT_CHECK(optimizer.m().size() == params.size(), "checkpoint ", path_,
+           ": the optimizer does not hold the model's parameters");
+  for (size_t i = 0; i < params.size(); ++i) {
+    impl_->st.load_into(optimizer.m()[i], "adam.m." + params[i]->name);
+    impl_->st.load_into(optimizer.v()[i], "adam.v." + params[i]->name);
+  }
+  optimizer.set_steps(state_.step);
+}
+
+void check_same_vocab(const TransformerConfig& teacher, const TransformerConfig& student,
+                      const std::string& teacher_name, const std::string& student_name) {
+  RT_CHECK(teacher.vocab == student.vocab, "vocabulary mismatch: teacher ", teacher_name, " has vocab ",
+           teacher.vocab, ", student ", student_name, " has vocab ", student.vocab,
+           " (distillation needs the same tokenizer)");
+}
+
+// ---- loss heads -----------------------------------------------------------------------------------------
+
+namespace {
+Tensor* flat_labels(Context& ctx, Tensor* targets) {
+  RT_CHECK(targets != nullptr && is_int(targets->dtype), "lm loss: targets must be an integer tensor");
+  Tensor* t = targets->is_contiguous() ? targets : contiguous(ctx, targets);
+  return reshape(ctx, t, {targets->nelements()});
+}
+}  // namespace
+
+LossOutputs lm_cross_entropy(Context& ctx, Transformer& model, Tensor* tokens, Tensor* targets) {
+  Tensor* h = model.hidden(ctx, tokens);
+  RT_CHECK(targets->nelements() == h->nrows(), "lm_cross_entropy: targets ", targets->describe(),
+           " must match tokens ", tokens->describe());
+  return fused_linear_cross_entropy(ctx, h, model.lm_head(), nullptr, flat_labels(ctx, targets));
+}
+
+LossOutputs lm_topk_distill(Context& ctx, Transformer& model, Tensor* tokens, Tensor* targets,
+                            Tensor* teacher_ids, Tensor* teacher_logprobs, Tensor* mask,
+                            const TopKDistillOptions& opts) {
+  Tensor* h = model.hidden(ctx, tokens);
+  RT_CHECK(targets->nelements() == h->nrows(), "lm_topk_distill: targets ", targets->describe(),
+           " must match tokens ", tokens->describe());
+  // Labels only when the hard loss needs them: without them (and with normalize_topk) the fused op takes its
+  // K-sparse path, which skips the full-vocabulary GEMMs.
+  Tensor* labels = opts.w_hard > 0 ? flat_labels(ctx, targets) : nullptr;
+  return fused_linear_topk_kd(ctx, h, model.lm_head(), nullptr, teacher_ids, teacher_logprobs, mask, labels,
+                              opts);
+}
+
+// ---- trainer --------------------------------------------------------------------------------------------
+
+LmTrainer::LmTrainer(Context& ctx, Transformer& model, const std::vector<std::string>& train_shards,
+                     const TrainerOptions& options, const DistillHead& head)
+    : ctx_(ctx), model_(model), opt_(options), head_(head) {
+  RT_CHECK(opt_.steps >= 1 && opt_.batch >= 1 && opt_.seq_len >= 1,
+           "trainer: steps, batch and seq_len must be >= 1");
+  RT_CHECK(opt_.seq_len <= model.config().context, "trainer: seq_len ", opt_.seq_len,
+           " exceeds the model's context ", model.config().context);
+  RT_CHECK(opt_.warmup >= 0 && opt_.warmup <= opt_.steps, "trainer: warmup ", opt_.warmup,
+           " must be in [0, steps]");
+  BatchLoaderOptions lo;
+  lo.batch = opt_.batch;
+  lo.seq_len = opt_.seq_len;
+  lo.seed = opt_.seed;
+  loader_ = std::make_unique<BatchLoader>(train_shards, lo);
+  const int64_t B = opt_.batch, T = opt_.seq_len, N = B * T;
+  tokens_ = ctx.input(DType::I32, {B, T}, "tokens");
+  targets_ = ctx.input(DType::I32, {B, T}, "targets");
+  if (head_.enabled) {
+    RT_CHECK(head_.k >= 1, "trainer: distillation needs K >= 1, got ", head_.k);
+    if (head_.cache) {
+      head_.cache->check_vocab(model.config().vocab);
+      RT_CHECK(head_.k <= head_.cache->k(), "trainer: K = ", head_.k,
+               " is larger than the teacher cache holds (K = ", head_.cache->k(), ")");
+    }
+    t_ids_ = ctx.input(DType::I32, {N, head_.k}, "teacher_ids");
+    t_logprobs_ = ctx.input(DType::F32, {N, head_.k}, "teacher_logprobs");
+    t_mask_ = ctx.input(DType::F32, {N, head_.k}, "teacher_mask");
+    TopKDistillOptions o = head_.opts;
+    o.return_parts = o.w_hard > 0;
+    out_ = lm_topk_distill(ctx, model, tokens_, targets_, t_ids_, t_logprobs_, t_mask_, o);
+  } else {
+    out_ = lm_cross_entropy(ctx, model, tokens_, targets_);
+  }
+  graph_ = std::make_unique<Graph>(ctx);
+  if (out_.hard) graph_->forward(out_.hard);
+  if (out_.soft) graph_->forward(out_.soft);
+  graph_->backward(out_.loss);
+  AdamWConfig adam;
+  adam.lr = opt_.lr;
+  adam.beta1 = 0.9f;
+  adam.beta2 = 0.95f;
+  adam.weight_decay = opt_.weight_decay;
+  optimizer_ = std::make_unique<AdamW>(model.parameters(), adam);
+}
+
+LmTrainer::StepResult LmTrainer::step(const std::function<void(const Batch&)>& before_compute) {
+  const int64_t B = opt_.batch, T = opt_.seq_len;
+  batch_.B = B;
+  batch_.T = T;
+  batch_.inputs.resize(size_t(B * T));
+  batch_.targets.resize(size_t(B * T));
+  batch_.starts.resize(size_t(B));
+  loader_->next(batch_.inputs.data(), batch_.targets.data(), batch_.starts.data());
+  set_data_int(tokens_, std::vector<int64_t>(batch_.inputs.begin(), batch_.inputs.end()));
+  set_data_int(targets_, std::vector<int64_t>(batch_.targets.begin(), batch_.targets.end()));
+  if (head_.enabled && head_.cache) {
+    topk_ = head_.cache->gather(batch_.starts, T, head_.k);
+    set_data_int(t_ids_, std::vector<int64_t>(topk_.ids.begin(), topk_.ids.end()));
+    set_data(t_logprobs_, topk_.logprobs);
+    set_data(t_mask_, topk_.mask);
+  }
+  if (before_compute) before_compute(batch_);
+  graph_->zero_grad();
+  graph_->compute();
+  StepResult r;
+  const int64_t step = optimizer_->steps() + 1;
+  r.loss = get_data(out_.loss)[0];
+  RT_CHECK(std::isfinite(r.loss), "trainer: the loss became ", r.loss, " at step ", step,
+           " (try a lower --lr or a smaller model)");
+  if (out_.hard) r.hard = get_data(out_.hard)[0];
+  if (out_.soft) r.soft = get_data(out_.soft)[0];
+  if (head_.enabled && !out_.soft) r.soft = head_.opts.w_soft > 0 ? r.loss / head_.opts.w_soft : 0;
+  r.grad_norm = opt_.clip > 0 ? clip_grad_norm(*graph_, opt_.clip) : 0.0;
+  r.lr = cosine_lr(std::min(step, opt_.steps), opt_.warmup, opt_.steps, opt_.lr, opt_.min_lr);
+  optimizer_->step(*graph_, r.lr);
+  return r;
+}
+
+TrainState LmTrainer::state() const {
+  TrainState s;
+  s.step = optimizer_->steps();
+  s.total_steps = opt_.steps;
+  s.seed = opt_.seed;
+  s.loader_epoch = loader_->epoch();
+  s.loader_cursor = loader_->cursor();
+  return s;
+}
+
+void LmTrainer::save(const std::string& path, const std::map<std::string, std::string>& extra) const {
+  save_checkpoint(path, model_, optimizer_.get(), state(), extra);
+}
+
+void LmTrainer::resume(const Checkpoint& ckpt) {
+  RT_CHECK(ckpt.state().seed == opt_.seed, "resume from ", ckpt.path(), ": it was trained with seed ",
+           ckpt.state().seed, ", this run has seed ", opt_.seed, " (the batches would differ)");
+  ckpt.load_model(model_);
+  ckpt.load_optimizer(*optimizer_, model_);
+  loader_->seek(ckpt.state().loader_epoch, ckpt.state().loader_cursor);
+}
+
+// ---- evaluation -----------------------------------------------------------------------------------------
+
+LmEvaluator::LmEvaluator(Context& ctx, Transformer& model, const std::vector<std::string>& shards,
+                         int64_t batch, int64_t seq_len, int64_t max_batches)
+    : T_(seq_len) {
+  RT_CHECK(!shards.empty(), "evaluate: no validation shards");
+  BatchLoaderOptions lo;
+  lo.batch = 1;
+  lo.seq_len = seq_len;
+  lo.shuffle = false;
+  const int64_t windows = BatchLoader(shards, lo).windows();
+  B_ = std::max<int64_t>(1, std::min(batch, windows));
+  batches_ = windows / B_;
+  if (max_batches > 0) batches_ = std::min(batches_, max_batches);
+  lo.batch = B_;
+  loader_ = std::make_unique<BatchLoader>(shards, lo);
+  tokens_ = ctx.input(DType::I32, {B_, T_}, "eval_tokens");
+  targets_ = ctx.input(DType::I32, {B_, T_}, "eval_targets");
+  loss_ = lm_cross_entropy(ctx, model, tokens_, targets_).loss;
+  loss_->flags |= kOutput;
+  graph_ = std::make_unique<Graph>(ctx);
+  graph_->forward(loss_);
+}
+
+double LmEvaluator::run() {
+  loader_->seek(0, 0);
+  double sum = 0;
+  std::vector<int32_t> x(size_t(B_ * T_)), y(size_t(B_ * T_));
+  for (int64_t b = 0; b < batches_; ++b) {
+    loader_->next(x.data(), y.data());
+    set_data_int(tokens_, std::vector<int64_t>(x.begin(), x.end()));
+    set_data_int(targets_, std::vector<int64_t>(y.begin(), y.end()));
+    graph_->compute();
+    sum += get_data(loss_)[0];
+  }
+  return sum / double(batches_);
+}
+
+}  // namespace retort

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Smoke test of the example programs with tiny settings: every --help, then train (bytes and BPE) with a
+# checkpoint and a resume, teacher-cache, distill offline and online, eval and generate, and a few refusals
+# (missing checkpoint, K larger than the cache). Usage: smoke.sh <build/examples dir> <text file>
+set -euo pipefail
+X=$1
+TEXT=$2
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+for p in train teacher-cache distill eval generate; do
+  grep -q "Usage: $p" <<<"$("$X/$p" --help)" || fail "$p --help"
+done
+head -c 40000 "$TEXT" >"$W/t.txt"
+M="--layers 1 --d-model 32 --heads 2 --context 32 --batch 4 --threads 1 --device cpu"
+"$X"/train --data "$W/t.txt" $M --steps 6 --eval-batches 2 --sample-len 8 --save "$W/t.st" --save-every 3 \
+  >"$W/train.log" || fail "train"
+grep -q '^summary' "$W/train.log" || fail "train summary"
+"$X"/train --data "$W/t.txt" $M --steps 8 --eval-batches 2 --sample-len 0 --resume "$W/t.st" --save "$W/t2.st" \
+  >"$W/resume.log" || fail "train --resume"
+grep -q 'resumed from .* at step 6' "$W/resume.log" || fail "resume step"
+"$X"/train --data "$W/t.txt" $M --tokenizer bpe --vocab 300 --steps 2 --eval-batches 1 --sample-len 4 \
+  --save "$W/bpe.st" >"$W/bpe.log" || fail "train bpe"
+"$X"/generate --ckpt "$W/bpe.st" --len 5 --threads 1 --device cpu >/dev/null 2>&1 || fail "generate bpe"
+"$X"/teacher-cache --teacher "$W/t.st" --k 4 --out "$W/c" --threads 1 --device cpu >"$W/cache.log" ||
+  fail "teacher-cache"
+"$X"/distill --teacher "$W/t.st" --cache "$W/c" --layers 1 --d-model 16 --heads 2 --steps 3 --batch 4 \
+  --eval-batches 1 --sample-len 4 --threads 1 --device cpu --save "$W/s.st" >"$W/d.log" || fail "distill offline"
+[ -s "$W/s.svg" ] && grep -q '<svg' "$W/s.svg" || fail "distill svg"
+"$X"/distill --teacher "$W/t.st" --k 4 --normalize-topk 1 --w-hard 0 --w-soft 1 --layers 1 --d-model 16 \
+  --heads 2 --steps 2 --batch 4 --eval-batches 1 --sample-len 0 --threads 1 --device cpu --svg "$W/on.svg" \
+  >"$W/on.log" || fail "distill online"
+"$X"/eval --ckpt "$W/s.st" --threads 1 --device cpu | grep -q '^val_loss=' || fail "eval"
+"$X"/generate --ckpt "$W/t.st" --prompt "And" --len 10 --top-k 5 --top-p 0.9 --threads 1 --device cpu \
+  >/dev/null 2>&1 || fail "generate"
+# Refusals: an error naming the fault, exit status 1.
+if "$X"/eval --ckpt "$W/none.st" 2>"$W/e1"; then fail "eval of a missing file succeeded"; fi
+grep -q "none.st" "$W/e1" || fail "missing-file message: $(cat "$W/e1")"
+if "$X"/distill --teacher "$W/t.st" --cache "$W/c" --k 8 --steps 1 --threads 1 --device cpu 2>"$W/e2" >/dev/null; then
+  fail "distill with K above the cache succeeded"
+fi
+grep -q "larger than the cache" "$W/e2" || fail "K message: $(cat "$W/e2")"
+echo "smoke: all example programs ran"
