@@ -238,7 +238,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     b.dtype = DType::F32;
     b.rows = logits.rows;
     b.V = logits.cols;
-    b.stride = logits.rows == 1 ? logits.cols : int64_t(logits.row_stride / sizeof(float));
+    b.stride = std::max<int64_t>(logits.cols, int64_t(logits.row_stride / sizeof(float)));  // Vp
     b.scale = out.grad_scale;
     b.scale_dev = mean_on_device_ ? inv_->as<float>() : nullptr;
     b.loss = out.loss;
@@ -315,7 +315,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
         DistillRows o;
         o.teacher = s.teacher.data;
         o.teacher_dtype = s.teacher.dtype;
-        o.teacher_stride = s.teacher.rows == 1 ? s.teacher.cols : int64_t(s.teacher.row_stride / tes);
+        o.teacher_stride = std::max<int64_t>(s.teacher.cols, int64_t(s.teacher.row_stride / tes));
         o.labels = side_vec(s.labels);
         o.ignore_index = s.ignore_index;
         o.beta = s.beta;
