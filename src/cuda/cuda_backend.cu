@@ -39,6 +39,7 @@ const CudaOpTable& launcher_table() {
     register_cuda_norm_ops(t);
     register_cuda_loss_ops(t);
     register_cuda_loss_graph_ops(t);
+    register_cuda_fused_ops(t);
     return t;
   }();
   return table;

@@ -169,6 +169,7 @@ void register_cuda_softmax_ops(CudaOpTable& t);
 void register_cuda_norm_ops(CudaOpTable& t);
 void register_cuda_loss_ops(CudaOpTable& t);
 void register_cuda_loss_graph_ops(CudaOpTable& t);  // loss/cuda_loss_ops.cu: the loss backend's ops
+void register_cuda_fused_ops(CudaOpTable& t);       // loss/cuda_fused_ops.cu: the fused linear losses
 
 // Optimizer updates and helpers (cuda_optim.cu). Inputs are checked by the caller.
 void launch_adamw(CudaExec& ex, Tensor* p, const Tensor* g, Tensor* m, Tensor* v, const AdamWParams& o);

@@ -1,0 +1,360 @@
+// GPU benchmark of the fused linear losses against their floor, in one process: the GEMMs a fused lm-head +
+// loss cannot avoid, timed with cuBLASLt on bf16 inputs with f32 accumulation and f32 outputs —
+//   logits [N, Vp] = h·Wᵀ,  dh [N, H] = dlogits·W,  dW [Vp, H] = dlogitsᵀ·h  (dlogits bf16, Vp = V rounded up
+//   to 128), plus the teacher's logits [N, Vp] = th·Wtᵀ for online distillation —
+// then retort's fused op forward + backward (the graph built once and computed repeatedly), both timed with
+// CUDA events on the backend's stream (warmup, median of the repetitions). Also the peak device memory the
+// fused step allocates beyond its graph's own buffers (the allocator's peak minus what was in use before).
+//
+// Targets (ratio retort / floor, or absolute ms for the K-sparse top-K path, which has no GEMM to compare
+// with): CE 1.08, CE small 1.15, top-K KD + hard CE 1.12, K-sparse top-K 2 ms, online JSD 1.15.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "retort.h"
+
+namespace {
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+#define LT(x)                                                                         \
+  do {                                                                                \
+    cublasStatus_t s_ = (x);                                                          \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
+      std::fprintf(stderr, "%s:%d %s: status %d\n", __FILE__, __LINE__, #x, int(s_)); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+using namespace retort;
+
+enum class Kind { CE, TopK, TopKSparse, Jsd };
+
+struct Case {
+  std::string name;
+  Kind kind;
+  int64_t n, h, v, ht = 0, k = 0;
+  double target;  // ratio, or ms for TopKSparse
+};
+
+// ---- device fills (a hash of the index: no host staging of gigabytes) -------------------------------------
+
+__device__ __forceinline__ float hash01(uint64_t i, uint32_t seed) {
+  uint64_t x = i * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  return float(x >> 40) / float(1ull << 24);
+}
+
+__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint32_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = __float2bfloat16((2.0f * hash01(uint64_t(i), seed) - 1.0f) * scale);
+}
+
+// Labels in [0, v), every 16th row ignored (-100); ids in [0, v).
+__global__ void fill_ints(int32_t* p, int64_t n, uint32_t seed, int64_t v, bool some_ignored) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = some_ignored && i % 16 == 5 ? -100 : int32_t(hash01(uint64_t(i), seed) * float(v)) % int32_t(v);
+}
+
+// Teacher log-probabilities of K slots: decreasing, all finite.
+__global__ void fill_logprobs(float* p, int64_t n, int64_t k) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = -1.0f - 0.1f * float(i % k);
+}
+
+void fill(Tensor* t, uint32_t seed, float scale, cudaStream_t s) {
+  fill_bf16<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(t->data), t->nelements(), seed, scale);
+  CK(cudaGetLastError());
+}
+
+// ---- the floor: cuBLASLt on row-major operands ------------------------------------------------------------
+
+struct Lt {
+  cublasLtHandle_t h = nullptr;
+  void* ws = nullptr;
+  size_t ws_bytes = size_t(32) << 20;
+};
+
+// C [m, n] f32 (row-major) = op(A)·op(B), A and B bf16 row-major: A [m, k] (or [k, m] when ta), B [k, n]
+// (or [n, k] when tb). cuBLASLt is column-major, so it computes Cᵀ = op(B)ᵀ·op(A)ᵀ on the same memory.
+void gemm_rm(Lt& lt, const void* a, bool ta, const void* b, bool tb, float* c, int64_t m, int64_t n,
+             int64_t k, cudaStream_t s) {
+  cublasLtMatmulDesc_t md;
+  LT(cublasLtMatmulDescCreate(&md, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t opx = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opy = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LT(cublasLtMatmulDescSetAttribute(md, CUBLASLT_MATMUL_DESC_TRANSA, &opx, sizeof(opx)));
+  LT(cublasLtMatmulDescSetAttribute(md, CUBLASLT_MATMUL_DESC_TRANSB, &opy, sizeof(opy)));
+  cublasLtMatrixLayout_t lx, ly, lc;
+  // B in memory: rows_b x cols_b row-major = (cols_b x rows_b) column-major, ld cols_b.
+  const int64_t rb = tb ? n : k, cb = tb ? k : n, ra = ta ? k : m, ca = ta ? m : k;
+  LT(cublasLtMatrixLayoutCreate(&lx, CUDA_R_16BF, uint64_t(cb), uint64_t(rb), cb));
+  LT(cublasLtMatrixLayoutCreate(&ly, CUDA_R_16BF, uint64_t(ca), uint64_t(ra), ca));
+  LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, uint64_t(n), uint64_t(m), n));
+  cublasLtMatmulPreference_t pref;
+  LT(cublasLtMatmulPreferenceCreate(&pref));
+  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &lt.ws_bytes,
+                                          sizeof(lt.ws_bytes)));
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  LT(cublasLtMatmulAlgoGetHeuristic(lt.h, md, lx, ly, lc, lc, pref, 1, &heur, &found));
+  if (!found) {
+    std::fprintf(stderr, "cuBLASLt: no algorithm for %lld x %lld x %lld\n", (long long)m, (long long)n,
+                 (long long)k);
+    std::exit(1);
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  LT(cublasLtMatmul(lt.h, md, &alpha, b, lx, a, ly, &beta, c, lc, c, lc, &heur.algo, lt.ws, lt.ws_bytes, s));
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatrixLayoutDestroy(ly);
+  cublasLtMatrixLayoutDestroy(lx);
+  cublasLtMatmulDescDestroy(md);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median ms of fn (queued on s) over reps, after warmup runs.
+double time_ms(cudaStream_t s, int warmup, int reps, const std::function<void()>& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  CK(cudaStreamSynchronize(s));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a, s));
+    fn();
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return median(ms);
+}
+
+int64_t pad128(int64_t v) {
+  return (v + 127) / 128 * 128;
+}
+
+double floor_ms(const Case& c, cudaStream_t s, int warmup, int reps) {
+  const int64_t vp = pad128(c.v);
+  Lt lt;
+  LT(cublasLtCreate(&lt.h));
+  CK(cudaMalloc(&lt.ws, lt.ws_bytes));
+  std::vector<void*> bufs;
+  auto dev = [&](size_t bytes) {
+    void* p = nullptr;
+    CK(cudaMalloc(&p, bytes));
+    bufs.push_back(p);
+    return p;
+  };
+  auto* h = static_cast<__nv_bfloat16*>(dev(size_t(c.n * c.h) * 2));
+  auto* w = static_cast<__nv_bfloat16*>(dev(size_t(vp * c.h) * 2));
+  auto* logits = static_cast<float*>(dev(size_t(c.n * vp) * 4));
+  auto* dlogits = static_cast<__nv_bfloat16*>(dev(size_t(c.n * vp) * 2));
+  auto* dh = static_cast<float*>(dev(size_t(c.n * c.h) * 4));
+  auto* dw = static_cast<float*>(dev(size_t(vp * c.h) * 4));
+  const bool teacher = c.kind == Kind::Jsd;
+  __nv_bfloat16 *th = nullptr, *tw = nullptr;
+  float* tlogits = nullptr;
+  if (teacher) {
+    th = static_cast<__nv_bfloat16*>(dev(size_t(c.n * c.ht) * 2));
+    tw = static_cast<__nv_bfloat16*>(dev(size_t(vp * c.ht) * 2));
+    tlogits = static_cast<float*>(dev(size_t(c.n * vp) * 4));
+    fill_bf16<<<1024, 256, 0, s>>>(th, c.n * c.ht, 11, 1.0f);
+    fill_bf16<<<1024, 256, 0, s>>>(tw, vp * c.ht, 12, 0.02f);
+  }
+  fill_bf16<<<1024, 256, 0, s>>>(h, c.n * c.h, 1, 1.0f);
+  fill_bf16<<<1024, 256, 0, s>>>(w, vp * c.h, 2, 0.02f);
+  fill_bf16<<<1024, 256, 0, s>>>(dlogits, c.n * vp, 3, 1e-4f);
+  CK(cudaGetLastError());
+  const double ms = time_ms(s, warmup, reps, [&] {
+    gemm_rm(lt, h, false, w, true, logits, c.n, vp, c.h, s);
+    if (teacher) gemm_rm(lt, th, false, tw, true, tlogits, c.n, vp, c.ht, s);
+    gemm_rm(lt, dlogits, false, w, false, dh, c.n, c.h, vp, s);
+    gemm_rm(lt, dlogits, true, h, false, dw, vp, c.h, c.n, s);
+  });
+  CK(cudaStreamSynchronize(s));
+  for (void* p : bufs) CK(cudaFree(p));
+  CK(cudaFree(lt.ws));
+  cublasLtDestroy(lt.h);
+  return ms;
+}
+
+struct Result {
+  double ms = 0, peak_mib = 0;
+};
+
+Result retort_ms(const Case& c, Backend& be, size_t budget, int warmup, int reps) {
+  auto s = static_cast<cudaStream_t>(be.stream_handle());
+  Result r;
+  {
+    Context ctx(be);
+    Tensor* h = ctx.param(DType::BF16, {c.n, c.h}, "hidden");
+    Tensor* w = ctx.param(DType::BF16, {c.v, c.h}, "weight");
+    fill(h, 1, 1.0f, s);
+    fill(w, 2, 0.02f, s);
+    FusedLinearOptions f;
+    f.memory_budget = budget;
+    Tensor* labels = ctx.input(DType::I32, {c.n}, "labels");
+    fill_ints<<<1024, 256, 0, s>>>(static_cast<int32_t*>(labels->data), c.n, 5, c.v, true);
+    CK(cudaGetLastError());
+    Tensor* loss = nullptr;
+    if (c.kind == Kind::CE) {
+      loss = fused_linear_cross_entropy(ctx, h, w, nullptr, labels, {}, f).loss;
+    } else if (c.kind == Kind::TopK || c.kind == Kind::TopKSparse) {
+      Tensor* ids = ctx.input(DType::I32, {c.n, c.k}, "ids");
+      Tensor* lp = ctx.input(DType::F32, {c.n, c.k}, "logprobs");
+      fill_ints<<<1024, 256, 0, s>>>(static_cast<int32_t*>(ids->data), c.n * c.k, 7, c.v, false);
+      fill_logprobs<<<1024, 256, 0, s>>>(static_cast<float*>(lp->data), c.n * c.k, c.k);
+      CK(cudaGetLastError());
+      TopKDistillOptions o;
+      o.beta = 0.0f;
+      if (c.kind == Kind::TopK) {
+        o.w_hard = 0.5f;
+      } else {
+        o.normalize_topk = true;
+        o.w_hard = 0.0f;
+      }
+      loss = fused_linear_topk_kd(ctx, h, w, nullptr, ids, lp, nullptr, labels, o, f).loss;
+    } else {
+      Tensor* th = ctx.input(DType::BF16, {c.n, c.ht}, "teacher_hidden");
+      Tensor* tw = ctx.input(DType::BF16, {c.v, c.ht}, "teacher_weight");
+      fill(th, 11, 1.0f, s);
+      fill(tw, 12, 0.02f, s);
+      DistillOptions o;
+      o.beta = 0.5f;
+      loss = fused_linear_distill(ctx, h, w, nullptr, th, tw, nullptr, labels, o, f).loss;
+    }
+    loss->flags |= kOutput;
+    Graph g(ctx);
+    g.forward(loss);
+    g.backward(loss);
+    g.compute();  // the arena and the allocator's cache
+    be.synchronize();
+    const CudaMemoryStats before = cuda_memory_stats(be);
+    cuda_reset_peak(be);
+    r.ms = time_ms(s, warmup, reps, [&] { g.compute(); });
+    be.synchronize();  // reports a device-side error, if any
+    const CudaMemoryStats after = cuda_memory_stats(be);
+    r.peak_mib = double(after.peak_bytes - before.bytes_in_use) / double(1 << 20);
+    float lv = 0;
+    be.read(&lv, loss->data, sizeof(float));
+    std::printf("  loss %.5f\n", double(lv));
+  }
+  cuda_empty_cache(be);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  size_t budget_mib = 2048;
+  int warmup = 2, reps = 7;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+    } else if (a == "--budget-mib" && i + 1 < argc) {
+      budget_mib = size_t(std::atoll(argv[++i]));
+    } else if (a == "--reps" && i + 1 < argc) {
+      reps = std::max(5, std::atoi(argv[++i]));
+    } else {
+      std::printf(
+          "usage: %s [--quick] [--budget-mib M] [--reps R]\n"
+          "  --quick         smaller shapes (N / 8, H / 2, V / 4)\n"
+          "  --budget-mib M  the fused ops' memory budget for chunk logits (default 2048: chunks of "
+          "thousands\n"
+          "                  of rows, so that each GEMM is large and dW is read-modified-written few times)\n"
+          "  --reps R        timed repetitions, median reported (default 7, at least 5)\n",
+          argv[0]);
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  std::string why;
+  if (!cuda_available(&why)) {
+    std::printf("CUDA unavailable: %s\n", why.c_str());
+    return 0;
+  }
+  std::vector<Case> cases = {
+      {"CE", Kind::CE, 8192, 4096, 128256, 0, 0, 1.08},
+      {"CE small", Kind::CE, 16384, 768, 50257, 0, 0, 1.15},
+      {"top-K KD + hard CE (K=64)", Kind::TopK, 8192, 2048, 128256, 0, 64, 1.12},
+      {"K-sparse top-K (K=64)", Kind::TopKSparse, 8192, 2048, 128256, 0, 64, 2.0},
+      {"online JSD (Ht=4096)", Kind::Jsd, 8192, 2048, 128256, 4096, 0, 1.15},
+  };
+  if (quick)
+    for (Case& c : cases) {
+      c.n /= 8;
+      c.h /= 2;
+      c.ht /= 2;
+      c.v /= 4;
+    }
+  auto be = make_cuda_backend(0);
+  auto s = static_cast<cudaStream_t>(be->stream_handle());
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s; budget %zu MiB; bf16 inputs, f32 accumulation and gradients%s\n", prop.name,
+              budget_mib, quick ? "; --quick shapes" : "");
+  struct Row {
+    Case c;
+    double floor = 0;
+    Result r;
+  };
+  std::vector<Row> rows;
+  for (const Case& c : cases) {
+    std::printf("%s: N=%lld H=%lld V=%lld%s\n", c.name.c_str(), (long long)c.n, (long long)c.h,
+                (long long)c.v, c.ht ? (" Ht=" + std::to_string(c.ht)).c_str() : "");
+    Row row{c, 0.0, Result{}};
+    row.floor = floor_ms(c, s, warmup, reps);
+    try {
+      row.r = retort_ms(c, *be, budget_mib << 20, warmup, reps);
+    } catch (const Error& e) {
+      std::printf("  retort failed: %s\n", e.what());
+      row.r.ms = -1;
+    }
+    std::printf("  floor %.3f ms, retort %.3f ms\n", row.floor, row.r.ms);
+    rows.push_back(row);
+  }
+  std::printf("\n%-28s | %9s | %10s | %6s | %14s | %s\n", "case", "floor ms", "retort ms", "ratio",
+              "peak extra MiB", "target");
+  bool ran = true;
+  for (const Row& r : rows) {
+    const bool abs = r.c.kind == Kind::TopKSparse;
+    const double ratio = r.r.ms / r.floor;
+    const bool met = r.r.ms > 0 && (abs ? r.r.ms <= r.c.target : ratio <= r.c.target);
+    ran &= r.r.ms > 0;
+    char target[32];
+    std::snprintf(target, sizeof(target), abs ? "%.0f ms" : "%.2f", r.c.target);
+    std::printf("%-28s | %9.3f | %10.3f | %6.3f | %14.1f | %s %s\n", r.c.name.c_str(), r.floor, r.r.ms, ratio,
+                r.r.peak_mib, target, met ? "met" : "MISSED");
+  }
+  // A missed target is a finding, printed above; only a run that failed is an error.
+  return ran ? 0 : 1;
+}

@@ -1,0 +1,480 @@
+// The CUDA ChunkExecutor: the fused linear losses' chunk loop (chunk_scheduler.h) on one backend stream.
+//
+//   gemm        cuBLASLt on the blocks' own strides (see "Row-major blocks" below), f32 accumulation and f32
+//   C;
+//               bf16 / f16 operands on the tensor cores, f32 operands in full f32 (TF32 only when the backend
+//               allows it). Descriptors, layouts and the chosen algorithm are cached per shape: a chunk loop
+//               repeats three or four shapes.
+//   row_loss    the CUDA row kernels (row_losses.h, distill_rows.h) on the chunk's f32 logits (row stride
+//   Vp),
+//               with the gradient written over the logits, or into a 16-bit shadow (cuda_chunk_exec.h).
+//   validate    labels and ids checked on the device (errors in the backend's device record, reported at the
+//               next synchronize or read); a mean's 1 / count stays in device memory (kCountOnDevice) and is
+//               multiplied in by the row kernels and the reduction, so nothing in a fused loss waits.
+//   the rest    small kernels of cuda_chunk_kernels.cu and the K-sparse path of cuda_sparse_topk.cu.
+// Temporaries come from the backend's caching allocator and go back when the executor dies (or right after
+// the work that uses them is queued): one stream orders every later reuse after that work.
+//
+// Row-major blocks. cuBLASLt is column-major: a block whose rows are contiguous (col_stride = element size)
+// reads as its transpose with ld = row_stride; one whose columns are contiguous reads as itself with
+// ld = col_stride. C [m, n] is row-major, seen as Cᵀ, so we ask for Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's first
+// operand is our B, its second our A, and each gets op N when its memory view already is the factor needed,
+// T otherwise (the same mapping as cuda_matmul.cu). A block with neither stride unit is copied first.
+#include <array>
+#include <vector>
+
+#include "../cuda_common.cuh"
+#include "cuda_chunk_exec.h"
+#include "cuda_chunk_kernels.h"
+#include "distill_rows.h"
+#include "row_losses.h"
+
+namespace retort::cuda {
+
+namespace {
+
+using loss::Block;
+using loss::LossKind;
+using loss::LossSpec;
+using loss::RowOut;
+
+cudaDataType_t lt_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return CUDA_R_32F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    case DType::F16:
+      return CUDA_R_16F;
+    default:
+      break;
+  }
+  RT_FAIL("cuda fused linear: GEMM operands must be f32, bf16 or f16, got ", dtype_name(t));
+}
+
+// How cuBLASLt sees a block in memory: the block's transpose (rows contiguous) or the block itself.
+struct LtView {
+  bool ok = false;
+  bool shows_transpose = false;
+  uint64_t rows = 0, cols = 0;  // of the column-major matrix cuBLASLt sees
+  int64_t ld = 0;
+};
+
+LtView view_of(const Block& b) {
+  const size_t es = dtype_size(b.dtype);
+  if ((b.cols == 1 || b.col_stride == es) && b.row_stride % es == 0) {
+    const int64_t ld = b.rows == 1 ? b.cols : int64_t(b.row_stride / es);
+    if (ld >= b.cols && ld > 0) return {true, true, uint64_t(b.cols), uint64_t(b.rows), ld};
+  }
+  if ((b.rows == 1 || b.row_stride == es) && b.col_stride % es == 0) {
+    const int64_t ld = b.cols == 1 ? b.rows : int64_t(b.col_stride / es);
+    if (ld >= b.rows && ld > 0) return {true, false, uint64_t(b.rows), uint64_t(b.cols), ld};
+  }
+  return {};
+}
+
+// The largest power of two (at most 256) dividing the base address and the column step.
+uint32_t alignment_of(const void* p, int64_t ld_bytes) {
+  const uint64_t v = uint64_t(reinterpret_cast<uintptr_t>(p)) | uint64_t(ld_bytes);
+  uint32_t a = 256;
+  while (a > 1 && (v & (a - 1))) a >>= 1;
+  return a;
+}
+
+// Everything a cuBLASLt plan depends on: types, ops, compute type, the three layouts and the alignments.
+using GemmKey = std::array<int64_t, 17>;
+
+struct GemmPlan {
+  GemmKey key{};
+  cublasLtMatmulDesc_t md = nullptr;
+  cublasLtMatrixLayout_t lx = nullptr, ly = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  GemmPlan() = default;
+  GemmPlan(const GemmPlan&) = delete;
+  GemmPlan& operator=(const GemmPlan&) = delete;
+  ~GemmPlan() {
+    if (lc) (void)cublasLtMatrixLayoutDestroy(lc);
+    if (ly) (void)cublasLtMatrixLayoutDestroy(ly);
+    if (lx) (void)cublasLtMatrixLayoutDestroy(lx);
+    if (md) (void)cublasLtMatmulDescDestroy(md);
+  }
+};
+
+struct LtPref {
+  cublasLtMatmulPreference_t p = nullptr;
+  ~LtPref() {
+    if (p) (void)cublasLtMatmulPreferenceDestroy(p);
+  }
+};
+
+// Side data in the row kernels' form.
+SideMatrix side(const Block& b) {  // [rows, K]
+  if (b.empty()) return {};
+  return {b.data, b.dtype, int64_t(b.row_stride), int64_t(b.col_stride)};
+}
+SideMatrix side_vec(const Block& b) {  // [rows, 1]
+  if (b.empty()) return {};
+  return {b.data, b.dtype, int64_t(b.row_stride), 0};
+}
+
+class CudaChunkExecutor final : public loss::ChunkExecutor {
+ public:
+  CudaChunkExecutor(CudaExec& ex, Op op, DType grad_dtype) : ex_(ex), op_(op), grad_dtype_(grad_dtype) {
+    RT_ASSERT(grad_dtype == DType::F32 || grad_dtype == DType::BF16 || grad_dtype == DType::F16);
+  }
+
+  int64_t validate(const LossSpec& spec, int64_t rows, int64_t v, Reduction reduction,
+                   const std::string& what) override {
+    const Block* labels = nullptr;
+    int64_t ignore = -100;
+    switch (spec.kind) {
+      case LossKind::CrossEntropy:
+        RT_CHECK(!spec.ce.labels.empty(), what, ": labels are missing");
+        labels = &spec.ce.labels;
+        ignore = spec.ce.ignore_index;
+        break;
+      case LossKind::TopK:
+        RT_CHECK(spec.topk.logprobs.cols <= kMaxTopKSlots, what, ": K = ", spec.topk.logprobs.cols,
+                 " teacher slots per row; the CUDA top-K kernel keeps at most ", kMaxTopKSlots);
+        if (!spec.topk.ids.empty()) fused::check_ids(ex_, spec.topk.ids, &spec.topk, v, op_);
+        labels = spec.topk.labels.empty() ? nullptr : &spec.topk.labels;
+        ignore = spec.topk.ignore_index;
+        break;
+      case LossKind::Distill:
+        labels = spec.distill.labels.empty() ? nullptr : &spec.distill.labels;
+        ignore = spec.distill.ignore_index;
+        break;
+      case LossKind::Entropy:
+        break;
+      case LossKind::SelectiveLogSoftmax:
+        fused::check_ids(ex_, spec.selective.ids, nullptr, v, op_);
+        break;
+    }
+    if (!labels) return rows;  // every row counts: the scheduler scales by 1 / rows itself
+    float* inv = nullptr;
+    if (reduction == Reduction::Mean) {
+      inv_ = ex_.temp(sizeof(float));
+      inv = inv_->as<float>();
+      mean_on_device_ = true;
+    }
+    fused::check_labels(ex_, *labels, ignore, v, op_, inv);
+    // Under Sum / None the count scales nothing, so it is not counted; under Mean it stays on the device.
+    return kCountOnDevice;
+  }
+
+  void* scratch(size_t bytes) override {
+    bufs_.push_back(ex_.temp(std::max<size_t>(bytes, 1)));
+    return bufs_.back()->data();
+  }
+
+  void gemm(const Block& a0, bool ta, const Block& b0, bool tb, const Block& c, float alpha,
+            float beta) override {
+    Block a = resolve(a0), b = resolve(b0);
+    if (c.data == shadow_of_) shadow_of_ = nullptr;  // the logits are overwritten: the shadow is stale
+    const int64_t m = ta ? a.cols : a.rows, k = ta ? a.rows : a.cols, n = tb ? b.rows : b.cols;
+    RT_ASSERT(c.rows == m && c.cols == n && (tb ? b.cols : b.rows) == k);
+    RT_ASSERT(c.dtype == DType::F32 && c.col_stride == sizeof(float) && (beta == 0.0f || beta == 1.0f));
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+      if (beta == 0.0f) fused::zero(ex_, c);
+      return;
+    }
+    std::vector<std::unique_ptr<DeviceBuffer>> keep;  // converted operands, freed once the GEMM is queued
+    // cuBLASLt wants one input type: mixed operands are computed in f32 (slow path: a converted copy).
+    if (a.dtype != b.dtype) {
+      if (a.dtype != DType::F32) a = converted(a, DType::F32, keep);
+      if (b.dtype != DType::F32) b = converted(b, DType::F32, keep);
+    }
+    LtView va = view_of(a), vb = view_of(b);
+    if (!va.ok) va = view_of(a = converted(a, a.dtype, keep));
+    if (!vb.ok) vb = view_of(b = converted(b, b.dtype, keep));
+    const LtView vc = view_of(c);
+    RT_ASSERT(va.ok && vb.ok && vc.ok && vc.shows_transpose);
+    const cublasOperation_t op_x = (!tb) == vb.shows_transpose ? CUBLAS_OP_N : CUBLAS_OP_T;
+    const cublasOperation_t op_y = (!ta) == va.shows_transpose ? CUBLAS_OP_N : CUBLAS_OP_T;
+    const cublasComputeType_t compute =
+        a.dtype == DType::F32 && ex_.opts.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const int64_t es = int64_t(dtype_size(a.dtype));
+    const GemmKey key = {int64_t(lt_type(b.dtype)),
+                         int64_t(lt_type(a.dtype)),
+                         int64_t(op_x),
+                         int64_t(op_y),
+                         int64_t(compute),
+                         int64_t(vb.rows),
+                         int64_t(vb.cols),
+                         vb.ld,
+                         int64_t(va.rows),
+                         int64_t(va.cols),
+                         va.ld,
+                         int64_t(vc.rows),
+                         int64_t(vc.cols),
+                         vc.ld,
+                         alignment_of(b.data, vb.ld * es),
+                         alignment_of(a.data, va.ld * es),
+                         alignment_of(c.data, vc.ld * int64_t(sizeof(float)))};
+    const GemmPlan& plan = plan_for(key);
+    RT_CUBLAS_CHECK(cublasLtMatmul(ex_.lt, plan.md, &alpha, b.data, plan.lx, a.data, plan.ly, &beta, c.data,
+                                   plan.lc, c.data, plan.lc, &plan.algo, ex_.workspace, ex_.workspace_bytes,
+                                   ex_.stream));
+  }
+
+  void add_bias(const Block& c, const Block& bias) override {
+    if (c.data == shadow_of_) shadow_of_ = nullptr;
+    fused::add_bias(ex_, c, bias);
+  }
+  void column_sums(const Block& g, const Block& dbias, bool accumulate) override {
+    fused::column_sums(ex_, resolve(g), dbias, accumulate);
+  }
+  void scale_rows(const Block& g, const Block& u) override { fused::scale_rows(ex_, resolve(g), u); }
+  void zero(const Block& b) override { fused::zero(ex_, b); }
+
+  void row_loss(const LossSpec& spec, const Block& logits, const RowOut& out) override {
+    RT_ASSERT(logits.dtype == DType::F32 && logits.col_stride == sizeof(float));
+    RT_ASSERT(out.grad.empty() || out.grad.data == logits.data);
+    if (logits.rows == 0) return;
+    const bool gathered = spec.kind == LossKind::TopK && spec.topk.ids.empty();
+    RowBlock b;
+    b.logits = logits.data;
+    b.dtype = DType::F32;
+    b.rows = logits.rows;
+    b.V = logits.cols;
+    b.stride = std::max<int64_t>(logits.cols, int64_t(logits.row_stride / sizeof(float)));  // Vp
+    b.scale = out.grad_scale;
+    b.scale_dev = mean_on_device_ ? inv_->as<float>() : nullptr;
+    b.loss = out.loss;
+    b.lse = out.lse;
+    if (!out.grad.empty()) {
+      b.grad_stride = b.stride;
+      if (grad_dtype_ != DType::F32 && !gathered) {
+        b.grad = shadow_for(logits);
+        b.grad_dtype = grad_dtype_;
+      } else {
+        b.grad = logits.data;
+        b.grad_dtype = DType::F32;
+        shadow_of_ = nullptr;
+      }
+    }
+    std::vector<std::unique_ptr<DeviceBuffer>> keep;  // contiguous side data, freed once the kernel is queued
+    auto temp = [&](size_t bytes) {
+      keep.push_back(ex_.temp(std::max<size_t>(bytes, 1)));
+      return keep.back()->data();
+    };
+    void* stream = ex_.stream;
+    const ErrorSink sink{ex_.dev_error, op_};
+    switch (spec.kind) {
+      case LossKind::CrossEntropy: {
+        const Block& lab = spec.ce.labels;
+        CrossEntropyRows o;
+        if (lab.row_stride == dtype_size(lab.dtype)) {  // the kernel reads labels[r] contiguous
+          o.labels = lab.data;
+          o.label_dtype = lab.dtype;
+        } else {
+          auto* p = static_cast<int64_t*>(temp(size_t(lab.rows) * sizeof(int64_t)));
+          fused::copy_labels(ex_, lab, spec.ce.ignore_index, false, p);
+          o.labels = p;
+          o.label_dtype = DType::I64;
+        }
+        o.ignore_index = spec.ce.ignore_index;
+        o.label_smoothing = spec.ce.label_smoothing;
+        o.z_loss = spec.ce.z_loss;
+        o.softcap = spec.ce.softcap;
+        cross_entropy_rows(b, o, nullptr, stream);
+        return;
+      }
+      case LossKind::TopK: {
+        const loss::TopKSide& s = spec.topk;
+        TopKRows o;
+        o.ids = side(s.ids);
+        o.logprobs = side(s.logprobs);
+        o.mask = side(s.mask);
+        o.labels = side_vec(s.labels);
+        o.ignore_index = s.ignore_index;
+        if (gathered && !s.labels.empty()) {
+          // The gathered kernel checks labels against K; here they only say which rows count.
+          auto* p = static_cast<int64_t*>(temp(size_t(s.labels.rows) * sizeof(int64_t)));
+          fused::copy_labels(ex_, s.labels, s.ignore_index, true, p);
+          o.labels = {p, DType::I64, int64_t(sizeof(int64_t)), 0};
+          o.ignore_index = -1;
+        }
+        o.K = s.logprobs.cols;
+        o.beta = s.beta;
+        o.temperature = s.temperature;
+        o.w_hard = s.w_hard;
+        o.w_soft = s.w_soft;
+        o.normalize_topk = s.normalize_topk;
+        o.hard = out.hard;
+        o.soft = out.soft;
+        topk_distill_rows(b, o, sink, stream);
+        return;
+      }
+      case LossKind::Distill: {
+        const loss::DistillSide& s = spec.distill;
+        const size_t tes = dtype_size(s.teacher.dtype);
+        RT_CHECK(s.teacher.col_stride == tes,
+                 "cuda fused distill: the teacher logits must have contiguous rows");
+        DistillRows o;
+        o.teacher = s.teacher.data;
+        o.teacher_dtype = s.teacher.dtype;
+        o.teacher_stride = std::max<int64_t>(s.teacher.cols, int64_t(s.teacher.row_stride / tes));
+        o.labels = side_vec(s.labels);
+        o.ignore_index = s.ignore_index;
+        o.beta = s.beta;
+        o.temperature = s.temperature;
+        o.w_hard = s.w_hard;
+        o.w_soft = s.w_soft;
+        o.hard = out.hard;
+        o.soft = out.soft;
+        distill_rows(b, o, sink, stream);
+        return;
+      }
+      case LossKind::Entropy:
+        entropy_rows(b, EntropyRows{spec.entropy.temperature}, stream);
+        return;
+      case LossKind::SelectiveLogSoftmax:
+        selective(spec.selective, b, temp);
+        return;
+    }
+  }
+
+  void reduce(const float* v, int64_t n, float scale, float* out) override {
+    sum_rows_scalar(v, n, mean_on_device_ ? inv_->as<float>() : nullptr, scale, out, ex_.stream);
+  }
+
+  void gather_logits(const Block& hidden, const Block& w, const Block& bias, const loss::TopKSide& side,
+                     const Block& out) override {
+    fused::gather_topk_logits(ex_, hidden, w, bias, side, out);
+  }
+
+  void scatter_grads(const Block& g, const Block& hidden, const Block& w, const loss::TopKSide& side,
+                     const Block& dhidden, const Block& dw, const Block& dbias) override {
+    fused::scatter_topk_grads(ex_, g, hidden, w, side, dhidden, dw, dbias);
+  }
+
+ private:
+  // Selective log-softmax: the kernel wants contiguous ids (and upstream). Its backward recomputes p at an id
+  // from the logits unless given the forward's log-probabilities; when the gradient overwrites the logits in
+  // place those are gathered first (z[id] − lse).
+  template <typename Temp>
+  void selective(const loss::SelectiveSide& s, RowBlock& b, Temp& temp) {
+    const int64_t rows = b.rows, k = s.ids.cols;
+    auto* ids = static_cast<int64_t*>(temp(size_t(rows * k) * sizeof(int64_t)));
+    fused::copy_block(ex_, s.ids, DType::I64, ids);
+    SelectiveRows o;
+    o.ids = ids;
+    o.id_dtype = DType::I64;
+    o.K = k;
+    const bool dense_f32 = s.values.dtype == DType::F32 && s.values.col_stride == sizeof(float) &&
+                           (rows == 1 || s.values.row_stride == size_t(k) * sizeof(float));
+    if (!b.grad) {
+      RT_CHECK(dense_f32, "cuda fused selective_log_softmax: the output must be contiguous f32");
+      o.out = static_cast<float*>(s.values.data);
+      selective_log_softmax_rows(b, o, nullptr, ex_.stream);
+      return;
+    }
+    RT_ASSERT(s.lse);
+    float* up = static_cast<float*>(s.values.data);
+    if (!dense_f32) {
+      up = static_cast<float*>(temp(size_t(rows * k) * sizeof(float)));
+      fused::copy_block(ex_, s.values, DType::F32, up);
+    }
+    o.upstream = up;
+    b.lse = const_cast<float*>(s.lse);  // read only on the backward
+    if (b.grad == b.logits) {
+      auto* lp = static_cast<float*>(temp(size_t(rows * k) * sizeof(float)));
+      fused::gather_logprobs(ex_, static_cast<const float*>(b.logits), b.stride, rows, ids, k, s.lse, lp);
+      o.out = lp;
+    }
+    selective_log_softmax_rows(b, o, nullptr, ex_.stream);
+  }
+
+  // The 16-bit gradient buffer for the logits block, which it now stands for.
+  void* shadow_for(const Block& logits) {
+    const size_t bytes = size_t(logits.rows) * (logits.row_stride / sizeof(float)) * dtype_size(grad_dtype_);
+    if (!shadow_ || shadow_bytes_ < bytes) {
+      shadow_ = ex_.temp(bytes);
+      shadow_bytes_ = bytes;
+    }
+    shadow_of_ = logits.data;
+    shadow_rows_ = logits.rows;
+    shadow_src_stride_ = logits.row_stride;
+    return shadow_->data();
+  }
+
+  // The block as the executor holds it: the logits whose gradient went to the shadow read from there.
+  Block resolve(const Block& x) const {
+    if (!shadow_of_ || x.data != shadow_of_ || x.dtype != DType::F32) return x;
+    RT_ASSERT(x.rows <= shadow_rows_ && x.row_stride == shadow_src_stride_ && x.col_stride == sizeof(float));
+    const size_t es = dtype_size(grad_dtype_);
+    return {shadow_->data(), grad_dtype_, x.rows, x.cols, x.row_stride / sizeof(float) * es, es};
+  }
+
+  // A contiguous row-major copy of x in dtype dt.
+  Block converted(const Block& x, DType dt, std::vector<std::unique_ptr<DeviceBuffer>>& keep) {
+    keep.push_back(ex_.temp(std::max<size_t>(size_t(x.rows * x.cols) * dtype_size(dt), 1)));
+    fused::copy_block(ex_, x, dt, keep.back()->data());
+    return Block::dense(keep.back()->data(), dt, x.rows, x.cols);
+  }
+
+  const GemmPlan& plan_for(const GemmKey& key) {
+    for (const auto& p : plans_)
+      if (p->key == key) return *p;
+    auto p = std::make_unique<GemmPlan>();
+    p->key = key;
+    const auto compute = cublasComputeType_t(key[4]);
+    const auto op_x = cublasOperation_t(key[2]), op_y = cublasOperation_t(key[3]);
+    RT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->md, compute, CUDA_R_32F));
+    RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_TRANSA, &op_x, sizeof(op_x)));
+    RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_TRANSB, &op_y, sizeof(op_y)));
+    RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lx, cudaDataType_t(key[0]), uint64_t(key[5]),
+                                               uint64_t(key[6]), key[7]));
+    RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->ly, cudaDataType_t(key[1]), uint64_t(key[8]),
+                                               uint64_t(key[9]), key[10]));
+    RT_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, uint64_t(key[11]), uint64_t(key[12]), key[13]));
+    LtPref pref;
+    const uint64_t ws = ex_.workspace_bytes;
+    const uint32_t al_x = uint32_t(key[14]), al_y = uint32_t(key[15]), al_c = uint32_t(key[16]);
+    RT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.p));
+    RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &ws, sizeof(ws)));
+    RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                         &al_x, sizeof(al_x)));
+    RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                         &al_y, sizeof(al_y)));
+    RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                         &al_c, sizeof(al_c)));
+    RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                         &al_c, sizeof(al_c)));
+    cublasLtMatmulHeuristicResult_t heur{};
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(ex_.lt, p->md, p->lx, p->ly, p->lc, p->lc, pref.p, 1, &heur, &found);
+    RT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuda fused linear: cuBLASLt has no algorithm for a ",
+             key[11], " x ", key[12], " GEMM (inputs ", key[0] == CUDA_R_32F ? "f32" : "16-bit", ", status ",
+             int(st), ")");
+    p->algo = heur.algo;
+    plans_.push_back(std::move(p));
+    return *plans_.back();
+  }
+
+  CudaExec& ex_;
+  Op op_;
+  DType grad_dtype_;
+  std::vector<std::unique_ptr<DeviceBuffer>> bufs_;  // scratch
+  std::vector<std::unique_ptr<GemmPlan>> plans_;
+  std::unique_ptr<DeviceBuffer> inv_;  // 1 / count of a mean with labels (device)
+  bool mean_on_device_ = false;
+  std::unique_ptr<DeviceBuffer> shadow_;  // the 16-bit logits gradient
+  size_t shadow_bytes_ = 0;
+  const void* shadow_of_ = nullptr;  // the logits block the shadow stands for (null: none)
+  int64_t shadow_rows_ = 0;
+  size_t shadow_src_stride_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<loss::ChunkExecutor> make_cuda_chunk_executor(CudaExec& ex, Op op, DType grad_dtype) {
+  return std::make_unique<CudaChunkExecutor>(ex, op, grad_dtype);
+}
+
+}  // namespace retort::cuda

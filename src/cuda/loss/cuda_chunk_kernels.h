@@ -1,0 +1,54 @@
+// The small device helpers of the CUDA ChunkExecutor (cuda_chunk_exec.cu): elementwise work on chunk blocks,
+// the validation of labels and ids, layout copies, and the K-sparse top-K gather / scatter
+// (cuda_sparse_topk.cu). Every function queues its kernels on ex.stream and returns at once; every block is
+// executor memory (device pointers) described by loss::Block (byte strides). Host-only header.
+#pragma once
+#include <cstdint>
+
+#include "../../ops/loss/chunk_scheduler.h"
+#include "../cuda_internal.h"
+
+namespace retort::cuda::fused {
+
+using loss::Block;
+
+// c[r, j] += bias[0, j] (c f32, bias any float dtype).
+void add_bias(CudaExec& ex, const Block& c, const Block& bias);
+// dbias[0, j] = (accumulate ? dbias[0, j] : 0) + Σ_r g[r, j], rows summed in order by one thread per column
+// (g f32 / bf16 / f16, dbias f32): the same bits for any grid.
+void column_sums(CudaExec& ex, const Block& g, const Block& dbias, bool accumulate);
+// g[r, :] *= u[r, 0] (g f32 / bf16 / f16, u any float dtype).
+void scale_rows(CudaExec& ex, const Block& g, const Block& u);
+// Every element of the f32 block = 0.
+void zero(CudaExec& ex, const Block& b);
+
+// Labels [rows, 1]: each one != ignore must be in [0, v), else the backend's device error record names op
+// and the value. When inv_count is set, *inv_count = 1 / max(1, rows whose label != ignore) (one block,
+// fixed order).
+void check_labels(CudaExec& ex, const Block& labels, int64_t ignore, int64_t v, Op op, float* inv_count);
+// Ids [rows, K] in [0, v). With slots set (top-K), only the valid slots (mask != 0 and logprob != −inf)
+// are checked, as on the CPU.
+void check_ids(CudaExec& ex, const Block& ids, const loss::TopKSide* slots, int64_t v, Op op);
+
+// A contiguous row-major copy of src [rows, cols] in dtype dt (ints to ints, floats to floats).
+void copy_block(CudaExec& ex, const Block& src, DType dt, void* out);
+// Labels [rows, 1] as contiguous i64: y (remap false), or −1 for ignored / 0 for counted rows (remap true:
+// the gathered top-K kernel, which only needs to know which rows count, checks labels against K).
+void copy_labels(CudaExec& ex, const Block& labels, int64_t ignore, bool remap, int64_t* out);
+// lp[r, k] = z[r, ids[r, k]] − lse[r]: selective log-softmax's forward values, for a backward whose
+// gradient overwrites the logits. ids contiguous i64 [rows, K], z f32 rows of stride ld floats.
+void gather_logprobs(CudaExec& ex, const float* z, int64_t ld, int64_t rows, const int64_t* ids, int64_t k,
+                     const float* lse, float* lp);
+
+// ---- K-sparse top-K (cuda_sparse_topk.cu) ------------------------------------------------------------
+// out[r, k] = hidden[r, :]·w[id_rk, :] (+ bias[0, id_rk]) on valid slots, 0 elsewhere (an id out of range is
+// a padding slot: validate() has reported it).
+void gather_topk_logits(CudaExec& ex, const Block& hidden, const Block& w, const Block& bias,
+                        const loss::TopKSide& side, const Block& out);
+// dhidden[r, :] = Σ_k g[r, k]·w[id_rk, :] (slots in order); dw[id, :] += g·hidden[r, :] and dbias[0, id] +=
+// g per id in row order (a stable radix sort of the slots by id, then one warp per id).
+void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const Block& w,
+                        const loss::TopKSide& side, const Block& dhidden, const Block& dw,
+                        const Block& dbias);
+
+}  // namespace retort::cuda::fused

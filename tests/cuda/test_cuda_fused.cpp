@@ -1,0 +1,525 @@
+// The fused linear losses on CUDA (src/cuda/loss/cuda_chunk_exec.cu, cuda_fused_ops.cu): every case runs the
+// same graph on the CPU and on CUDA from the same inputs (cuda_loss_check.h) and checks the CUDA result
+// against the CPU (kCpuTol), against the float64 lm-head + loss reference (forward 1e-10), and its gradients
+// of hidden, weight and bias against central differences of the reference (1e-8), with looser numbers only
+// where stated: bf16 heads keep the logits gradient in bf16 for the gradient GEMMs (cuda_chunk_exec.h), a
+// rounding of 2^-9 relative per element, so their gradients are held to 1e-4 (a wrong gradient is ~1).
+// Every graph runs with poisoned memory, so an output element the device never writes shows up as NaN.
+// Also: chunk-size independence (bitwise on the K-sparse top-K path), a 50,257-entry vocabulary, strided
+// inputs, peak device memory within the budget, and bad labels / ids raising retort::Error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cuda_loss_check.h"
+
+namespace retort::test {
+namespace {
+
+class CudaFused : public CudaTest {};
+
+// The float64 lm-head z = hidden · Wᵀ (+ bias): hidden [N, H], w [V, H], bias [V] or null. (The CPU fused
+// tests' helpers live beside a GraphResult of their own, which this executable's cuda_test_util.h also
+// defines, so the few needed here are repeated.)
+Mat head_ref(const Ref& hidden, const Ref& w, const Ref* bias) {
+  const int64_t n = hidden.ne[1], h = hidden.ne[0], v = w.ne[1];
+  Mat z;
+  z.rows = n;
+  z.cols = v;
+  z.v.assign(size_t(n * v), 0.0);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < v; ++j) {
+      double s = bias ? bias->at(j) : 0.0;
+      for (int64_t k = 0; k < h; ++k) s += hidden.at(k, r) * w.at(k, j);
+      z.v[size_t(r * v + j)] = s;
+    }
+  return z;
+}
+
+LossInput hidden_in(int64_t n, int64_t h, DType dt = DType::F32, double lo = -1, double hi = 1) {
+  return LossInput(Shape{n, h}, dt, true, lo, hi);
+}
+LossInput weight_in(int64_t v, int64_t h, DType dt = DType::F32) {
+  return LossInput(Shape{v, h}, dt, true, -1, 1);
+}
+LossInput bias_in(int64_t v, DType dt = DType::F32) {
+  return LossInput(Shape{v}, dt, true, -0.5, 0.5);
+}
+
+// One row, odd sizes, all rows.
+std::vector<int64_t> chunk_sizes(int64_t n) {
+  return {1, 3, n};
+}
+
+FusedLinearOptions chunked(int64_t rows) {
+  FusedLinearOptions f;
+  f.chunk_rows = rows;
+  return f;
+}
+
+// bf16 heads: the gradients see the 16-bit logits gradient (see the header comment).
+constexpr double kBf16GradTol = 1e-4;
+
+void loosen_for(DType dt, LossCase& c, CudaTol& tol) {
+  if (dt == DType::F32) return;
+  c.grad_tol = kBf16GradTol;
+  tol.cpu_grad = kBf16GradTol;
+}
+
+// ---- cross-entropy ------------------------------------------------------------------------------------
+
+struct CeCfg {
+  CeRef r;
+  int64_t n = 7, h = 5, v = 11, chunk = 3;
+  DType dt = DType::F32;
+  bool bias = true;
+  Out what = Out::Loss;
+};
+
+// Labels in [-1, v) with ignore_index -1: some rows are ignored.
+LossCase ce_case(const std::string& name, CeCfg cfg) {
+  cfg.r.ignore = -1;
+  LossCase c;
+  c.name = name;
+  c.inputs = {hidden_in(cfg.n, cfg.h, cfg.dt), weight_in(cfg.v, cfg.h, cfg.dt), bias_in(cfg.v, cfg.dt),
+              LossInput(Shape{cfg.n}, DType::I32, false, -1, double(cfg.v))};
+  c.inputs[2].param = cfg.bias;
+  c.build = [cfg](Context& ctx, const std::vector<Tensor*>& in) {
+    CrossEntropyOptions o;
+    o.ignore_index = cfg.r.ignore;
+    o.label_smoothing = float(cfg.r.eps);
+    o.z_loss = float(cfg.r.z_loss);
+    o.softcap = float(cfg.r.cap);
+    o.reduction = cfg.r.red;
+    o.return_per_row = cfg.what == Out::PerRow;
+    o.return_lse = cfg.what == Out::Lse;
+    return pick(fused_linear_cross_entropy(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], o,
+                                           chunked(cfg.chunk)),
+                cfg.what);
+  };
+  c.reference = [cfg](const std::vector<Ref>& in) {
+    return ce_ref(head_ref(in[0], in[1], cfg.bias ? &in[2] : nullptr), ints(in[3]), cfg.r, cfg.what);
+  };
+  c.check_grad = cfg.what == Out::Loss;
+  return c;
+}
+
+TEST_F(CudaFused, CrossEntropyOptionsReductionsChunks) {
+  for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
+    for (int64_t chunk : chunk_sizes(7)) {
+      CeCfg cfg;
+      cfg.r.red = red;
+      cfg.r.eps = 0.1;
+      cfg.r.z_loss = 0.01;
+      cfg.chunk = chunk;
+      EXPECT_TRUE(check_cuda(ce_case(std::string("cflce_") + red_name(red) + std::to_string(chunk), cfg)));
+    }
+  CeCfg cap;  // softcap without bias; the unit seed: the single-pass gradient
+  cap.r.cap = 2.5;
+  cap.bias = false;
+  LossCase c = ce_case("cflce_cap", cap);
+  c.unit_seed = true;
+  EXPECT_TRUE(check_cuda(c));
+}
+
+TEST_F(CudaFused, CrossEntropyBf16AndF16) {
+  for (DType dt : {DType::BF16, DType::F16})
+    for (Reduction red : {Reduction::Mean, Reduction::None}) {
+      CeCfg cfg;
+      cfg.dt = dt;
+      cfg.r.red = red;
+      cfg.r.eps = 0.1;
+      LossCase c = ce_case(std::string("cflce_") + dtype_name(dt) + red_name(red), cfg);
+      CudaTol tol;
+      loosen_for(dt, c, tol);
+      EXPECT_TRUE(check_cuda(c, tol));
+    }
+}
+
+TEST_F(CudaFused, CrossEntropyMixedDtypes) {
+  // bf16 hidden, f32 weight, f16 bias: the f32 gradient in place, the GEMMs on f32 copies of the odd operand.
+  CeRef r;
+  r.ignore = -1;
+  LossCase c;
+  c.name = "cflce_mixed";
+  c.inputs = {hidden_in(5, 6, DType::BF16), weight_in(9, 6), bias_in(9, DType::F16),
+              LossInput(Shape{5}, DType::I64, false, -1, 9)};
+  c.build = [r](Context& ctx, const std::vector<Tensor*>& in) {
+    CrossEntropyOptions o;
+    o.ignore_index = r.ignore;
+    return fused_linear_cross_entropy(ctx, in[0], in[1], in[2], in[3], o, chunked(2)).loss;
+  };
+  c.reference = [r](const std::vector<Ref>& in) {
+    return ce_ref(head_ref(in[0], in[1], &in[2]), ints(in[3]), r);
+  };
+  EXPECT_TRUE(check_cuda(c));
+}
+
+TEST_F(CudaFused, CrossEntropyPerRowAndLse) {
+  for (Out what : {Out::PerRow, Out::Lse}) {
+    CeCfg cfg;
+    cfg.what = what;
+    cfg.r.eps = 0.2;
+    EXPECT_TRUE(check_cuda(ce_case("cflce_out" + std::to_string(int(what)), cfg)));
+  }
+}
+
+TEST_F(CudaFused, CrossEntropyGpt2Vocabulary) {
+  // V = 50,257 (not a multiple of 8 or 128: padded rows, unvectorized row kernels), 3 chunks, the last short.
+  for (DType dt : {DType::F32, DType::BF16}) {
+    CeCfg cfg;
+    cfg.n = 37;
+    cfg.h = 16;
+    cfg.v = 50257;
+    cfg.chunk = 16;
+    cfg.dt = dt;
+    LossCase c = ce_case(std::string("cflce_gpt2_") + dtype_name(dt), cfg);
+    CudaTol tol;
+    loosen_for(dt, c, tol);
+    tol.finite_differences = false;  // 800k weight entries
+    EXPECT_TRUE(check_cuda(c, tol));
+  }
+}
+
+TEST_F(CudaFused, StridedInputs) {
+  // hidden: a column window of a wider tensor; weight: the transpose of a stored [H, V] (column-major).
+  CeRef r;
+  r.ignore = -1;
+  r.eps = 0.1;
+  LossCase c;
+  c.name = "cflce_views";
+  c.inputs = {hidden_in(6, 9), LossInput(Shape{5, 11}, DType::F32, true),
+              LossInput(Shape{6}, DType::I32, false, -1, 11)};
+  c.build = [r](Context& ctx, const std::vector<Tensor*>& in) {
+    CrossEntropyOptions o;
+    o.ignore_index = r.ignore;
+    o.label_smoothing = float(r.eps);
+    return fused_linear_cross_entropy(ctx, slice(ctx, in[0], 0, 3, 5), transpose(ctx, in[1]), nullptr, in[2],
+                                      o, chunked(4))
+        .loss;
+  };
+  c.reference = [r](const std::vector<Ref>& in) {
+    Ref h;
+    h.ne[0] = 5;
+    h.ne[1] = 6;
+    for (int64_t i = 0; i < 6; ++i)
+      for (int64_t j = 0; j < 5; ++j) h.v.push_back(in[0].at(j + 3, i));
+    Ref w;  // [V, H] = the stored [H, V] transposed
+    w.ne[0] = 5;
+    w.ne[1] = 11;
+    for (int64_t vv = 0; vv < 11; ++vv)
+      for (int64_t k = 0; k < 5; ++k) w.v.push_back(in[1].at(vv, k));
+    return ce_ref(head_ref(h, w, nullptr), ints(in[2]), r);
+  };
+  EXPECT_TRUE(check_cuda(c));
+}
+
+// ---- top-K distillation -------------------------------------------------------------------------------
+
+struct TopKCfg {
+  TopKRef r;
+  bool bias = true, labels = true, mask = true;
+  int64_t n = 7, h = 4, v = 11, k = 4, chunk = 3;
+  DType dt = DType::F32;
+  Out what = Out::Loss;
+};
+
+// hidden, weight, bias, ids [n, k], logprobs [n, k], mask [n, k] in {0..3} (nonzero = valid), labels [n] in
+// [-1, v) with ignore_index -1.
+LossCase topk_case(const std::string& name, TopKCfg cfg) {
+  cfg.r.ignore = -1;
+  LossCase c;
+  c.name = name;
+  c.inputs = {hidden_in(cfg.n, cfg.h, cfg.dt, -2, 2),
+              weight_in(cfg.v, cfg.h, cfg.dt),
+              bias_in(cfg.v, cfg.dt),
+              LossInput({cfg.n, cfg.k}, DType::I32, false, 0, double(cfg.v)),
+              LossInput({cfg.n, cfg.k}, DType::F32, false, -4, -0.1),
+              LossInput({cfg.n, cfg.k}, DType::I32, false, 0, 4),
+              LossInput({cfg.n}, DType::I32, false, -1, double(cfg.v))};
+  c.inputs[2].param = cfg.bias;
+  c.build = [cfg](Context& ctx, const std::vector<Tensor*>& in) {
+    TopKDistillOptions o;
+    o.beta = float(cfg.r.beta);
+    o.temperature = float(cfg.r.t);
+    o.normalize_topk = cfg.r.normalize;
+    o.w_hard = float(cfg.r.w_hard);
+    o.w_soft = float(cfg.r.w_soft);
+    o.ignore_index = cfg.r.ignore;
+    o.reduction = cfg.r.red;
+    o.return_per_row = cfg.what == Out::PerRow;
+    o.return_lse = cfg.what == Out::Lse;
+    o.return_parts = cfg.what == Out::Hard || cfg.what == Out::Soft;
+    return pick(
+        fused_linear_topk_kd(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], in[4],
+                             cfg.mask ? in[5] : nullptr, cfg.labels ? in[6] : nullptr, o, chunked(cfg.chunk)),
+        cfg.what);
+  };
+  c.reference = [cfg](const std::vector<Ref>& in) {
+    return topk_ref(head_ref(in[0], in[1], cfg.bias ? &in[2] : nullptr), ints(in[3]), mat(in[4]),
+                    cfg.mask ? in[5].v : Vec{}, cfg.labels ? ints(in[6]) : std::vector<int64_t>{}, cfg.r,
+                    cfg.what);
+  };
+  c.check_grad = cfg.what == Out::Loss;
+  return c;
+}
+
+TEST_F(CudaFused, TopKDense) {
+  // Full-vocabulary GEMMs: a hard loss, or Q over the full vocabulary.
+  for (double beta : {0.0, 0.5, 1.0})
+    for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+      TopKCfg cfg;
+      cfg.r.beta = beta;
+      cfg.r.t = 2.0;
+      cfg.r.w_hard = 0.5;
+      cfg.r.red = red;
+      cfg.r.normalize = beta == 0.5;
+      EXPECT_TRUE(check_cuda(topk_case("cfltopk_b" + std::to_string(beta) + red_name(red), cfg)));
+    }
+  for (Out what : {Out::Hard, Out::Soft, Out::Lse}) {
+    TopKCfg cfg;
+    cfg.r.w_hard = 0.25;
+    cfg.what = what;
+    EXPECT_TRUE(check_cuda(topk_case("cfltopk_out" + std::to_string(int(what)), cfg)));
+  }
+}
+
+TEST_F(CudaFused, TopKSparse) {
+  // normalize_topk, w_hard = 0: K dot products per row and K-sparse gradient updates.
+  for (DType dt : {DType::F32, DType::BF16})
+    for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
+      for (int64_t chunk : chunk_sizes(7)) {
+        TopKCfg cfg;
+        cfg.r.normalize = true;
+        cfg.r.beta = 0.3;
+        cfg.r.red = red;
+        cfg.dt = dt;
+        cfg.chunk = chunk;
+        cfg.h = 16;  // vectorized gather for bf16 (H a multiple of 8)
+        // No 16-bit logits gradient on this path (gather and scatter work in f32): the default tolerances
+        // hold for bf16 storage too.
+        EXPECT_TRUE(
+            check_cuda(topk_case(std::string("cfltopk_sparse_") + dtype_name(dt) + red_name(red), cfg)));
+      }
+}
+
+TEST_F(CudaFused, TopKSparseIsBitwiseChunkIndependent) {
+  // dW accumulates per vocabulary entry in row order: the same bits for every chunk size.
+  for (int64_t k : {int64_t(3), int64_t(40)}) {  // K = 40 > V / 2: many repeated ids per row and column
+    GraphResult first;
+    for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(16)}) {
+      CompareCase c;
+      c.name = "cfltopk_bitwise" + std::to_string(k);  // the same name: the same input values
+      c.inputs = {{{16, 24}, DType::F32, true, -2, 2},    {{50, 24}, DType::F32, true},
+                  {{50}, DType::F32, true, -0.5, 0.5},    {{16, k}, DType::I32, false, 0, 50},
+                  {{16, k}, DType::F32, false, -4, -0.1}, {{16}, DType::I32, false, -1, 50}};
+      c.build = [chunk](Context& ctx, const std::vector<Tensor*>& in) {
+        TopKDistillOptions o;
+        o.normalize_topk = true;
+        o.ignore_index = -1;
+        return fused_linear_topk_kd(ctx, in[0], in[1], in[2], in[3], in[4], nullptr, in[5], o, chunked(chunk))
+            .loss;
+      };
+      const GraphResult r = run_graph(cuda_backend(), c);
+      ASSERT_EQ(r.grads.size(), 3u);
+      if (chunk == 1) {
+        first = r;
+        continue;
+      }
+      EXPECT_EQ(r.out, first.out) << "K " << k << " chunk " << chunk;
+      for (size_t i = 0; i < r.grads.size(); ++i)
+        EXPECT_EQ(r.grads[i], first.grads[i]) << "gradient " << i << ", K " << k << " chunk " << chunk;
+    }
+  }
+}
+
+// ---- online distillation, entropy, selective log-softmax ----------------------------------------------
+
+LossCase distill_case(const std::string& name, DistillRef r, DType dt, int64_t chunk, Out what = Out::Loss) {
+  const int64_t n = 7, h = 4, ht = 6, v = 11;
+  r.ignore = -1;
+  LossCase c;
+  c.name = name;
+  c.inputs = {hidden_in(n, h, dt),
+              weight_in(v, h, dt),
+              bias_in(v, dt),
+              LossInput({n, ht}, dt, false, -1, 1),
+              LossInput({v, ht}, dt, false, -1, 1),
+              LossInput({v}, dt, false, -0.5, 0.5),
+              LossInput({n}, DType::I32, false, -1, double(v))};
+  c.build = [r, chunk, what](Context& ctx, const std::vector<Tensor*>& in) {
+    DistillOptions o;
+    o.beta = float(r.beta);
+    o.temperature = float(r.t);
+    o.w_hard = float(r.w_hard);
+    o.w_soft = float(r.w_soft);
+    o.ignore_index = r.ignore;
+    o.reduction = r.red;
+    o.return_lse = what == Out::Lse;
+    o.return_parts = what == Out::Hard || what == Out::Soft;
+    return pick(fused_linear_distill(ctx, in[0], in[1], in[2], in[3], in[4], in[5], in[6], o, chunked(chunk)),
+                what);
+  };
+  c.reference = [r, what](const std::vector<Ref>& in) {
+    return distill_ref(head_ref(in[0], in[1], &in[2]), head_ref(in[3], in[4], &in[5]), ints(in[6]), r, what);
+  };
+  c.check_grad = what == Out::Loss;
+  return c;
+}
+
+TEST_F(CudaFused, OnlineTeacherDistill) {
+  for (DType dt : {DType::F32, DType::BF16})
+    for (double beta : {0.0, 0.5})
+      for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
+        for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(7)}) {
+          DistillRef r;
+          r.beta = beta;
+          r.t = 2.0;
+          r.w_hard = 0.25;
+          r.red = red;
+          LossCase c = distill_case(std::string("cfldist_") + dtype_name(dt) + std::to_string(beta) +
+                                        red_name(red) + std::to_string(chunk),
+                                    r, dt, chunk);
+          CudaTol tol;
+          loosen_for(dt, c, tol);
+          EXPECT_TRUE(check_cuda(c, tol));
+        }
+  for (Out what : {Out::Hard, Out::Soft, Out::Lse}) {
+    DistillRef r;
+    r.beta = 0.5;
+    r.w_hard = 0.5;
+    EXPECT_TRUE(check_cuda(distill_case("cfldist_out" + std::to_string(int(what)), r, DType::F32, 3, what)));
+  }
+}
+
+TEST_F(CudaFused, Entropy) {
+  for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+    LossCase c;
+    c.name = std::string("cflent_") + red_name(red);
+    c.inputs = {hidden_in(7, 5), weight_in(11, 5), bias_in(11)};
+    c.build = [red](Context& ctx, const std::vector<Tensor*>& in) {
+      return fused_linear_entropy(ctx, in[0], in[1], in[2], 1.5f, red, chunked(3));
+    };
+    c.reference = [red](const std::vector<Ref>& in) {
+      return entropy_ref(head_ref(in[0], in[1], &in[2]), 1.5, red);
+    };
+    EXPECT_TRUE(check_cuda(c));
+  }
+}
+
+TEST_F(CudaFused, SelectiveLogSoftmax) {
+  // Forward, and the recomputing backward (FusedLinearBack) with a per-element upstream gradient.
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const int64_t k = 3;
+    LossCase c;
+    c.name = std::string("cflsel_") + dtype_name(dt);
+    c.inputs = {hidden_in(7, 5, dt), weight_in(11, 5, dt), bias_in(11, dt),
+                LossInput({7, k}, DType::I64, false, 0, 11)};
+    c.build = [](Context& ctx, const std::vector<Tensor*>& in) {
+      return fused_linear_selective_log_softmax(ctx, in[0], in[1], in[2], in[3], chunked(3));
+    };
+    c.reference = [k](const std::vector<Ref>& in) {
+      return selective_ref(head_ref(in[0], in[1], &in[2]), ints(in[3]), k);
+    };
+    CudaTol tol;
+    loosen_for(dt, c, tol);
+    EXPECT_TRUE(check_cuda(c, tol));
+  }
+}
+
+// ---- memory and errors --------------------------------------------------------------------------------
+
+TEST_F(CudaFused, PeakMemoryWithinBudget) {
+  // N·V f32 logits would be 412 MiB; a 32 MiB budget gives 163-row chunks. What the forward + backward
+  // allocates beyond the graph's own buffers (inputs, gradients, the arena) must be the budget plus
+  // per-row vectors and the allocator's 2 MiB rounding.
+  const int64_t n = 2048, h = 256, v = 50257;
+  const size_t budget = size_t(32) << 20;
+  auto be = make_cuda_backend(0);
+  Context ctx(*be);
+  Tensor* x = ctx.param(DType::F32, {n, h}, "hidden");
+  Tensor* w = ctx.param(DType::F32, {v, h}, "weight");
+  Tensor* y = ctx.input(DType::I32, {n}, "labels");
+  reseed("cfl_peak");
+  set_data(x, std::vector<float>(size_t(n * h), 0.01f));
+  Vec wv = random_vec(v * h, -0.05, 0.05);
+  set_data(w, std::vector<float>(wv.begin(), wv.end()));
+  set_data_int(y, random_ints(n, -1, v));
+  FusedLinearOptions f;
+  f.memory_budget = budget;
+  CrossEntropyOptions o;
+  o.ignore_index = -1;
+  Tensor* loss = fused_linear_cross_entropy(ctx, x, w, nullptr, y, o, f).loss;
+  loss->flags |= kOutput;
+  Graph g(ctx);
+  g.forward(loss);
+  g.backward(loss);
+  g.compute();  // first run: the arena and the allocator's cache
+  be->synchronize();
+  const CudaMemoryStats before = cuda_memory_stats(*be);
+  cuda_reset_peak(*be);
+  g.compute();
+  be->synchronize();
+  const CudaMemoryStats after = cuda_memory_stats(*be);
+  const size_t extra = after.peak_bytes - before.bytes_in_use;
+  const size_t bound = budget + size_t(4 * n * h) * sizeof(float) + (size_t(8) << 20);
+  EXPECT_LE(extra, bound) << "peak extra " << extra << " bytes, budget " << budget;
+  EXPECT_LT(extra, size_t(n * v) * sizeof(float) / 4);
+  EXPECT_TRUE(std::isfinite(get_data(loss)[0]));
+  EXPECT_TRUE(std::isfinite(get_data(g.grad(w))[0]));
+}
+
+void expect_device_error(Graph& g, const std::vector<std::string>& parts) {
+  Backend& be = cuda_backend();
+  g.compute();
+  const std::string msg = error_of([&] { be.synchronize(); });
+  for (const std::string& p : parts)
+    EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  EXPECT_NO_THROW(be.synchronize());  // reported once, then cleared
+}
+
+TEST_F(CudaFused, BadLabelsAndIdsRaiseErrors) {
+  Backend& be = cuda_backend();
+  Context ctx(be);
+  Tensor* x = ctx.input(DType::F32, {4, 3}, "hidden");
+  set_data(x, std::vector<float>(12, 0.25f));
+  Tensor* w = ctx.input(DType::F32, {6, 3}, "weight");
+  set_data(w, std::vector<float>(18, 0.5f));
+  Tensor* y = ctx.input(DType::I32, {4}, "labels");
+  {
+    Tensor* loss = fused_linear_cross_entropy(ctx, x, w, nullptr, y).loss;
+    loss->flags |= kOutput;
+    Graph g(ctx);
+    g.forward(loss);
+    set_data_int(y, {0, 9, 5, 3});
+    expect_device_error(g, {"fused_linear_cross_entropy", "label 9", "[0, 6)"});
+    set_data_int(y, {0, -100, 5, 3});
+    g.compute();
+    EXPECT_NEAR(get_data(loss)[0], std::log(6.0), 1e-6);  // equal logits: log V per valid row
+  }
+  {  // top-K, sparse path: an id out of range in a valid slot
+    Tensor* ids = ctx.input(DType::I32, {4, 2}, "ids");
+    set_data_int(ids, {0, 1, 2, 3, 4, 6, 5, 5});
+    Tensor* lp = ctx.input(DType::F32, {4, 2}, "lp");
+    set_data(lp, std::vector<float>(8, -1.0f));
+    TopKDistillOptions o;
+    o.normalize_topk = true;
+    Tensor* loss = fused_linear_topk_kd(ctx, x, w, nullptr, ids, lp, nullptr, nullptr, o).loss;
+    loss->flags |= kOutput;
+    Graph g(ctx);
+    g.forward(loss);
+    expect_device_error(g, {"fused_linear_topk_kd", "id 6", "[0, 6)"});
+  }
+  {
+    Tensor* ids = ctx.input(DType::I32, {4, 2}, "sel_ids");
+    set_data_int(ids, {0, 1, 2, -2, 4, 5, 5, 5});
+    Tensor* out = fused_linear_selective_log_softmax(ctx, x, w, nullptr, ids);
+    out->flags |= kOutput;
+    Graph g(ctx);
+    g.forward(out);
+    expect_device_error(g, {"fused_linear_selective_log_softmax", "id -2", "[0, 6)"});
+  }
+}
+
+}  // namespace
+}  // namespace retort::test
