@@ -452,9 +452,10 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
   f.want_hard = o.labels.data && (f.hard_on || o.hard);
   auto s = static_cast<cudaStream_t>(stream);
   dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, op, [&]<typename T, typename G>() {
-    // The cluster kernel is built for gradients in the logits' dtype or f32 (the fused path's); others take
-    // the portable kernel.
-    constexpr bool kClusterG = std::is_same_v<G, float> || std::is_same_v<G, T>;
+    // The cluster kernel is built for gradients in f32 or the logits' dtype, and for any gradient dtype of
+    // f32 logits (the fused path's chunks, whose gradient may go to a 16-bit buffer); others take the
+    // portable kernel.
+    constexpr bool kClusterG = std::is_same_v<G, float> || std::is_same_v<G, T> || std::is_same_v<T, float>;
     const ClusterPlan cp = kClusterG ? cluster_plan(b, o, sizeof(T)) : ClusterPlan{};
     if (cp.cs == 0) {
       distill_kernel<T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, o, err, f);
