@@ -108,7 +108,7 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
                                int64_t B, int64_t T) {
   const TransformerConfig& c = config_;
   const int64_t H = c.heads, KV = c.kv_heads, hd = c.head_dim();
-  h = lowp(ctx, h);  // one cast shared by the three projections
+  h = lowp(ctx, h);                             // one cast shared by the three projections
   Tensor* q = mm(ctx, h, blk.wq, false, true);  // [B*T, H*hd]
   Tensor* k = mm(ctx, h, blk.wk, false, true);  // [B*T, KV*hd]
   Tensor* v = mm(ctx, h, blk.wv, false, true);  // [B*T, KV*hd]
@@ -144,7 +144,7 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
 
 // SwiGLU: down(silu(gate(h)) * up(h)).
 Tensor* Transformer::mlp(Context& ctx, const TransformerBlock& blk, Tensor* h) {
-  h = lowp(ctx, h);  // one cast shared by gate and up
+  h = lowp(ctx, h);                                                        // one cast shared by gate and up
   Tensor* gate = mm(ctx, h, blk.w_gate, false, true);                      // [B*T, d_ff]
   Tensor* up = mm(ctx, h, blk.w_up, false, true);                          // [B*T, d_ff]
   return mm(ctx, mul(ctx, silu(ctx, gate), up), blk.w_down, false, true);  // [B*T, d_model]

@@ -28,7 +28,8 @@ struct TransformerConfig {
   // operands cast to this dtype, accumulates in f32 and gives f32, and its gradient GEMMs read the upstream
   // gradient cast to it too (matmul_lowp); the gradients reach the f32 parameters through cast's backward.
   // F16 has no loss scaling here: prefer BF16. Not part of the model's identity: checkpoints do not record
-  // it (describe() leaves it out), so a checkpoint trained in one compute dtype loads into a model of another.
+  // it (describe() leaves it out), so a checkpoint trained in one compute dtype loads into a model of
+  // another.
   DType compute_dtype = DType::F32;
 
   // The config with the 0 defaults resolved. Throws retort::Error naming the bad field.
@@ -57,8 +58,9 @@ class Transformer {
   Transformer(Context& ctx, const TransformerConfig& config, uint64_t seed = 0);
 
   // Logits f32 [B*T, vocab] (row b*T + t predicts the token after position t) for tokens i32 [B, T] with
-  // T <= context (the lm head in the compute dtype, like every matmul). Adds nodes to ctx (which must be the parameters' context); throws retort::Error on a bad
-  // tokens tensor. Token ids outside [0, vocab) throw when the graph runs.
+  // T <= context (the lm head in the compute dtype, like every matmul). Adds nodes to ctx (which must be the
+  // parameters' context); throws retort::Error on a bad tokens tensor. Token ids outside [0, vocab) throw
+  // when the graph runs.
   Tensor* forward(Context& ctx, Tensor* tokens);
   // The final hidden states f32 [B*T, d_model] (after the final norm, before the lm head), for a fused
   // linear loss that applies lm_head() chunk by chunk instead of materializing the logits.

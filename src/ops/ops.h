@@ -78,7 +78,8 @@ Tensor* log_softmax(Context& ctx, Tensor* x);
 // query i when j > i + n_past.
 Tensor* causal_softmax(Context& ctx, Tensor* x, float scale, int64_t n_past = 0);
 
-// ---- normalization over dim 0 (no affine part: multiply by a weight with mul) ------------------------------
+// ---- normalization over dim 0 (no affine part: multiply by a weight with mul)
+// ------------------------------
 Tensor* rms_norm(Context& ctx, Tensor* x, float eps = 1e-6f);
 Tensor* layer_norm(Context& ctx, Tensor* x, float eps = 1e-5f);
 
