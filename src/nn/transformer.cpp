@@ -190,6 +190,10 @@ Tensor* Transformer::hidden(Context& ctx, Tensor* tokens) {
   return mul(ctx, rms_norm(ctx, x, eps), final_norm_);  // [B*T, d_model]
 }
 
+DType default_compute_dtype(const Backend& backend) {
+  return backend.is_host() ? DType::F32 : DType::BF16;
+}
+
 Tensor* lm_loss(Context& ctx, Tensor* logits, Tensor* targets, int64_t ignore_index) {
   RT_CHECK(logits != nullptr && targets != nullptr, "lm_loss: null operand");
   RT_CHECK(targets->nelements() == logits->nrows(), "lm_loss: targets ", targets->describe(),

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "../core/backend.h"
 #include "../core/context.h"
 #include "../core/tensor.h"
 
@@ -96,6 +97,10 @@ class Transformer {
   std::vector<TransformerBlock> blocks_;
   std::vector<Tensor*> params_;
 };
+
+// The compute dtype a run should use on this backend: bf16 on a GPU (tensor-core GEMMs), f32 on the CPU
+// (whose GEMM widens 16-bit operands to f32 as it packs them: bf16 would add rounding and save nothing).
+DType default_compute_dtype(const Backend& backend);
 
 // Mean next-token cross-entropy of logits [N, vocab] against targets int [N] (or [B, T], flattened);
 // targets equal to ignore_index do not count.
