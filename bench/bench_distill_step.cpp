@@ -6,6 +6,11 @@
 // AdamW with the cosine schedule. Only the data is synthetic: random tokens in a scratch shard, and a
 // teacher top-K per position made like an offline cache's (distinct random ids, log-softmax values sorted
 // best first), copied to the device every step as LmTrainer's cache path does.
+//
+// On a GPU (issue 5's shape: 6 layers x d_model 512, context 512, vocab 50257, batch 16, K 64):
+//   meson setup build-cuda -Dcuda=enabled -Dsm_arch=90 && ninja -C build-cuda bench/bench_distill_step
+//   ./build-cuda/bench/bench_distill_step
+// Anywhere, a tiny shape to check the program itself: ./build/bench/bench_distill_step --cpu
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -136,8 +136,9 @@ void expect_close(const Outcome& lo, const Outcome& f32, const TransformerConfig
   EXPECT_GT(lo.lowp_matmuls, 0) << what;
   EXPECT_NEAR(lo.loss, f32.loss, kLossTol * std::fabs(f32.loss)) << what;
   EXPECT_GT(std::fabs(lo.loss - f32.loss), 1e-6 * std::fabs(f32.loss)) << what << ": no bf16 rounding shows";
+  double logit_err = -1;
   if (!f32.logits.empty()) {
-    const double e = rel_max(lo.logits, f32.logits);
+    const double e = logit_err = rel_max(lo.logits, f32.logits);
     EXPECT_LT(e, kLogitTol) << what << ": logits";
     EXPECT_GT(e, 1e-6) << what << ": logits show no bf16 rounding";
   }
@@ -149,8 +150,10 @@ void expect_close(const Outcome& lo, const Outcome& f32, const TransformerConfig
     EXPECT_LT(e, kGradTol) << what << ": gradient of parameter " << i;
   }
   std::printf(
-      "[ mixed    ] %s (%s): loss %.6f vs f32 %.6f, worst gradient rel. error %.2e, %lld 16-bit matmuls\n",
-      what, dtype_name(cfg.compute_dtype), lo.loss, f32.loss, worst, (long long)lo.lowp_matmuls);
+      "[ mixed    ] %s (%s): loss %.6f vs f32 %.6f, logits %s, worst gradient %.2e (relative), %lld "
+      "16-bit matmuls\n",
+      what, dtype_name(cfg.compute_dtype), lo.loss, f32.loss,
+      logit_err < 0 ? "(fused)" : std::to_string(logit_err).c_str(), worst, (long long)lo.lowp_matmuls);
 }
 
 Tensor* logits_ce(Context& ctx, Transformer& m, Tensor* tokens, Tensor* targets, Tensor** logits) {
