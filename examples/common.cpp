@@ -115,6 +115,19 @@ Device pick_device(const std::string& choice, int threads, const std::string& pr
   return d;
 }
 
+DType pick_compute_dtype(const std::string& choice, const Device& device, const std::string& prog) {
+  if (choice == "auto") return default_compute_dtype(*device.backend);
+  if (choice == "f32") return DType::F32;
+  if (choice == "bf16") return DType::BF16;
+  if (choice == "f16") return DType::F16;
+  RT_FAIL(prog, ": --compute-dtype is auto, f32, bf16 or f16, got ", choice);
+}
+
+std::string compute_desc(DType compute) {
+  if (compute == DType::F32) return "f32";
+  return std::string(dtype_name(compute)) + " matmuls, f32 master weights";
+}
+
 // ---- output ---------------------------------------------------------------------------------------------
 
 double seconds_since(Clock::time_point t) {

@@ -53,6 +53,11 @@ struct Device {
 Device pick_device(const std::string& choice, int threads, const std::string& prog);
 // True when auto would pick CUDA (for GPU-sized defaults).
 bool gpu_usable();
+// --compute-dtype: auto (bf16 on CUDA, f32 on the CPU: default_compute_dtype), f32, bf16 or f16. Throws
+// retort::Error naming prog for anything else.
+DType pick_compute_dtype(const std::string& choice, const Device& device, const std::string& prog);
+// "bf16 matmuls, f32 master weights" / "f32".
+std::string compute_desc(DType compute);
 
 // ---- output ---------------------------------------------------------------------------------------------
 using Clock = std::chrono::steady_clock;

@@ -56,7 +56,8 @@ Output
   --svg PATH          loss curves (default: the --save path with extension .svg, or distill.svg)
   --log-every N  --eval-every N  --eval-batches N (16)  --sample-len N (200)  --temperature F (0.8)
 Machine
-  --device D  --threads N                        as in train
+  --device D  --threads N  --compute-dtype D      as in train (auto: bf16 matmuls on CUDA, f32 on the CPU;
+                                                 an online teacher runs in the same compute dtype)
   --help              this text
 
 Example: distill --teacher build/demo/teacher.safetensors --cache build/data/kjv.bytes.topk16 --steps 500
@@ -65,7 +66,7 @@ Example: distill --teacher build/demo/teacher.safetensors --cache build/data/kjv
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string teacher, cache_prefix, save, resume, svg, device = "auto";
+  std::string teacher, cache_prefix, save, resume, svg, device = "auto", compute = "auto";
   int64_t k = 0, log_every = -1, eval_every = -1, eval_batches = 16, save_every = 0, sample_len = 200;
   TopKDistillOptions kd;
   kd.w_hard = 0.5f;
@@ -92,7 +93,7 @@ int main(int argc, char** argv) {
   a.add("--log-every", &log_every), a.add("--eval-every", &eval_every),
       a.add("--eval-batches", &eval_batches);
   a.add("--sample-len", &sample_len), a.add("--temperature", &temperature);
-  a.add("--device", &device), a.add("--threads", &threads);
+  a.add("--device", &device), a.add("--threads", &threads), a.add("--compute-dtype", &compute);
   a.parse(argc, argv);
   if (teacher.empty()) a.fail("--teacher is required");
   if (to.steps < 1 || to.batch < 1) a.fail("--steps and --batch must be >= 1");
@@ -115,6 +116,7 @@ int main(int argc, char** argv) {
     sc.context = tcfg.context;
 
     Device dev = pick_device(device, threads, "distill");
+    sc.compute_dtype = pick_compute_dtype(compute, dev, "distill");
     Context ctx(*dev.backend);
     std::unique_ptr<TopKCache> cache;
     if (!cache_prefix.empty()) {
@@ -135,7 +137,9 @@ int main(int argc, char** argv) {
     Tensor *ttokens = nullptr, *tlogits = nullptr;
     if (!cache) {
       tctx = std::make_unique<Context>(*dev.backend);
-      tmodel = std::make_unique<Transformer>(*tctx, tcfg);
+      TransformerConfig tc = tcfg;
+      tc.compute_dtype = sc.compute_dtype;
+      tmodel = std::make_unique<Transformer>(*tctx, tc);
       tck.load_model(*tmodel);
       ttokens = tctx->input(DType::I32, {to.batch, tcfg.context}, "teacher_tokens");
       tlogits = tmodel->forward(*tctx, ttokens);
@@ -162,7 +166,8 @@ int main(int argc, char** argv) {
       std::printf("resumed from %s at step %lld\n", resume.c_str(), (long long)trainer.steps_done());
     }
 
-    std::printf("retort %s | device: %s\n", RETORT_VERSION, dev.desc.c_str());
+    std::printf("retort %s | device: %s | compute: %s\n", RETORT_VERSION, dev.desc.c_str(),
+                compute_desc(cfg.compute_dtype).c_str());
     std::printf("teacher: %s (%s, step %lld)\n", teacher.c_str(), tcfg.describe().c_str(),
                 (long long)tck.state().step);
     std::printf("teacher top-K: %s, K = %lld\n", cache ? ("cache " + cache_prefix).c_str() : "online",
@@ -197,6 +202,7 @@ int main(int argc, char** argv) {
     std::map<std::string, std::string> meta = codec.metadata();
     meta["shards"] = shards;
     meta["program"] = "distill";
+    meta["compute_dtype"] = dtype_name(cfg.compute_dtype);  // informative: checkpoints load in any
     meta["teacher"] = teacher;
     Series s_loss{"train loss", "#1f77b4", {}, {}}, s_soft{"soft part (T²·D)", "#ff7f0e", {}, {}},
         s_hard{"hard part (CE)", "#2ca02c", {}, {}}, s_val{"validation CE", "#d62728", {}, {}};

@@ -26,19 +26,21 @@ Usage: eval --ckpt PATH [options]
   --max-batches N     0 for every window (default 0)
   --device D          auto, cpu or cuda (default auto)
   --threads N         CPU threads (default 0: all cores)
+  --compute-dtype D   auto, f32, bf16 or f16: the dtype the matmuls run in (default auto: bf16 on CUDA, f32
+                      on the CPU)
   --help              this text
 )";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string ckpt, shards, split = "val", device = "auto";
+  std::string ckpt, shards, split = "val", device = "auto", compute = "auto";
   int64_t seq = 0, batch = 16, max_batches = 0;
   int threads = 0;
   Args a("eval", kHelp);
   a.add("--ckpt", &ckpt), a.add("--shards", &shards), a.add("--split", &split), a.add("--seq", &seq);
   a.add("--batch", &batch), a.add("--max-batches", &max_batches), a.add("--device", &device);
-  a.add("--threads", &threads);
+  a.add("--threads", &threads), a.add("--compute-dtype", &compute);
   a.parse(argc, argv);
   if (ckpt.empty()) a.fail("--ckpt is required");
   if (batch < 1) a.fail("--batch must be >= 1");
@@ -50,17 +52,19 @@ int main(int argc, char** argv) {
     RT_CHECK(seq <= ck.config().context, "eval: --seq ", seq, " exceeds the model's context ",
              ck.config().context);
     Device dev = pick_device(device, threads, "eval");
+    TransformerConfig cfg = ck.config();
+    cfg.compute_dtype = pick_compute_dtype(compute, dev, "eval");
     Context ctx(*dev.backend);
-    Transformer model(ctx, ck.config());
+    Transformer model(ctx, cfg);
     ck.load_model(model);
     const auto t0 = Clock::now();
     LmEvaluator ev(ctx, model, paths, batch, seq, max_batches);
     const double loss = ev.run();
     const double secs = seconds_since(t0);
-    std::printf("eval %s (%s, step %lld, %s) on %s_%s_*, %lld tokens, %s on %s\n", ckpt.c_str(),
+    std::printf("eval %s (%s, step %lld, %s) on %s_%s_*, %lld tokens, %s on %s, compute %s\n", ckpt.c_str(),
                 ck.config().describe().c_str(), (long long)ck.state().step, ck.meta("program", "?").c_str(),
                 shards.c_str(), split.c_str(), (long long)ev.tokens_per_run(), duration(secs).c_str(),
-                dev.desc.c_str());
+                dev.desc.c_str(), compute_desc(cfg.compute_dtype).c_str());
     std::printf("  loss %.4f nats/token, %.4f bits/token, perplexity %.3f\n", loss, loss / std::log(2.0),
                 std::exp(loss));
     std::printf("val_loss=%.6f\n", loss);

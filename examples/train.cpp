@@ -62,6 +62,8 @@ Checkpoints
 Machine
   --device D          auto, cpu or cuda (default auto: cuda when a GPU is usable)
   --threads N         CPU threads (default 0: all cores)
+  --compute-dtype D   auto, f32, bf16 or f16: the dtype every matmul runs in; the weights stay f32
+                      (default auto: bf16 on CUDA, f32 on the CPU)
 Output
   --log-every N       progress line every N steps (default: steps/15)
   --eval-every N      validation every N steps, 0 for before and after only (default: steps/3)
@@ -82,7 +84,7 @@ struct Options {
   TransformerConfig model;
   TrainerOptions train;
   float temperature = 0.8f;
-  std::string device = "auto";
+  std::string device = "auto", compute = "auto";
   int threads = 0;
 };
 
@@ -101,7 +103,7 @@ int main(int argc, char** argv) {
   a.add("--warmup", &o.train.warmup), a.add("--weight-decay", &o.train.weight_decay);
   a.add("--clip", &o.train.clip), a.add("--seed", &o.train.seed);
   a.add("--save", &o.save), a.add("--save-every", &o.save_every), a.add("--resume", &o.resume);
-  a.add("--device", &o.device), a.add("--threads", &o.threads);
+  a.add("--device", &o.device), a.add("--threads", &o.threads), a.add("--compute-dtype", &o.compute);
   a.add("--log-every", &o.log_every), a.add("--eval-every", &o.eval_every),
       a.add("--eval-batches", &o.eval_batches);
   a.add("--sample-len", &o.sample_len), a.add("--temperature", &o.temperature), a.add("--prompt", &o.prompt);
@@ -157,6 +159,7 @@ int main(int argc, char** argv) {
 
     // ---- model ------------------------------------------------------------------------------------------
     Device dev = pick_device(o.device, o.threads, "train");
+    o.model.compute_dtype = pick_compute_dtype(o.compute, dev, "train");
     Context ctx(*dev.backend);
     Transformer model(ctx, o.model, o.train.seed);
     const TransformerConfig& cfg = model.config();
@@ -170,7 +173,8 @@ int main(int argc, char** argv) {
       std::printf("resumed from %s at step %lld\n", o.resume.c_str(), (long long)trainer.steps_done());
     }
 
-    std::printf("retort %s | device: %s\n", RETORT_VERSION, dev.desc.c_str());
+    std::printf("retort %s | device: %s | compute: %s\n", RETORT_VERSION, dev.desc.c_str(),
+                compute_desc(cfg.compute_dtype).c_str());
     std::printf("data: %s, %zu bytes -> %s, %lld train + %lld validation tokens in %s_*\n", o.data.c_str(),
                 text.size(), codec.describe().c_str(), (long long)set.train_tokens, (long long)set.val_tokens,
                 o.shards.c_str());
@@ -187,6 +191,7 @@ int main(int argc, char** argv) {
     std::map<std::string, std::string> meta = codec.metadata();
     meta["shards"] = o.shards;
     meta["program"] = "train";
+    meta["compute_dtype"] = dtype_name(cfg.compute_dtype);  // informative: checkpoints load in any
     auto save = [&](double val) {
       if (o.save.empty()) return;
       meta["val_loss"] = std::to_string(val);

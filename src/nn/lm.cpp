@@ -220,7 +220,10 @@ LossOutputs lm_cross_entropy(Context& ctx, Transformer& model, Tensor* tokens, T
   Tensor* h = model.hidden(ctx, tokens);
   RT_CHECK(targets->nelements() == h->nrows(), "lm_cross_entropy: targets ", targets->describe(),
            " must match tokens ", tokens->describe());
-  return fused_linear_cross_entropy(ctx, h, model.lm_head(), nullptr, flat_labels(ctx, targets));
+  // In the compute dtype (bf16 hidden and weight under mixed precision): the fused op accumulates in f32
+  // and hands back f32 gradients, which reach the f32 parameters through the casts' backward.
+  return fused_linear_cross_entropy(ctx, model.head_input(ctx, h), model.head_weight(ctx), nullptr,
+                                    flat_labels(ctx, targets));
 }
 
 LossOutputs lm_topk_distill(Context& ctx, Transformer& model, Tensor* tokens, Tensor* targets,
@@ -232,8 +235,8 @@ LossOutputs lm_topk_distill(Context& ctx, Transformer& model, Tensor* tokens, Te
   // Labels only when the hard loss needs them: without them (and with normalize_topk) the fused op takes its
   // K-sparse path, which skips the full-vocabulary GEMMs.
   Tensor* labels = opts.w_hard > 0 ? flat_labels(ctx, targets) : nullptr;
-  return fused_linear_topk_kd(ctx, h, model.lm_head(), nullptr, teacher_ids, teacher_logprobs, mask, labels,
-                              opts);
+  return fused_linear_topk_kd(ctx, model.head_input(ctx, h), model.head_weight(ctx), nullptr, teacher_ids,
+                              teacher_logprobs, mask, labels, opts);
 }
 
 // ---- trainer --------------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ TransformerConfig TransformerConfig::resolved() const {
   RT_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "transformer: rope_theta must be > 0, got ",
            c.rope_theta);
   RT_CHECK(c.norm_eps > 0, "transformer: norm_eps must be > 0, got ", c.norm_eps);
+  RT_CHECK(is_float(c.compute_dtype), "transformer: compute_dtype must be f32, bf16 or f16, got ",
+           dtype_name(c.compute_dtype));
   return c;
 }
 
@@ -91,14 +93,25 @@ int64_t Transformer::parameter_count() const {
   return n;
 }
 
+Tensor* Transformer::lowp(Context& ctx, Tensor* x) {
+  return x->dtype == config_.compute_dtype ? x : cast(ctx, x, config_.compute_dtype);
+}
+
+// In f32 this is exactly the plain matmul (the f32 graph is the one the golden test pins, node for node).
+Tensor* Transformer::mm(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b) {
+  if (config_.compute_dtype == DType::F32) return matmul(ctx, a, b, transpose_a, transpose_b);
+  return matmul_lowp(ctx, lowp(ctx, a), lowp(ctx, b), transpose_a, transpose_b);
+}
+
 // h [B*T, d_model] -> [B*T, d_model]. Shapes in comments are outermost first.
 Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor* h, Tensor* positions,
                                int64_t B, int64_t T) {
   const TransformerConfig& c = config_;
   const int64_t H = c.heads, KV = c.kv_heads, hd = c.head_dim();
-  Tensor* q = matmul(ctx, h, blk.wq, false, true);  // [B*T, H*hd]
-  Tensor* k = matmul(ctx, h, blk.wk, false, true);  // [B*T, KV*hd]
-  Tensor* v = matmul(ctx, h, blk.wv, false, true);  // [B*T, KV*hd]
+  h = lowp(ctx, h);                             // one cast shared by the three projections
+  Tensor* q = mm(ctx, h, blk.wq, false, true);  // [B*T, H*hd]
+  Tensor* k = mm(ctx, h, blk.wk, false, true);  // [B*T, KV*hd]
+  Tensor* v = mm(ctx, h, blk.wv, false, true);  // [B*T, KV*hd]
   q = rope(ctx, reshape(ctx, q, {B, T, H, hd}), positions, RopeMode::Normal, c.rope_theta);
   k = rope(ctx, reshape(ctx, k, {B, T, KV, hd}), positions, RopeMode::Normal, c.rope_theta);
   v = reshape(ctx, v, {B, T, KV, hd});
@@ -114,28 +127,41 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
     k = widen(k);
     v = widen(v);
   }
-  // [B, T, H, hd] -> [B, H, T, hd]: heads become a batch dim of the matmuls (ggml dims 1 and 2 swap).
-  auto heads_major = [&](Tensor* x) { return contiguous(ctx, permute(ctx, x, 0, 2, 1, 3)); };
+  // [B, T, H, hd] -> [B, H, T, hd]: heads become a batch dim of the matmuls (ggml dims 1 and 2 swap). The
+  // copy that makes them contiguous is also the cast to the compute dtype (one pass, not two).
+  const DType cd = c.compute_dtype;
+  auto heads_major = [&](Tensor* x) { return cast(ctx, permute(ctx, x, 0, 2, 1, 3), cd); };
   Tensor* qh = heads_major(q);
   Tensor* kh = heads_major(k);
   Tensor* vh = heads_major(v);
-  Tensor* scores = matmul(ctx, qh, kh, false, true);  // [B, H, T_q, T_k]
+  Tensor* scores = mm(ctx, qh, kh, false, true);  // [B, H, T_q, T_k]
   Tensor* probs = causal_softmax(ctx, scores, 1.0f / std::sqrt(float(hd)));
-  Tensor* out = matmul(ctx, probs, vh);  // [B, H, T, hd]
-  // Back to [B, T, H, hd], then heads side by side: [B*T, H*hd].
-  out = reshape(ctx, contiguous(ctx, permute(ctx, out, 0, 2, 1, 3)), {B * T, H * hd});
-  return matmul(ctx, out, blk.wo, false, true);  // [B*T, d_model]
+  Tensor* out = mm(ctx, probs, vh, false, false);  // [B, H, T, hd]
+  // Back to [B, T, H, hd], then heads side by side: [B*T, H*hd] (cast on the way, like heads_major).
+  out = reshape(ctx, cast(ctx, permute(ctx, out, 0, 2, 1, 3), cd), {B * T, H * hd});
+  return mm(ctx, out, blk.wo, false, true);  // [B*T, d_model]
 }
 
 // SwiGLU: down(silu(gate(h)) * up(h)).
 Tensor* Transformer::mlp(Context& ctx, const TransformerBlock& blk, Tensor* h) {
-  Tensor* gate = matmul(ctx, h, blk.w_gate, false, true);                      // [B*T, d_ff]
-  Tensor* up = matmul(ctx, h, blk.w_up, false, true);                          // [B*T, d_ff]
-  return matmul(ctx, mul(ctx, silu(ctx, gate), up), blk.w_down, false, true);  // [B*T, d_model]
+  h = lowp(ctx, h);                                                        // one cast shared by gate and up
+  Tensor* gate = mm(ctx, h, blk.w_gate, false, true);                      // [B*T, d_ff]
+  Tensor* up = mm(ctx, h, blk.w_up, false, true);                          // [B*T, d_ff]
+  return mm(ctx, mul(ctx, silu(ctx, gate), up), blk.w_down, false, true);  // [B*T, d_model]
 }
 
 Tensor* Transformer::forward(Context& ctx, Tensor* tokens) {
-  return matmul(ctx, hidden(ctx, tokens), lm_head_, false, true);  // [B*T, vocab]
+  return mm(ctx, hidden(ctx, tokens), lm_head_, false, true);  // [B*T, vocab]
+}
+
+Tensor* Transformer::head_input(Context& ctx, Tensor* hidden) {
+  RT_CHECK(hidden != nullptr, "transformer.head_input: hidden is null");
+  return lowp(ctx, hidden);
+}
+
+Tensor* Transformer::head_weight(Context& ctx) {
+  RT_CHECK(&ctx == ctx_, "transformer.head_weight: ctx must be the context that holds the parameters");
+  return lowp(ctx, lm_head_);
 }
 
 Tensor* Transformer::hidden(Context& ctx, Tensor* tokens) {
@@ -162,6 +188,10 @@ Tensor* Transformer::hidden(Context& ctx, Tensor* tokens) {
     x = add(ctx, x, mlp(ctx, blk, mul(ctx, rms_norm(ctx, x, eps), blk.mlp_norm)));
   }
   return mul(ctx, rms_norm(ctx, x, eps), final_norm_);  // [B*T, d_model]
+}
+
+DType default_compute_dtype(const Backend& backend) {
+  return backend.is_host() ? DType::F32 : DType::BF16;
 }
 
 Tensor* lm_loss(Context& ctx, Tensor* logits, Tensor* targets, int64_t ignore_index) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "../core/backend.h"
 #include "../core/context.h"
 #include "../core/tensor.h"
 
@@ -22,6 +23,15 @@ struct TransformerConfig {
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
   bool tie_embeddings = true;  // lm head = token embedding
+  // The dtype the matmuls run in. F32: everything f32. BF16 (or F16): mixed precision. The parameters stay
+  // f32 (the optimizer's master weights) and so do RMSNorm, RoPE, softmax and the residual stream; every
+  // matmul (q/k/v/o, the attention scores and probs·V, the MLP's gate/up/down, the lm head) reads its
+  // operands cast to this dtype, accumulates in f32 and gives f32, and its gradient GEMMs read the upstream
+  // gradient cast to it too (matmul_lowp); the gradients reach the f32 parameters through cast's backward.
+  // F16 has no loss scaling here: prefer BF16. Not part of the model's identity: checkpoints do not record
+  // it (describe() leaves it out), so a checkpoint trained in one compute dtype loads into a model of
+  // another.
+  DType compute_dtype = DType::F32;
 
   // The config with the 0 defaults resolved. Throws retort::Error naming the bad field.
   TransformerConfig resolved() const;
@@ -49,14 +59,19 @@ class Transformer {
   Transformer(Context& ctx, const TransformerConfig& config, uint64_t seed = 0);
 
   // Logits f32 [B*T, vocab] (row b*T + t predicts the token after position t) for tokens i32 [B, T] with
-  // T <= context. Adds nodes to ctx (which must be the parameters' context); throws retort::Error on a bad
-  // tokens tensor. Token ids outside [0, vocab) throw when the graph runs.
+  // T <= context (the lm head in the compute dtype, like every matmul). Adds nodes to ctx (which must be the
+  // parameters' context); throws retort::Error on a bad tokens tensor. Token ids outside [0, vocab) throw
+  // when the graph runs.
   Tensor* forward(Context& ctx, Tensor* tokens);
   // The final hidden states f32 [B*T, d_model] (after the final norm, before the lm head), for a fused
   // linear loss that applies lm_head() chunk by chunk instead of materializing the logits.
   Tensor* hidden(Context& ctx, Tensor* tokens);
-  // The lm-head weight [vocab, d_model] (the token embedding when tied).
+  // The lm-head weight [vocab, d_model] (the token embedding when tied): the f32 parameter.
   Tensor* lm_head() const { return lm_head_; }
+  // The lm head's operands as a fused linear loss should read them: hidden(...) and lm_head() cast to the
+  // compute dtype (themselves when it is f32). New nodes in ctx on each call: call once per graph.
+  Tensor* head_input(Context& ctx, Tensor* hidden);
+  Tensor* head_weight(Context& ctx);
 
   const TransformerConfig& config() const { return config_; }
   // Every parameter, in a fixed order (embedding, blocks, final norm, untied head).
@@ -70,6 +85,9 @@ class Transformer {
   Tensor* attention(Context& ctx, const TransformerBlock& blk, Tensor* h, Tensor* positions, int64_t B,
                     int64_t T);
   Tensor* mlp(Context& ctx, const TransformerBlock& blk, Tensor* h);
+  // x in the compute dtype (x itself when it is already), and a matmul of two such operands.
+  Tensor* lowp(Context& ctx, Tensor* x);
+  Tensor* mm(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b);
 
   TransformerConfig config_;
   Context* ctx_;
@@ -79,6 +97,10 @@ class Transformer {
   std::vector<TransformerBlock> blocks_;
   std::vector<Tensor*> params_;
 };
+
+// The compute dtype a run should use on this backend: bf16 on a GPU (tensor-core GEMMs), f32 on the CPU
+// (whose GEMM widens 16-bit operands to f32 as it packs them: bf16 would add rounding and save nothing).
+DType default_compute_dtype(const Backend& backend);
 
 // Mean next-token cross-entropy of logits [N, vocab] against targets int [N] (or [B, T], flattened);
 // targets equal to ignore_index do not count.

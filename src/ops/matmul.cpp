@@ -68,6 +68,8 @@ void back_matmul(BackwardCtx& bc, Tensor* t, Tensor* g) {
   Tensor* a = t->src[0];
   Tensor* b = t->src[1];
   const bool ta = t->ip[0] != 0, tb = t->ip[1] != 0;
+  // matmul_lowp: the gradient GEMMs take the 16-bit operands' dtype for G too (one rounding, shared by both).
+  if (t->ip[2] != 0) g = cast(ctx, g, a->dtype);
   if (bc.needs(a)) {
     Tensor* da;
     if (!ta) {
@@ -114,6 +116,16 @@ Tensor* matmul(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transp
   t->src[1] = b;
   t->ip[0] = transpose_a ? 1 : 0;
   t->ip[1] = transpose_b ? 1 : 0;
+  return t;
+}
+
+Tensor* matmul_lowp(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b) {
+  RT_CHECK(a && b, "matmul_lowp: null operand");
+  RT_CHECK((a->dtype == DType::BF16 || a->dtype == DType::F16) && b->dtype == a->dtype,
+           "matmul_lowp: operands must share a 16-bit float dtype (bf16 or f16), got A ", a->describe(),
+           " and B ", b->describe());
+  Tensor* t = matmul(ctx, a, b, transpose_a, transpose_b);
+  t->ip[2] = 1;
   return t;
 }
 

@@ -61,6 +61,11 @@ Tensor* reduce_to(Context& ctx, Tensor* x, const int64_t ne[kMaxDims]);
 // (rows M, row length K) and B as [.., K, N], C is [.., M, N]; transpose_a / transpose_b read A as [K, M] or
 // B as [N, K] (so matmul(x, W, false, true) is x Wᵀ for W [out, in]). The result is f32.
 Tensor* matmul(Context& ctx, Tensor* a, Tensor* b, bool transpose_a = false, bool transpose_b = false);
+// matmul for mixed-precision training: a and b must share a 16-bit float dtype (bf16 or f16). The forward is
+// matmul's (f32 accumulation, f32 result); the backward also rounds the upstream gradient to that dtype, so
+// the two gradient GEMMs run on 16-bit operands too (tensor cores on CUDA) where matmul's would run in f32.
+// The gradients it hands back are f32.
+Tensor* matmul_lowp(Context& ctx, Tensor* a, Tensor* b, bool transpose_a = false, bool transpose_b = false);
 
 // ---- indexing ---------------------------------------------------------------------------------------------
 // Rows of table [R, D] at integer ids [N] (i32 or i64) -> [N, D]. Ids outside [0, R) throw at run time.
@@ -73,7 +78,8 @@ Tensor* log_softmax(Context& ctx, Tensor* x);
 // query i when j > i + n_past.
 Tensor* causal_softmax(Context& ctx, Tensor* x, float scale, int64_t n_past = 0);
 
-// ---- normalization over dim 0 (no affine part: multiply by a weight with mul) ------------------------------
+// ---- normalization over dim 0 (no affine part: multiply by a weight with mul)
+// ------------------------------
 Tensor* rms_norm(Context& ctx, Tensor* x, float eps = 1e-6f);
 Tensor* layer_norm(Context& ctx, Tensor* x, float eps = 1e-5f);
 

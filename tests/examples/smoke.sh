@@ -36,7 +36,17 @@ grep -q 'resumed from .* at step 6' "$W/resume.log" || fail "resume step"
 "$X"/eval --ckpt "$W/s.st" --threads 1 --device cpu | grep -q '^val_loss=' || fail "eval"
 "$X"/generate --ckpt "$W/t.st" --prompt "And" --len 10 --top-k 5 --top-p 0.9 --threads 1 --device cpu \
   >/dev/null 2>&1 || fail "generate"
+# Mixed precision on the CPU: a bf16 student from the f32 teacher's cache (checkpoints load in any compute
+# dtype), evaluated in bf16 and f32.
+"$X"/distill --teacher "$W/t.st" --cache "$W/c" --layers 1 --d-model 16 --heads 2 --steps 2 --batch 4 \
+  --eval-batches 1 --sample-len 0 --threads 1 --device cpu --compute-dtype bf16 --save "$W/b.st" >"$W/b.log" ||
+  fail "distill bf16"
+grep -q 'compute: bf16 matmuls, f32 master weights' "$W/b.log" || fail "distill bf16 banner"
+"$X"/eval --ckpt "$W/b.st" --threads 1 --device cpu --compute-dtype bf16 | grep -q '^val_loss=' || fail "eval bf16"
+"$X"/eval --ckpt "$W/b.st" --threads 1 --device cpu | grep -q 'compute f32' || fail "eval f32 by default on cpu"
 # Refusals: an error naming the fault, exit status 1.
+if "$X"/eval --ckpt "$W/t.st" --device cpu --compute-dtype f8 2>"$W/e0" >/dev/null; then fail "eval --compute-dtype f8"; fi
+grep -q "compute-dtype is auto, f32, bf16 or f16" "$W/e0" || fail "compute-dtype message: $(cat "$W/e0")"
 if "$X"/eval --ckpt "$W/none.st" 2>"$W/e1"; then fail "eval of a missing file succeeded"; fi
 grep -q "none.st" "$W/e1" || fail "missing-file message: $(cat "$W/e1")"
 if "$X"/distill --teacher "$W/t.st" --cache "$W/c" --k 8 --steps 1 --threads 1 --device cpu 2>"$W/e2" >/dev/null; then
