@@ -455,6 +455,12 @@ def main():
                                lambda: run_case(torch, retort, refs, name, inputs, opts, TOL[dname]))
         # The fused losses multiply first: their tolerances allow for the f32 GEMM (K = --hidden terms).
         fused_tol = {k: v * 10 for k, v in TOL[dname].items()}
+        if dname == "bf16":
+            # With bf16 hidden and weight, the CUDA executor rounds d(logits) to bf16 before the two gradient
+            # GEMMs run on the tensor cores (as PyTorch's bf16 matmul backward does): each term carries up to
+            # 2^-9 relative error, so the weight and hidden gradients differ from the float64 reference by a
+            # few 1e-3 of their largest value (measured on H100 at N = 1024, V = 50257: up to 3.7e-3).
+            fused_tol["grad"] = 6e-3
         fi = FusedInputs(torch, inp, args.hidden, dtype, device, args.seed)
         for name, opts, inputs, ref_fn in fused_cases(fi, refs):
             if hasattr(retort.losses, name):

@@ -56,8 +56,8 @@ Tensor* Graph::grad(const Tensor* t) const {
 void Graph::backward(Tensor* loss) {
   RT_CHECK(loss != nullptr, "graph.backward: no loss given");
   RT_CHECK(!has_backward_, "graph.backward: this graph already has a backward pass");
-  RT_CHECK(is_float(loss->dtype) && loss->nelements() == 1, "graph.backward: the loss must be a single float ",
-           "element, got ", loss->describe());
+  RT_CHECK(is_float(loss->dtype) && loss->nelements() == 1,
+           "graph.backward: the loss must be a single float ", "element, got ", loss->describe());
   forward(loss);
   loss->flags |= kLoss;
 
@@ -118,8 +118,8 @@ void Graph::backward(Tensor* loss) {
     auto it = g.find(n);
     if (it == g.end()) continue;
     const OpInfo& info = op_info(n->op);
-    RT_CHECK(info.differentiable && info.backward, "graph.backward: op ", op_name(n->op),
-             " on ", n->describe(), " has no gradient, but a parameter's gradient flows through it");
+    RT_CHECK(info.differentiable && info.backward, "graph.backward: op ", op_name(n->op), " on ",
+             n->describe(), " has no gradient, but a parameter's gradient flows through it");
     info.backward(bc, n, it->second);
   }
   for (Tensor* p : params_) {
@@ -127,6 +127,21 @@ void Graph::backward(Tensor* loss) {
     RT_ASSERT(it != g.end());
     Tensor* acc = ctx_->tensor(DType::F32, p->shape(), p->name + ".grad");
     for (int d = 0; d < kMaxDims; ++d) RT_ASSERT(acc->ne[d] == p->ne[d]);
+    Tensor* gr = it->second;
+    bool same_shape = gr->dtype == DType::F32 && gr->is_contiguous();
+    for (int d = 0; d < kMaxDims; ++d) same_shape = same_shape && gr->ne[d] == acc->ne[d];
+    const bool aux = gr->op == Op::AuxOutput && gr->src[0] && !gr->view_src;
+    if (aux && same_shape && op_info(gr->src[0]->op).accumulate_aux &&
+        op_info(gr->src[0]->op).accumulate_aux(gr)) {
+      // The owner adds into the accumulator itself: no copy of the gradient, no Accumulate pass.
+      gr->view_src = acc;
+      gr->data = acc->data;
+      gr->flags |= kOutput;
+      forward(gr);
+      grads_[p] = acc;
+      accumulators_.push_back(acc);
+      continue;
+    }
     Tensor* upd = ctx_->node(Op::Accumulate, DType::F32, acc->ne);
     upd->src[0] = acc;
     upd->src[1] = it->second;
@@ -162,6 +177,7 @@ void Graph::compute() {
   for (Tensor* n : nodes_) {
     if (n->op == Op::View) n->data = static_cast<char*>(n->view_src->data) + n->view_offs;
     if (n->op == Op::Accumulate) n->data = n->src[0]->data;
+    if (n->op == Op::AuxOutput && n->view_src) n->data = n->view_src->data;  // an accumulator (backward)
   }
   for (Tensor* n : nodes_) {
     for (Tensor* s : n->src)

@@ -41,7 +41,13 @@ struct OpInfo {
   const char* name = nullptr;
   CpuKernel cpu = nullptr;
   BackwardRule backward = nullptr;
-  bool differentiable = true;  // false: backward() refuses to differentiate through it (integer ops, *Back ops)
+  bool differentiable =
+      true;  // false: backward() refuses to differentiate through it (integer ops, *Back ops)
+  // Optional: asked by Graph::backward for an extra output (Op::AuxOutput) that is a parameter's whole
+  // gradient. Returning true promises that the owner will ADD into that output's storage instead of
+  // overwriting it, so the graph points the output at the parameter's f32 accumulator and drops the
+  // Accumulate node (for an lm head that saves a read and a write of [V, H] f32 per step).
+  bool (*accumulate_aux)(Tensor* aux) = nullptr;
 };
 
 using OpTable = std::array<OpInfo, kOpCount>;

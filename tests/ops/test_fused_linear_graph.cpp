@@ -409,5 +409,58 @@ TEST(FusedLinearGraph, LossInsideALargerGraph) {
                1e-11, "ce + kd²");
 }
 
+
+// A parameter whose whole gradient is the fused node's weight (or bias) gradient gets it added straight into
+// its accumulator (no Accumulate node, no [V, H] copy); accumulation over runs and zero_grad() behave as
+// with the Accumulate node, and the gradient equals the unfused graph's.
+TEST(FusedLinearGraph, WeightGradientAccumulatesInPlace) {
+  reseed("flgraph_accum");
+  const int64_t n = 7, h = 5, v = 11;
+  const Vec hv = random_vec(n * h), wv = random_vec(v * h), bv = random_vec(v);
+  const std::vector<int64_t> yv = random_ints(n, 0, v);
+  auto run = [&](bool fused, int runs, bool zero_between, int64_t* accumulate_nodes) {
+    Context ctx(default_cpu_backend());
+    Tensor* x = ctx.param(DType::F32, {n, h}, "hidden");
+    Tensor* w = ctx.param(DType::F32, {v, h}, "weight");
+    Tensor* b = ctx.param(DType::F32, {v}, "bias");
+    Tensor* y = ctx.input(DType::I32, {n}, "labels");
+    set_data(x, std::vector<float>(hv.begin(), hv.end()));
+    set_data(w, std::vector<float>(wv.begin(), wv.end()));
+    set_data(b, std::vector<float>(bv.begin(), bv.end()));
+    set_data_int(y, yv);
+    FusedLinearOptions f;
+    f.chunk_rows = 3;
+    Tensor* loss = fused ? fused_linear_cross_entropy(ctx, x, w, b, y, {}, f).loss
+                         : cross_entropy_loss(ctx, add(ctx, matmul(ctx, x, w, false, true), b), y, {}).loss;
+    Graph g(ctx);
+    g.backward(loss);
+    g.zero_grad();
+    for (int i = 0; i < runs; ++i) {
+      if (zero_between) g.zero_grad();
+      g.compute();
+    }
+    *accumulate_nodes = 0;
+    for (const Tensor* t : g.nodes()) *accumulate_nodes += t->op == Op::Accumulate;
+    std::vector<Vec> out;
+    for (Tensor* p : {x, w, b}) out.push_back(to_f64(get_data(g.grad(p))));
+    return out;
+  };
+  int64_t acc_fused = 0, acc_plain = 0, unused = 0;
+  const std::vector<Vec> once = run(true, 1, false, &acc_fused);
+  const std::vector<Vec> plain = run(false, 1, false, &acc_plain);
+  EXPECT_EQ(acc_fused, 1) << "only the hidden gradient goes through an Accumulate node";
+  EXPECT_EQ(acc_plain, 3);
+  const std::vector<Vec> twice = run(true, 2, false, &unused);
+  const std::vector<Vec> zeroed = run(true, 3, true, &unused);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_LT(nmse(once[i], plain[i]), 1e-10) << "gradient " << i << " vs the unfused graph";
+    Vec doubled = once[i];
+    for (double& d : doubled) d *= 2;
+    EXPECT_LT(nmse(twice[i], doubled), 1e-12) << "gradient " << i << " accumulates over runs";
+    EXPECT_EQ(zeroed[i], once[i]) << "gradient " << i << " after zero_grad";
+    EXPECT_GT(nmse(once[i], Vec(once[i].size(), 0.0)), 0.0);
+  }
+}
+
 }  // namespace
 }  // namespace retort::test

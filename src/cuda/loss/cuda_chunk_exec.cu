@@ -227,6 +227,13 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   }
   void scale_rows(const Block& g, const Block& u) override { fused::scale_rows(ex_, resolve(g), u); }
   void zero(const Block& b) override { fused::zero(ex_, b); }
+  bool pads_vocab() const override { return true; }
+  void copy(const Block& src, const Block& dst) override {
+    RT_ASSERT(src.dtype == dst.dtype && src.rows == dst.rows && src.cols == dst.cols &&
+              dst.col_stride == dtype_size(dst.dtype) &&
+              dst.row_stride == size_t(dst.cols) * dtype_size(dst.dtype));
+    fused::copy_block(ex_, src, dst.dtype, dst.data);
+  }
 
   void row_loss(const LossSpec& spec, const Block& logits, const RowOut& out) override {
     RT_ASSERT(logits.dtype == DType::F32 && logits.col_stride == sizeof(float));
@@ -392,6 +399,9 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     const size_t bytes = size_t(logits.rows) * (logits.row_stride / sizeof(float)) * dtype_size(grad_dtype_);
     if (!shadow_ || shadow_bytes_ < bytes) {
       shadow_ = ex_.temp(bytes);
+      // The row kernels write V columns; the pad columns up to Vp are read by the dhidden GEMM over the
+      // padded vocabulary and must be zeros (uninitialized bits could be NaN, and 0·NaN is NaN).
+      RT_CUDA_CHECK(cudaMemsetAsync(shadow_->data(), 0, bytes, ex_.stream));
       shadow_bytes_ = bytes;
     }
     shadow_of_ = logits.data;

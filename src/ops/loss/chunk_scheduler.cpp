@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "../../core/dtype.h"
 #include "../../core/error.h"
 
 namespace retort::loss {
@@ -98,7 +99,15 @@ Block f32_rows(void* data, int64_t rows, int64_t cols, int64_t ld) {
 
 }  // namespace
 
-ChunkPlan plan_chunks(const FusedLinearProblem& p) {
+// Bytes of a zero-padded [Vp, cols] copy of w, or 0 when w cannot be padded (its pad rows must be whole
+// floats so that zero() can clear them).
+size_t padded_bytes(const Block& w, int64_t vp) {
+  const size_t row = size_t(w.cols) * dtype_size(w.dtype);
+  if (row % sizeof(float) != 0) return 0;
+  return align_up(size_t(vp) * row);
+}
+
+ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights) {
   ChunkPlan plan;
   const int64_t n = p.hidden.rows, v = p.weight.rows;
   plan.padded_vocab = (v + kVocabPad - 1) / kVocabPad * kVocabPad;
@@ -114,6 +123,14 @@ ChunkPlan plan_chunks(const FusedLinearProblem& p) {
   plan.chunk_rows = std::clamp<int64_t>(rows, 1, n);
   const size_t chunk_bytes = align_up(size_t(plan.chunk_rows) * per_row);
   plan.scratch_bytes = chunk_bytes + size_t(row_buffers(p).count()) * align_up(size_t(n) * sizeof(float));
+  if (pad_weights && !plan.sparse && plan.padded_vocab > v) {
+    const size_t ws = padded_bytes(p.weight, plan.padded_vocab);
+    const size_t ts = p.online_teacher() ? padded_bytes(p.teacher_weight, plan.padded_vocab) : 0;
+    if (ws > 0 && (!p.online_teacher() || ts > 0)) {
+      plan.pad_weights = true;
+      plan.scratch_bytes += ws + ts;
+    }
+  }
   return plan;
 }
 
@@ -136,7 +153,7 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
   float inv = 1.0f;  // kCountOnDevice: the executor applies 1/count itself
   if (mean && valid != ChunkExecutor::kCountOnDevice) inv = valid > 0 ? 1.0f / float(valid) : 0.0f;
 
-  const ChunkPlan plan = plan_chunks(p);
+  const ChunkPlan plan = plan_chunks(p, ex.pads_vocab());
   const int64_t c_max = plan.chunk_rows, vp = plan.padded_vocab;
   char* base = static_cast<char*>(ex.scratch(plan.scratch_bytes));
   size_t off = 0;
@@ -152,6 +169,20 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
   char* chunk = carve(online ? 2 * logits_bytes : logits_bytes);
   float* logits_buf = reinterpret_cast<float*>(chunk);
   float* teacher_buf = online ? reinterpret_cast<float*>(chunk + logits_bytes) : nullptr;
+
+  // The GEMMs' view of the weights and of the vocabulary: padded to Vp when the executor wants it.
+  const int64_t vg = plan.pad_weights ? vp : v;
+  auto padded = [&](const Block& w) {
+    if (!plan.pad_weights) return w;
+    const size_t es = dtype_size(w.dtype), row = size_t(w.cols) * es;
+    char* q = carve(size_t(vp) * row);
+    const Block dst{q, w.dtype, vp, w.cols, row, es};
+    ex.copy(w, dst.sub_rows(0, v));
+    ex.zero(Block{q + size_t(v) * row, DType::F32, vp - v, int64_t(row / sizeof(float)), row, sizeof(float)});
+    return dst;
+  };
+  const Block weight_g = padded(p.weight);
+  const Block teacher_weight_g = online ? padded(p.teacher_weight) : Block{};
 
   // Per-row outputs over all N rows; sub_rows() cuts them per chunk.
   const RowBuffers rb = row_buffers(p);
@@ -170,8 +201,8 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
   // The K-sparse path accumulates dW and dbias slot by slot, so they start at zero; the dense path
   // overwrites them with the first chunk's GEMM and column sums instead.
   if (plan.sparse && grad) {
-    if (!p.dweight.empty()) ex.zero(p.dweight);
-    if (!p.dbias.empty()) ex.zero(p.dbias);
+    if (!p.dweight.empty() && !p.accumulate_dweight) ex.zero(p.dweight);
+    if (!p.dbias.empty() && !p.accumulate_dbias) ex.zero(p.dbias);
   }
 
   for (int64_t r0 = 0; r0 < n; r0 += c_max) {
@@ -196,11 +227,13 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
     }
 
     const Block logits = f32_rows(logits_buf, c, v, vp);
-    ex.gemm(hc, false, p.weight, true, logits, 1.0f, 0.0f);
+    const Block logits_g = f32_rows(logits_buf, c, vg, vp);  // with the pad columns when padded
+    ex.gemm(hc, false, weight_g, true, logits_g, 1.0f, 0.0f);
     if (!p.bias.empty()) ex.add_bias(logits, p.bias);
     if (online) {
       const Block teacher = f32_rows(teacher_buf, c, v, vp);
-      ex.gemm(p.teacher_hidden.sub_rows(r0, c), false, p.teacher_weight, true, teacher, 1.0f, 0.0f);
+      ex.gemm(p.teacher_hidden.sub_rows(r0, c), false, teacher_weight_g, true,
+              f32_rows(teacher_buf, c, vg, vp), 1.0f, 0.0f);
       if (!p.teacher_bias.empty()) ex.add_bias(teacher, p.teacher_bias);
       spec.distill.teacher = teacher;
     }
@@ -208,9 +241,11 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
     ex.row_loss(spec, logits, out);
     if (!grad) continue;
     if (!p.row_upstream.empty()) ex.scale_rows(logits, p.row_upstream.sub_rows(r0, c));
-    if (!p.dhidden.empty()) ex.gemm(logits, false, p.weight, false, p.dhidden.sub_rows(r0, c), 1.0f, 0.0f);
-    if (!p.dweight.empty()) ex.gemm(logits, true, hc, false, p.dweight, 1.0f, first ? 0.0f : 1.0f);
-    if (!p.dbias.empty()) ex.column_sums(logits, p.dbias, !first);
+    // The pad columns of the gradient are the GEMM's zeros (the row loss writes only V columns).
+    if (!p.dhidden.empty()) ex.gemm(logits_g, false, weight_g, false, p.dhidden.sub_rows(r0, c), 1.0f, 0.0f);
+    if (!p.dweight.empty())
+      ex.gemm(logits, true, hc, false, p.dweight, 1.0f, first && !p.accumulate_dweight ? 0.0f : 1.0f);
+    if (!p.dbias.empty()) ex.column_sums(logits, p.dbias, !first || p.accumulate_dbias);
   }
 
   if (!red) return;

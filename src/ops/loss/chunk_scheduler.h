@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 
+#include "../../core/error.h"
 #include "fused_linear.h"
 #include "losses.h"
 #include "row_kernels.h"
@@ -119,6 +120,20 @@ class ChunkExecutor {
   // out[0] = scale · Σ_{r < n} v[r], summed in a fixed order.
   virtual void reduce(const float* v, int64_t n, float scale, float* out) = 0;
 
+  // Whether the logits GEMMs should run over the padded vocabulary Vp (a multiple of kVocabPad): the
+  // scheduler then copies W (and an online teacher's W) into zero-padded [Vp, H] scratch with copy(), so that
+  // the logits GEMM's N and the dhidden GEMM's K are multiples of 128 (a GPU's tensor-core kernels need
+  // aligned extents: at V = 50,257 cuBLASLt otherwise falls back to 1-element-aligned kernels, ~5x slower).
+  // The pad columns of the logits are then h·0 = 0, and the pad rows of W are 0, so they add nothing.
+  virtual bool pads_vocab() const { return false; }
+  // dst = src, element for element (same dtype, [rows, cols]); dst is row-major. Only called when
+  // pads_vocab().
+  virtual void copy(const Block& src, const Block& dst) {
+    (void)src;
+    (void)dst;
+    RT_FAIL("ChunkExecutor::copy is not implemented by this executor");
+  }
+
   // K-sparse top-K. out f32 [rows, K]: out[r, k] = hidden[r, :] · w[id_rk, :] (+ bias[0, id_rk]) for the
   // valid slots of side (mask != 0 and logprob != −inf), 0 for the others (whose ids are never read).
   virtual void gather_logits(const Block& hidden, const Block& w, const Block& bias, const TopKSide& side,
@@ -160,6 +175,8 @@ struct FusedLinearProblem {
   // loss, whose upstream gradient is one value per row). Selective log-softmax takes its upstream gradient
   // [N, K] in spec.selective.values instead.
   Block dhidden, dweight, dbias;
+  // Add into dweight / dbias instead of overwriting them (a graph's gradient accumulator).
+  bool accumulate_dweight = false, accumulate_dbias = false;
   float grad_scale = 1.0f;
   Block row_upstream;
 
@@ -177,8 +194,11 @@ struct ChunkPlan {
   int64_t padded_vocab = 0;  // Vp: row length of the logits scratch, in floats
   bool sparse = false;       // the K-sparse top-K path
   size_t scratch_bytes = 0;  // everything the scheduler asks the executor for
+  bool pad_weights = false;  // W (and the teacher's) copied into zero-padded [Vp, H] scratch
 };
-ChunkPlan plan_chunks(const FusedLinearProblem& p);
+// pad_weights: the executor's pads_vocab() (only honoured when Vp > V and the padded rows can be zeroed as
+// whole floats).
+ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights = false);
 
 // Runs the problem on ex. Throws retort::Error (from validation) before anything is written.
 void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p);

@@ -35,7 +35,7 @@ namespace retort {
 namespace {
 
 constexpr int kIpReduction = 0, kIpGrad = 1, kIpIgnore = 2, kIpNormalize = 3, kIpBudget = 4, kIpChunk = 5,
-              kIpKind = 6, kIpStats = 7, kIpAllow = 8;
+              kIpKind = 6, kIpStats = 7, kIpAllow = 8, kIpAccum = 9;
 constexpr int kFpTemp = 0, kFpBeta = 1, kFpHard = 2, kFpSoft = 3, kFpSmooth = 4, kFpZLoss = 5, kFpCap = 6;
 constexpr int kAuxStats = 0;
 constexpr int kSrcUpstream = 7, kSrcStats = 8, kSrcLossInputs = 7;
@@ -297,6 +297,8 @@ loss::FusedLinearProblem inputs_of(const Tensor* node) {
 void wire_grads(const Tensor* node, loss::FusedLinearProblem& p) {
   const int64_t bits = node->ip[kIpGrad];
   auto dense = [](const Tensor* t) { return loss::Block::dense(t->data, DType::F32, t->ne[1], t->ne[0]); };
+  p.accumulate_dweight = (node->ip[kIpAccum] & 2) != 0;
+  p.accumulate_dbias = (node->ip[kIpAccum] & 4) != 0;
   if ((bits & 1) && node->aux[1]) p.dhidden = dense(node->aux[1]);
   if ((bits & 2) && node->aux[2]) p.dweight = dense(node->aux[2]);
   if ((bits & 4) && node->aux[3])
@@ -527,14 +529,31 @@ Tensor* fused_linear_selective_log_softmax(Context& ctx, Tensor* hidden, Tensor*
   return t;
 }
 
+// Graph::backward's offer (OpInfo::accumulate_aux): the weight and bias gradients (aux[2], aux[3]) can be
+// added into an accumulator by the GEMM (beta = 1) and the column sums; the hidden gradient is written row
+// block by row block (and overwritten on the K-sparse path), so it declines.
+bool accumulate_fused_aux(Tensor* aux) {
+  Tensor* owner = aux->src[0];
+  for (int i = 1; i < kGrads; ++i)
+    if (owner->aux[size_t(1 + i)] == aux) {
+      owner->ip[kIpAccum] |= int64_t(1) << i;
+      return true;
+    }
+  return false;
+}
+
 void register_fused_ops(OpTable& t) {
-  t[size_t(Op::FusedLinearCrossEntropy)] = {"fused_linear_cross_entropy", cpu_fused, back_fused, true};
-  t[size_t(Op::FusedLinearTopKDistill)] = {"fused_linear_topk_kd", cpu_fused, back_fused, true};
-  t[size_t(Op::FusedLinearDistill)] = {"fused_linear_distill", cpu_fused, back_fused, true};
-  t[size_t(Op::FusedLinearEntropy)] = {"fused_linear_entropy", cpu_fused, back_fused, true};
+  t[size_t(Op::FusedLinearCrossEntropy)] = {"fused_linear_cross_entropy", cpu_fused, back_fused, true,
+                                            accumulate_fused_aux};
+  t[size_t(Op::FusedLinearTopKDistill)] = {"fused_linear_topk_kd", cpu_fused, back_fused, true,
+                                           accumulate_fused_aux};
+  t[size_t(Op::FusedLinearDistill)] = {"fused_linear_distill", cpu_fused, back_fused, true,
+                                       accumulate_fused_aux};
+  t[size_t(Op::FusedLinearEntropy)] = {"fused_linear_entropy", cpu_fused, back_fused, true,
+                                       accumulate_fused_aux};
   t[size_t(Op::FusedLinearSelectiveLogSoftmax)] = {"fused_linear_selective_log_softmax", cpu_fused,
-                                                   back_fused, true};
-  t[size_t(Op::FusedLinearBack)] = {"fused_linear_back", cpu_fused, nullptr, false};
+                                                   back_fused, true, accumulate_fused_aux};
+  t[size_t(Op::FusedLinearBack)] = {"fused_linear_back", cpu_fused, nullptr, false, accumulate_fused_aux};
 }
 
 }  // namespace retort
