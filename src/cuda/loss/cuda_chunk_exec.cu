@@ -228,6 +228,9 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   void scale_rows(const Block& g, const Block& u) override { fused::scale_rows(ex_, resolve(g), u); }
   void zero(const Block& b) override { fused::zero(ex_, b); }
   bool pads_vocab() const override { return true; }
+  size_t shadow_bytes_per_logit() const override {
+    return grad_dtype_ == DType::F32 ? 0 : dtype_size(grad_dtype_);
+  }
   void copy(const Block& src, const Block& dst) override {
     RT_ASSERT(src.dtype == dst.dtype && src.rows == dst.rows && src.cols == dst.cols &&
               dst.col_stride == dtype_size(dst.dtype) &&

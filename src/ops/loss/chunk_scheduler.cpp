@@ -107,7 +107,7 @@ size_t padded_bytes(const Block& w, int64_t vp) {
   return align_up(size_t(vp) * row);
 }
 
-ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights) {
+ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shadow) {
   ChunkPlan plan;
   const int64_t n = p.hidden.rows, v = p.weight.rows;
   plan.padded_vocab = (v + kVocabPad - 1) / kVocabPad * kVocabPad;
@@ -119,18 +119,24 @@ ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights) {
   } else {
     per_row = size_t(plan.padded_vocab) * sizeof(float) * (p.online_teacher() ? 2 : 1);
   }
-  int64_t rows = p.chunk_rows > 0 ? p.chunk_rows : int64_t(std::max<size_t>(1, p.memory_budget / per_row));
-  plan.chunk_rows = std::clamp<int64_t>(rows, 1, n);
-  const size_t chunk_bytes = align_up(size_t(plan.chunk_rows) * per_row);
-  plan.scratch_bytes = chunk_bytes + size_t(row_buffers(p).count()) * align_up(size_t(n) * sizeof(float));
+  // The budget also covers what the executor keeps beside the scratch per row (not allocated here).
+  const size_t budget_per_row =
+      per_row + (!plan.sparse && p.wants_grad() ? size_t(plan.padded_vocab) * shadow : 0);
+  size_t pad_bytes = 0;
   if (pad_weights && !plan.sparse && plan.padded_vocab > v) {
     const size_t ws = padded_bytes(p.weight, plan.padded_vocab);
     const size_t ts = p.online_teacher() ? padded_bytes(p.teacher_weight, plan.padded_vocab) : 0;
-    if (ws > 0 && (!p.online_teacher() || ts > 0)) {
+    if (ws > 0 && (!p.online_teacher() || ts > 0) && ws + ts <= p.memory_budget / 2) {
       plan.pad_weights = true;
-      plan.scratch_bytes += ws + ts;
+      pad_bytes = ws + ts;
     }
   }
+  const size_t budget = p.memory_budget - pad_bytes;
+  int64_t rows = p.chunk_rows > 0 ? p.chunk_rows : int64_t(std::max<size_t>(1, budget / budget_per_row));
+  plan.chunk_rows = std::clamp<int64_t>(rows, 1, n);
+  const size_t chunk_bytes = align_up(size_t(plan.chunk_rows) * per_row);
+  plan.scratch_bytes = chunk_bytes + size_t(row_buffers(p).count()) * align_up(size_t(n) * sizeof(float));
+  plan.scratch_bytes += pad_bytes;
   return plan;
 }
 
@@ -153,7 +159,7 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
   float inv = 1.0f;  // kCountOnDevice: the executor applies 1/count itself
   if (mean && valid != ChunkExecutor::kCountOnDevice) inv = valid > 0 ? 1.0f / float(valid) : 0.0f;
 
-  const ChunkPlan plan = plan_chunks(p, ex.pads_vocab());
+  const ChunkPlan plan = plan_chunks(p, ex.pads_vocab(), ex.shadow_bytes_per_logit());
   const int64_t c_max = plan.chunk_rows, vp = plan.padded_vocab;
   char* base = static_cast<char*>(ex.scratch(plan.scratch_bytes));
   size_t off = 0;

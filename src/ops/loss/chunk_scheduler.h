@@ -126,6 +126,10 @@ class ChunkExecutor {
   // aligned extents: at V = 50,257 cuBLASLt otherwise falls back to 1-element-aligned kernels, ~5x slower).
   // The pad columns of the logits are then h·0 = 0, and the pad rows of W are 0, so they add nothing.
   virtual bool pads_vocab() const { return false; }
+  // Bytes the executor keeps per student logit of a chunk beside the scheduler's scratch while a gradient is
+  // computed (the CUDA executor's 16-bit copy of the logits gradient): the scheduler counts them in the
+  // memory budget.
+  virtual size_t shadow_bytes_per_logit() const { return 0; }
   // dst = src, element for element (same dtype, [rows, cols]); dst is row-major. Only called when
   // pads_vocab().
   virtual void copy(const Block& src, const Block& dst) {
@@ -196,9 +200,10 @@ struct ChunkPlan {
   size_t scratch_bytes = 0;  // everything the scheduler asks the executor for
   bool pad_weights = false;  // W (and the teacher's) copied into zero-padded [Vp, H] scratch
 };
-// pad_weights: the executor's pads_vocab() (only honoured when Vp > V and the padded rows can be zeroed as
-// whole floats).
-ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights = false);
+// pad_weights: the executor's pads_vocab() (only honoured when Vp > V, the padded rows can be zeroed as whole
+// floats, and the padded copies take at most half the memory budget, which they are then counted in);
+// shadow: the executor's shadow_bytes_per_logit().
+ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights = false, size_t shadow = 0);
 
 // Runs the problem on ex. Throws retort::Error (from validation) before anything is written.
 void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p);
