@@ -277,22 +277,26 @@ int main(int argc, char** argv) {
   bool quick = false;
   size_t budget_mib = 2048;
   int warmup = 2, reps = 7;
+  std::string only;  // --only SUBSTRING: run the cases whose name contains it (for profiling one case)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") {
       quick = true;
     } else if (a == "--budget-mib" && i + 1 < argc) {
       budget_mib = size_t(std::atoll(argv[++i]));
+    } else if (a == "--only" && i + 1 < argc) {
+      only = argv[++i];
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::max(5, std::atoi(argv[++i]));
     } else {
       std::printf(
-          "usage: %s [--quick] [--budget-mib M] [--reps R]\n"
+          "usage: %s [--quick] [--budget-mib M] [--reps R] [--only NAME]\n"
           "  --quick         smaller shapes (N / 8, H / 2, V / 4)\n"
           "  --budget-mib M  the fused ops' memory budget for chunk logits (default 2048: chunks of "
           "thousands\n"
           "                  of rows, so that each GEMM is large and dW is read-modified-written few times)\n"
-          "  --reps R        timed repetitions, median reported (default 7, at least 5)\n",
+          "  --reps R        timed repetitions, median reported (default 7, at least 5)\n"
+          "  --only NAME     only the cases whose name contains NAME (e.g. 'K-sparse', for a profiler)\n",
           argv[0]);
       return a == "--help" ? 0 : 2;
     }
@@ -329,6 +333,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Row> rows;
   for (const Case& c : cases) {
+    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
     std::printf("%s: N=%lld H=%lld V=%lld%s\n", c.name.c_str(), (long long)c.n, (long long)c.h,
                 (long long)c.v, c.ht ? (" Ht=" + std::to_string(c.ht)).c_str() : "");
     Row row{c, 0.0, Result{}};
