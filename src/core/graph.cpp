@@ -131,20 +131,15 @@ void Graph::backward(Tensor* loss) {
     bool same_shape = gr->dtype == DType::F32 && gr->is_contiguous();
     for (int d = 0; d < kMaxDims; ++d) same_shape = same_shape && gr->ne[d] == acc->ne[d];
     const bool aux = gr->op == Op::AuxOutput && gr->src[0] && !gr->view_src;
-    if (aux && same_shape && op_info(gr->src[0]->op).accumulate_aux &&
-        op_info(gr->src[0]->op).accumulate_aux(gr)) {
-      // The owner adds into the accumulator itself: no copy of the gradient, no Accumulate pass.
-      gr->view_src = acc;
-      gr->data = acc->data;
-      gr->flags |= kOutput;
-      forward(gr);
-      grads_[p] = acc;
-      accumulators_.push_back(acc);
-      continue;
+    auto offer = op_info(aux ? gr->src[0]->op : Op::None).accumulate_aux;
+    // Either the owner adds into the accumulator itself (no copy of the gradient, no Accumulate pass) or an
+    // Accumulate node does: both write through the accumulator's storage.
+    const bool in_place = aux && same_shape && offer && offer(gr);
+    Tensor* upd = in_place ? gr : ctx_->node(Op::Accumulate, DType::F32, acc->ne);
+    if (!in_place) {
+      upd->src[0] = acc;
+      upd->src[1] = gr;
     }
-    Tensor* upd = ctx_->node(Op::Accumulate, DType::F32, acc->ne);
-    upd->src[0] = acc;
-    upd->src[1] = it->second;
     upd->view_src = acc;
     upd->data = acc->data;
     upd->flags |= kOutput;

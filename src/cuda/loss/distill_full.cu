@@ -13,9 +13,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <type_traits>
 
 #include "distill_common.cuh"
@@ -480,25 +477,7 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
       cfg.stream = s;
       cfg.attrs = attr;
       cfg.numAttrs = 1;
-      // The attribute and the occupancy query cost host time on every launch (and the GPU waits for it when
-      // nothing is queued ahead), so they run once per kernel, shared memory size and cluster size.
-      int clusters = 0;
-      {
-        static std::mutex mu;
-        static std::map<std::tuple<const void*, size_t, int, int>, int> known;
-        int dev = 0;
-        check(cudaGetDevice(&dev), "cudaGetDevice");
-        const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), smem, cp.cs, dev);
-        std::lock_guard<std::mutex> lock(mu);
-        auto it = known.find(key);
-        if (it == known.end()) {
-          check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                "cudaFuncSetAttribute(distill_cluster_kernel, max dynamic shared memory)");
-          check(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
-          it = known.emplace(key, clusters).first;
-        }
-        clusters = it->second;
-      }
+      int clusters = rowk::max_active_clusters(kernel, cfg, cp.cs, "distill_cluster_kernel");
       clusters = int(std::max<int64_t>(1, std::min<int64_t>(b.rows, clusters > 0 ? clusters : 1)));
       cfg.gridDim = dim3(unsigned(clusters * cp.cs));
       if (std::getenv("RETORT_ROWLOSS_DEBUG"))

@@ -7,6 +7,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "../../core/error.h"
 
 namespace retort::cuda::rowk {
 
@@ -17,20 +22,32 @@ constexpr float kLn2 = 0.6931471805599453f;
 template <typename T>
 __device__ __forceinline__ float to_f(T v);
 template <>
-__device__ __forceinline__ float to_f<float>(float v) { return v; }
+__device__ __forceinline__ float to_f<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 template <>
-__device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f<__half>(__half v) {
+  return __half2float(v);
+}
 
 template <typename T>
 __device__ __forceinline__ T from_f(float v);
 template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 // 2^x in one MUFU instruction (flush-to-zero: results below 2^-126 become 0, harmless for softmax terms).
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -175,7 +192,9 @@ struct Online {
     t = ta * a + tb * b;
     m = mx;
   }
-  __device__ __forceinline__ float lse() const { return m + logf(s); }
+  __device__ __forceinline__ float lse() const {
+    return m + logf(s);
+  }
 };
 
 __device__ __forceinline__ Online shfl_xor(const Online& v, int lane_mask) {
@@ -216,6 +235,33 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 
 __device__ __forceinline__ int64_t load_index(const void* p, bool is_i64, int64_t i) {
   return is_i64 ? static_cast<const int64_t*>(p)[i] : int64_t(static_cast<const int32_t*>(p)[i]);
+}
+
+// Host side: the most clusters of cfg's shape that fit on the device at once, with the kernel's dynamic
+// shared memory limit raised to cfg.dynamicSmemBytes first. Both calls cost host time on every launch (and
+// the GPU waits for it when nothing is queued ahead), so they run once per kernel, shared memory size,
+// cluster size and device.
+template <typename Kernel>
+int max_active_clusters(Kernel kernel, const cudaLaunchConfig_t& cfg, int cluster_size, const char* what) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, size_t, int, int>, int> known;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) RT_FAIL("cuda: cudaGetDevice failed: ", cudaGetErrorString(e));
+  const auto key =
+      std::make_tuple(reinterpret_cast<const void*>(kernel), cfg.dynamicSmemBytes, cluster_size, dev);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(key);
+  if (it == known.end()) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cfg.dynamicSmemBytes));
+    if (e != cudaSuccess) RT_FAIL("cuda: cudaFuncSetAttribute(", what, ") failed: ", cudaGetErrorString(e));
+    int clusters = 0;
+    e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
+    if (e != cudaSuccess)
+      RT_FAIL("cuda: cudaOccupancyMaxActiveClusters(", what, ") failed: ", cudaGetErrorString(e));
+    it = known.emplace(key, clusters).first;
+  }
+  return it->second;
 }
 
 }  // namespace retort::cuda::rowk

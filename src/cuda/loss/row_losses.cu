@@ -10,9 +10,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <string>
 
 #include "../../core/error.h"
@@ -622,25 +619,7 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       cfg.gridDim = dim3(cs);
-      // The attribute and the occupancy query cost host time on every launch (and the GPU waits for it when
-      // nothing is queued ahead), so they run once per kernel, shared memory size and cluster size.
-      int clusters = 0;
-      {
-        static std::mutex mu;
-        static std::map<std::tuple<const void*, size_t, int, int>, int> known;
-        int dev = 0;
-        check(cudaGetDevice(&dev), "cudaGetDevice");
-        const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), smem, cs, dev);
-        std::lock_guard<std::mutex> lock(mu);
-        auto it = known.find(key);
-        if (it == known.end()) {
-          check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                "cudaFuncSetAttribute(max dynamic shared memory)");
-          check(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
-          it = known.emplace(key, clusters).first;
-        }
-        clusters = it->second;
-      }
+      int clusters = max_active_clusters(kernel, cfg, cs, what);
       clusters = int(std::max<int64_t>(1, std::min<int64_t>(b.rows, clusters > 0 ? clusters : sms / cs)));
       cfg.gridDim = dim3(clusters * cs);
       if (std::getenv("RETORT_ROWLOSS_DEBUG"))
