@@ -202,11 +202,11 @@ struct FusedLinearProblem {
 
   size_t memory_budget = kDefaultFusedBudget;  // bytes of chunk logits (see kDefaultFusedBudget)
   int64_t chunk_rows = 0;                      // > 0: exactly this many rows per chunk, whatever the budget
+  std::string what;                            // the op and shapes, for error messages
   // FusedLinearOptions::logits_dtype: BF16 / F16 asks for 16-bit chunk logits, which the scheduler uses when
   // the executor supports them (supports_16bit_logits), the loss is not selective log-softmax and the path
   // is not K-sparse; otherwise (and for F32) the logits are f32.
   DType logits_dtype = DType::F32;
-  std::string what;                            // the op and shapes, for error messages
 
   bool wants_grad() const { return !dhidden.empty() || !dweight.empty() || !dbias.empty(); }
   bool online_teacher() const { return !teacher_weight.empty(); }
@@ -214,11 +214,11 @@ struct FusedLinearProblem {
 
 // How a problem will run.
 struct ChunkPlan {
-  int64_t chunk_rows = 0;    // rows per chunk (the last chunk may be shorter)
-  int64_t padded_vocab = 0;  // Vp: row length of the logits scratch, in floats
-  bool sparse = false;       // the K-sparse top-K path
-  size_t scratch_bytes = 0;  // everything the scheduler asks the executor for
-  bool pad_weights = false;  // W (and the teacher's) copied into zero-padded [Vp, H] scratch
+  int64_t chunk_rows = 0;           // rows per chunk (the last chunk may be shorter)
+  int64_t padded_vocab = 0;         // Vp: row length of the logits scratch, in floats
+  bool sparse = false;              // the K-sparse top-K path
+  size_t scratch_bytes = 0;         // everything the scheduler asks the executor for
+  bool pad_weights = false;         // W (and the teacher's) copied into zero-padded [Vp, H] scratch
   DType logits_dtype = DType::F32;  // of the logits blocks (student and online teacher)
 };
 // pad_weights: the executor's pads_vocab() (only honoured when Vp > V, the padded rows can be zeroed as whole

@@ -31,10 +31,11 @@ inline constexpr size_t kFusedLinearDefaultBudget = size_t(256) << 20;
 
 struct FusedLinearOptions {
   // Bytes of chunk logits (student, plus teacher when computed online): the chunk has
-  // budget / (es·Vp·(1 or 2)) rows (es = 4 for f32 logits, 2 for 16-bit ones, see logits_dtype), Vp = V rounded up to 128, at least 1 and at most N (the K-sparse top-K
-  // path: budget / (4·K) rows). Not counted: the gradients themselves (f32, shaped like hidden, W and bias),
-  // per-row vectors, and a backend's own temporaries (on the CPU: GEMM packing buffers, an 8 MiB staging
-  // block for dW, and the chunk's hidden rows as f32 on the K-sparse path).
+  // budget / (es·Vp·(1 or 2)) rows (es = 4 for f32 logits, 2 for 16-bit ones, see logits_dtype), Vp = V
+  // rounded up to 128, at least 1 and at most N (the K-sparse top-K path: budget / (4·K) rows). Not counted:
+  // the gradients themselves (f32, shaped like hidden, W and bias), per-row vectors, and a backend's own
+  // temporaries (on the CPU: GEMM packing buffers, an 8 MiB staging block for dW, and the chunk's hidden rows
+  // as f32 on the K-sparse path).
   size_t memory_budget = kFusedLinearDefaultBudget;
   int64_t chunk_rows = 0;  // > 0: exactly this many rows per chunk, overriding the budget (tests, tuning)
   // Which gradients flow. Off: no gradient reaches that input through this loss, as if it were detached
