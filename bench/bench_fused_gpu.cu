@@ -5,6 +5,8 @@
 // then retort's fused op forward + backward (the graph built once and computed repeatedly), both timed with
 // CUDA events on the backend's stream (warmup, median of the repetitions). Also the peak device memory the
 // fused step allocates beyond its graph's own buffers (the allocator's peak minus what was in use before).
+// --logits bf16 keeps the fused ops' chunk logits in bf16 (FusedLinearOptions::logits_dtype) for every case
+// with a logits block; the floor is the same either way.
 //
 // Targets (ratio retort / floor, or absolute ms for the K-sparse top-K path, which has no GEMM to compare
 // with): CE 1.08, CE small 1.15, top-K KD + hard CE 1.12, K-sparse top-K 2 ms, online JSD 1.15.
@@ -210,7 +212,7 @@ struct Result {
   double ms = 0, peak_mib = 0;
 };
 
-Result retort_ms(const Case& c, Backend& be, size_t budget, int warmup, int reps) {
+Result retort_ms(const Case& c, Backend& be, size_t budget, DType logits_dtype, int warmup, int reps) {
   auto s = static_cast<cudaStream_t>(be.stream_handle());
   Result r;
   {
@@ -221,6 +223,7 @@ Result retort_ms(const Case& c, Backend& be, size_t budget, int warmup, int reps
     fill(w, 2, 0.02f, s);
     FusedLinearOptions f;
     f.memory_budget = budget;
+    if (c.kind != Kind::TopKSparse) f.logits_dtype = logits_dtype;  // the K-sparse path has no logits block
     Tensor* labels = ctx.input(DType::I32, {c.n}, "labels");
     fill_ints<<<1024, 256, 0, s>>>(static_cast<int32_t*>(labels->data), c.n, 5, c.v, true);
     CK(cudaGetLastError());
@@ -278,6 +281,7 @@ int main(int argc, char** argv) {
   size_t budget_mib = 2048;
   int warmup = 2, reps = 7;
   std::string only;  // --only SUBSTRING: run the cases whose name contains it (for profiling one case)
+  DType logits_dtype = DType::F32;  // --logits f32 | bf16 | f16
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") {
@@ -286,15 +290,23 @@ int main(int argc, char** argv) {
       budget_mib = size_t(std::atoll(argv[++i]));
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
+    } else if (a == "--logits" && i + 1 < argc &&
+               (std::string(argv[i + 1]) == "f32" || std::string(argv[i + 1]) == "bf16" ||
+                std::string(argv[i + 1]) == "f16")) {
+      const std::string d = argv[++i];
+      logits_dtype = d == "bf16" ? DType::BF16 : d == "f16" ? DType::F16 : DType::F32;
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::max(5, std::atoi(argv[++i]));
     } else {
       std::printf(
-          "usage: %s [--quick] [--budget-mib M] [--reps R] [--only NAME]\n"
+          "usage: %s [--quick] [--budget-mib M] [--logits f32|bf16|f16] [--reps R] [--only NAME]\n"
           "  --quick         smaller shapes (N / 8, H / 2, V / 4)\n"
           "  --budget-mib M  the fused ops' memory budget for chunk logits (default 2048: chunks of "
           "thousands\n"
           "                  of rows, so that each GEMM is large and dW is read-modified-written few times)\n"
+          "  --logits D      the chunk logits' dtype in the fused ops (default f32; bf16: half the bytes "
+          "per\n"
+          "                  row, 16-bit logits gradient in place)\n"
           "  --reps R        timed repetitions, median reported (default 7, at least 5)\n"
           "  --only NAME     only the cases whose name contains NAME (e.g. 'K-sparse', for a profiler)\n",
           argv[0]);
@@ -324,8 +336,8 @@ int main(int argc, char** argv) {
   auto s = static_cast<cudaStream_t>(be->stream_handle());
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s; budget %zu MiB; bf16 inputs, f32 accumulation and gradients%s\n", prop.name,
-              budget_mib, quick ? "; --quick shapes" : "");
+  std::printf("device: %s; budget %zu MiB; bf16 inputs, f32 accumulation and gradients; %s chunk logits%s\n",
+              prop.name, budget_mib, dtype_name(logits_dtype), quick ? "; --quick shapes" : "");
   struct Row {
     Case c;
     double floor = 0;
@@ -339,7 +351,7 @@ int main(int argc, char** argv) {
     Row row{c, 0.0, Result{}};
     row.floor = floor_ms(c, s, warmup, reps);
     try {
-      row.r = retort_ms(c, *be, budget_mib << 20, warmup, reps);
+      row.r = retort_ms(c, *be, budget_mib << 20, logits_dtype, warmup, reps);
     } catch (const Error& e) {
       std::printf("  retort failed: %s\n", e.what());
       row.r.ms = -1;

@@ -304,6 +304,87 @@ TEST(FusedLinearCE, AllRowsIgnored) {
   }
 }
 
+TEST(FusedLinearCE, LogitsDtypeIsF32OnTheCpu) {
+  // logits_dtype is a GPU speed option: the CPU executor keeps f32 logits, so a 16-bit request gives the
+  // f32 results bit for bit, for every loss with a full logits block (bf16 inputs, which a GPU would run
+  // with 16-bit logits; bias, ignored rows, several chunks, an online teacher).
+  const int64_t n = 7, h = 5, ht = 6, v = 11, k = 4;
+  std::vector<LossInput> in = {hidden_in(n, h, DType::BF16),
+                               weight_in(v, h, DType::BF16),
+                               bias_in(v, DType::BF16),
+                               LossInput(Shape{n}, DType::I32, false, -1, double(v)),
+                               LossInput({n, k}, DType::I32, false, 0, double(v)),
+                               LossInput({n, k}, DType::F32, false, -4, -0.1),
+                               LossInput({n, ht}, DType::BF16, false, -1, 1),
+                               LossInput({v, ht}, DType::BF16, false, -1, 1)};
+  const std::vector<Vec> vals = draw_values("flce_logits_dtype", in);
+  auto build = [](int which, DType ldt) {
+    return [which, ldt](Context& ctx, const std::vector<Tensor*>& x) {
+      FusedLinearOptions f;
+      f.chunk_rows = 3;
+      f.logits_dtype = ldt;
+      Tensor* loss = nullptr;
+      if (which == 0) {
+        CrossEntropyOptions o;
+        o.ignore_index = -1;
+        o.label_smoothing = 0.1f;
+        loss = fused_linear_cross_entropy(ctx, x[0], x[1], x[2], x[3], o, f).loss;
+      } else if (which == 1) {  // dense top-K: a hard loss
+        TopKDistillOptions o;
+        o.ignore_index = -1;
+        o.w_hard = 0.5f;
+        loss = fused_linear_topk_kd(ctx, x[0], x[1], x[2], x[4], x[5], nullptr, x[3], o, f).loss;
+      } else if (which == 2) {
+        DistillOptions o;
+        o.ignore_index = -1;
+        o.beta = 0.5f;
+        o.temperature = 2.0f;
+        loss = fused_linear_distill(ctx, x[0], x[1], x[2], x[6], x[7], nullptr, x[3], o, f).loss;
+      } else {
+        loss = fused_linear_entropy(ctx, x[0], x[1], x[2], 1.5f, Reduction::Mean, f);
+      }
+      return std::vector<Tensor*>{loss};
+    };
+  };
+  for (int which = 0; which < 4; ++which) {
+    const GraphResult want = run_graph(in, vals, build(which, DType::F32), Seed::Unit);
+    for (DType ldt : {DType::BF16, DType::F16}) {
+      const GraphResult got = run_graph(in, vals, build(which, ldt), Seed::Unit);
+      EXPECT_EQ(got.outs, want.outs) << "loss " << which << ", " << dtype_name(ldt);
+      EXPECT_EQ(got.grads, want.grads) << "loss " << which << ", " << dtype_name(ldt);
+      ASSERT_EQ(want.grads.size(), 3u);
+    }
+  }
+
+  // The plan: 16-bit logits halve a row's bytes (the executor's gradient copy is not counted with them),
+  // where the executor supports them and the path has a logits block.
+  float dummy = 0;
+  loss::FusedLinearProblem p;
+  p.hidden = loss::Block::dense(&dummy, DType::BF16, 40, 8);
+  p.weight = loss::Block::dense(&dummy, DType::BF16, 200, 8);  // Vp = 256
+  p.dhidden = loss::Block::dense(&dummy, DType::F32, 40, 8);
+  p.memory_budget = 256 * 4 * 6;
+  EXPECT_EQ(loss::plan_chunks(p, false, 2, true).chunk_rows, 4);  // f32 asked for: 4 + 2 bytes per logit
+  EXPECT_EQ(loss::plan_chunks(p, false, 2, true).logits_dtype, DType::F32);
+  p.logits_dtype = DType::BF16;
+  EXPECT_EQ(loss::plan_chunks(p, false, 2, false).chunk_rows, 4);  // the executor says no: f32
+  EXPECT_EQ(loss::plan_chunks(p, false, 2, true).chunk_rows, 12);  // 2 bytes per logit, no copy
+  EXPECT_EQ(loss::plan_chunks(p, false, 2, true).logits_dtype, DType::BF16);
+  p.teacher_hidden = p.hidden;
+  p.teacher_weight = p.weight;
+  p.spec.kind = loss::LossKind::Distill;
+  EXPECT_EQ(loss::plan_chunks(p, false, 2, true).chunk_rows, 6);  // the teacher's 16-bit logits beside
+  p.teacher_hidden = p.teacher_weight = {};
+  p.spec.kind = loss::LossKind::SelectiveLogSoftmax;  // its backward needs f32 log-probabilities
+  EXPECT_EQ(loss::plan_chunks(p, false, 2, true).logits_dtype, DType::F32);
+  p.spec.kind = loss::LossKind::TopK;  // the K-sparse path: no logits block
+  p.spec.topk.normalize_topk = true;
+  p.spec.topk.ids = loss::Block::dense(&dummy, DType::I32, 40, 4);
+  p.spec.topk.logprobs = loss::Block::dense(&dummy, DType::F32, 40, 4);
+  EXPECT_TRUE(loss::plan_chunks(p, false, 2, true).sparse);
+  EXPECT_EQ(loss::plan_chunks(p, false, 2, true).logits_dtype, DType::F32);
+}
+
 TEST(FusedLinearCE, BadInputThrows) {
   Context ctx(default_cpu_backend());
   Tensor* h = ctx.tensor(DType::F32, {4, 6});
@@ -345,6 +426,14 @@ TEST(FusedLinearCE, BadInputThrows) {
   f = {};
   f.chunk_rows = -2;
   expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, y, {}, f); }, {"chunk_rows"});
+  for (DType bad : {DType::I32, DType::I64}) {
+    f = {};
+    f.logits_dtype = bad;
+    expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, y, {}, f); },
+                 {"fused_linear_cross_entropy", "logits_dtype", dtype_name(bad), "[4, 6]"});
+    expect_error([&] { fused_linear_entropy(ctx, h, w, nullptr, 1.0f, Reduction::Mean, f); },
+                 {"fused_linear_entropy", "logits_dtype", dtype_name(bad)});
+  }
 
   // A label out of range throws when the graph runs, naming the op, the inputs and the row.
   Tensor* bad = ctx.tensor(DType::I32, {4});

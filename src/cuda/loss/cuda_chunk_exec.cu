@@ -1,13 +1,14 @@
 // The CUDA ChunkExecutor: the fused linear losses' chunk loop (chunk_scheduler.h) on one backend stream.
 //
 //   gemm        cuBLASLt on the blocks' own strides (see "Row-major blocks" below), f32 accumulation and f32
-//   C;
-//               bf16 / f16 operands on the tensor cores, f32 operands in full f32 (TF32 only when the backend
-//               allows it). Descriptors, layouts and the chosen algorithm are cached per shape: a chunk loop
+//               C, or a 16-bit C (16-bit logits, beta 0) from operands of that dtype; bf16 / f16 operands
+//               on the tensor cores, f32 operands in full f32 (TF32 only when the backend allows it).
+//               Descriptors, layouts and the chosen algorithm are cached per shape and types: a chunk loop
 //               repeats three or four shapes.
-//   row_loss    the CUDA row kernels (row_losses.h, distill_rows.h) on the chunk's f32 logits (row stride
-//   Vp),
-//               with the gradient written over the logits, or into a 16-bit shadow (cuda_chunk_exec.h).
+//   row_loss    the CUDA row kernels (row_losses.h, distill_rows.h) on the chunk's logits (row stride Vp):
+//               f32 logits with the gradient written over them, or into a 16-bit shadow (cuda_chunk_exec.h);
+//               16-bit logits (FusedLinearOptions::logits_dtype) with the 16-bit gradient over them, in
+//               place, and no shadow.
 //   validate    labels and ids checked on the device (errors in the backend's device record, reported at the
 //               next synchronize or read); a mean's 1 / count stays in device memory (kCountOnDevice) and is
 //               multiplied in by the row kernels and the reduction, so nothing in a fused loss waits.
@@ -81,8 +82,9 @@ uint32_t alignment_of(const void* p, int64_t ld_bytes) {
   return a;
 }
 
-// Everything a cuBLASLt plan depends on: types, ops, compute type, the three layouts and the alignments.
-using GemmKey = std::array<int64_t, 17>;
+// Everything a cuBLASLt plan depends on: types, ops, compute type, the three layouts, the alignments and
+// C's type.
+using GemmKey = std::array<int64_t, 18>;
 
 struct GemmPlan {
   GemmKey key{};
@@ -173,7 +175,12 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     if (c.data == shadow_of_) shadow_of_ = nullptr;  // the logits are overwritten: the shadow is stale
     const int64_t m = ta ? a.cols : a.rows, k = ta ? a.rows : a.cols, n = tb ? b.rows : b.cols;
     RT_ASSERT(c.rows == m && c.cols == n && (tb ? b.cols : b.rows) == k);
-    RT_ASSERT(c.dtype == DType::F32 && c.col_stride == sizeof(float) && (beta == 0.0f || beta == 1.0f));
+    // A 16-bit C only as 16-bit logits: beta 0, and operands of its dtype (supports_16bit_logits), which
+    // cuBLASLt can write from its f32 accumulators.
+    const bool c16 = c.dtype != DType::F32;
+    RT_ASSERT(c.col_stride == dtype_size(c.dtype) && (beta == 0.0f || beta == 1.0f));
+    RT_ASSERT(!c16 || ((c.dtype == DType::BF16 || c.dtype == DType::F16) && beta == 0.0f &&
+                       a.dtype == c.dtype && b.dtype == c.dtype));
     if (m == 0 || n == 0) return;
     if (k == 0) {
       if (beta == 0.0f) fused::zero(ex_, c);
@@ -211,7 +218,8 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
                          vc.ld,
                          alignment_of(b.data, vb.ld * es),
                          alignment_of(a.data, va.ld * es),
-                         alignment_of(c.data, vc.ld * int64_t(sizeof(float)))};
+                         alignment_of(c.data, vc.ld * int64_t(dtype_size(c.dtype))),
+                         int64_t(lt_type(c.dtype))};
     const GemmPlan& plan = plan_for(key);
     RT_CUBLAS_CHECK(cublasLtMatmul(ex_.lt, plan.md, &alpha, b.data, plan.lx, a.data, plan.ly, &beta, c.data,
                                    plan.lc, c.data, plan.lc, &plan.algo, ex_.workspace, ex_.workspace_bytes,
@@ -228,6 +236,11 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   void scale_rows(const Block& g, const Block& u) override { fused::scale_rows(ex_, resolve(g), u); }
   void zero(const Block& b) override { fused::zero(ex_, b); }
   bool pads_vocab() const override { return true; }
+  // cuBLASLt writes a bf16 (f16) C from bf16 (f16) operands with f32 accumulation; an f32 operand has no
+  // 16-bit output (and a mixed pair runs on f32 copies), so those keep f32 logits.
+  bool supports_16bit_logits(DType logits, DType a, DType b) const override {
+    return (logits == DType::BF16 || logits == DType::F16) && a == logits && b == logits;
+  }
   size_t shadow_bytes_per_logit() const override {
     return grad_dtype_ == DType::F32 ? 0 : dtype_size(grad_dtype_);
   }
@@ -239,23 +252,31 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   }
 
   void row_loss(const LossSpec& spec, const Block& logits, const RowOut& out) override {
-    RT_ASSERT(logits.dtype == DType::F32 && logits.col_stride == sizeof(float));
-    RT_ASSERT(out.grad.empty() || out.grad.data == logits.data);
+    // f32 logits, or 16-bit ones (FusedLinearOptions::logits_dtype), whose gradient goes over them in place.
+    const size_t les = dtype_size(logits.dtype);
+    const bool low = logits.dtype != DType::F32;
+    RT_ASSERT(is_float(logits.dtype) && logits.col_stride == les);
+    RT_ASSERT(out.grad.empty() || (out.grad.data == logits.data && out.grad.dtype == logits.dtype));
+    RT_ASSERT(!low || spec.kind != LossKind::SelectiveLogSoftmax);
     if (logits.rows == 0) return;
     const bool gathered = spec.kind == LossKind::TopK && spec.topk.ids.empty();
     RowBlock b;
     b.logits = logits.data;
-    b.dtype = DType::F32;
+    b.dtype = logits.dtype;
     b.rows = logits.rows;
     b.V = logits.cols;
-    b.stride = std::max<int64_t>(logits.cols, int64_t(logits.row_stride / sizeof(float)));  // Vp
+    b.stride = std::max<int64_t>(logits.cols, int64_t(logits.row_stride / les));  // Vp
     b.scale = out.grad_scale;
     b.scale_dev = mean_on_device_ ? inv_->as<float>() : nullptr;
     b.loss = out.loss;
     b.lse = out.lse;
     if (!out.grad.empty()) {
       b.grad_stride = b.stride;
-      if (grad_dtype_ != DType::F32 && !gathered) {
+      if (low) {  // in place, in the logits' own dtype: nothing to shadow
+        b.grad = logits.data;
+        b.grad_dtype = logits.dtype;
+        shadow_of_ = nullptr;
+      } else if (grad_dtype_ != DType::F32 && !gathered) {
         b.grad = shadow_for(logits);
         b.grad_dtype = grad_dtype_;
       } else {
@@ -442,8 +463,8 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
                                                uint64_t(key[6]), key[7]));
     RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->ly, cudaDataType_t(key[1]), uint64_t(key[8]),
                                                uint64_t(key[9]), key[10]));
-    RT_CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, uint64_t(key[11]), uint64_t(key[12]), key[13]));
+    RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, cudaDataType_t(key[17]), uint64_t(key[11]),
+                                               uint64_t(key[12]), key[13]));
     LtPref pref;
     const uint64_t ws = ex_.workspace_bytes;
     const uint32_t al_x = uint32_t(key[14]), al_y = uint32_t(key[15]), al_c = uint32_t(key[16]);

@@ -15,7 +15,9 @@ namespace retort::cuda {
 // 16-bit shadow buffer [rows, Vp] instead, which the gradient GEMMs then read on the tensor-core path
 // (cuBLASLt wants A and B of one type), and which scale_rows and column_sums read in place of the logits
 // block. This is what torch / Liger do for bf16 heads; it rounds d(loss)/d(logits) to 16 bits before the
-// GEMMs.
+// GEMMs. With 16-bit logits (FusedLinearOptions::logits_dtype, when hidden and W, and an online teacher's,
+// are all of that dtype: supports_16bit_logits) no shadow is used: the GEMM writes the logits in 16 bits and
+// the row kernel writes the gradient over them in the same dtype.
 std::unique_ptr<loss::ChunkExecutor> make_cuda_chunk_executor(CudaExec& ex, Op op,
                                                               DType grad_dtype = DType::F32);
 

@@ -23,10 +23,15 @@ dim3 grid_2d(int64_t rows, int64_t cols) {
     for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < (cols); \
          j += int64_t(gridDim.x) * blockDim.x)
 
+// c f32, or the 16-bit logits block (the sum in f32, rounded once on the store).
 __global__ void add_bias_kernel(BD c, BD bias) {
   RT_LOOP_2D(r, j, c.rows, c.cols) {
-    float* p = reinterpret_cast<float*>(el(c, r, j));
-    *p += load_f(el(bias, 0, j), bias.dtype);
+    char* p = el(c, r, j);
+    const float b = load_f(el(bias, 0, j), bias.dtype);
+    if (c.dtype == DType::F32)
+      *reinterpret_cast<float*>(p) += b;
+    else
+      store_f(p, c.dtype, load_f(p, c.dtype) + b);
   }
 }
 
@@ -40,7 +45,7 @@ __global__ void scale_rows_kernel(BD g, BD u) {
 
 __global__ void zero_kernel(BD b) {
   RT_LOOP_2D(r, j, b.rows, b.cols) {
-    *reinterpret_cast<float*>(el(b, r, j)) = 0.0f;
+    store_f(el(b, r, j), b.dtype, 0.0f);
   }
 }
 
@@ -144,8 +149,9 @@ void scale_rows(CudaExec& ex, const Block& g, const Block& u) {
 
 void zero(CudaExec& ex, const Block& b) {
   if (b.rows == 0 || b.cols == 0) return;
-  const size_t width = size_t(b.cols) * sizeof(float);
-  if (b.col_stride == sizeof(float) && (b.rows == 1 || b.row_stride >= width)) {
+  RT_ASSERT(is_float(b.dtype));
+  const size_t es = dtype_size(b.dtype), width = size_t(b.cols) * es;  // float zero is all zero bits
+  if (b.col_stride == es && (b.rows == 1 || b.row_stride >= width)) {
     const size_t pitch = b.rows == 1 ? width : b.row_stride;
     RT_CUDA_CHECK(cudaMemset2DAsync(b.data, pitch, 0, width, size_t(b.rows), ex.stream));
     return;

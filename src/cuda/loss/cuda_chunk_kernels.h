@@ -12,14 +12,14 @@ namespace retort::cuda::fused {
 
 using loss::Block;
 
-// c[r, j] += bias[0, j] (c f32, bias any float dtype).
+// c[r, j] += bias[0, j] (c f32, bf16 or f16: the sum in f32, rounded once; bias any float dtype).
 void add_bias(CudaExec& ex, const Block& c, const Block& bias);
 // dbias[0, j] = (accumulate ? dbias[0, j] : 0) + Σ_r g[r, j], rows summed in order by one thread per column
 // (g f32 / bf16 / f16, dbias f32): the same bits for any grid.
 void column_sums(CudaExec& ex, const Block& g, const Block& dbias, bool accumulate);
 // g[r, :] *= u[r, 0] (g f32 / bf16 / f16, u any float dtype).
 void scale_rows(CudaExec& ex, const Block& g, const Block& u);
-// Every element of the f32 block = 0.
+// Every element of the float block (f32, bf16 or f16) = 0.
 void zero(CudaExec& ex, const Block& b);
 
 // Labels [rows, 1]: each one != ignore must be in [0, v), else the backend's device error record names op

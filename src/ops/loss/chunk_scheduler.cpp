@@ -97,6 +97,18 @@ Block f32_rows(void* data, int64_t rows, int64_t cols, int64_t ld) {
   return {data, DType::F32, rows, cols, size_t(ld) * sizeof(float), sizeof(float)};
 }
 
+// A row-major [rows, cols] block of dtype dt with ld elements between rows.
+Block rows_of(void* data, DType dt, int64_t rows, int64_t cols, int64_t ld) {
+  const size_t es = dtype_size(dt);
+  return {data, dt, rows, cols, size_t(ld) * es, es};
+}
+
+// The problem asks for 16-bit logits and may have them (the executor's answer aside): a dense path (the
+// K-sparse one has no logits block) and not selective log-softmax, whose backward reads f32 log-probs.
+bool wants_16bit_logits(const FusedLinearProblem& p) {
+  return p.logits_dtype != DType::F32 && !sparse_topk(p) && p.spec.kind != LossKind::SelectiveLogSoftmax;
+}
+
 }  // namespace
 
 // Bytes of a zero-padded [Vp, cols] copy of w, or 0 when w cannot be padded (its pad rows must be whole
@@ -107,21 +119,24 @@ size_t padded_bytes(const Block& w, int64_t vp) {
   return align_up(size_t(vp) * row);
 }
 
-ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shadow) {
+ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shadow, bool logits16) {
   ChunkPlan plan;
   const int64_t n = p.hidden.rows, v = p.weight.rows;
   plan.padded_vocab = (v + kVocabPad - 1) / kVocabPad * kVocabPad;
   plan.sparse = sparse_topk(p);
+  const bool low = logits16 && wants_16bit_logits(p);
+  if (low) plan.logits_dtype = p.logits_dtype;
   // Bytes per chunk row: the logits (or the K gathered logits) and the teacher's logits when online.
   size_t per_row = 0;
   if (plan.sparse) {
     per_row = size_t(p.spec.topk.logprobs.cols) * sizeof(float);
   } else {
-    per_row = size_t(plan.padded_vocab) * sizeof(float) * (p.online_teacher() ? 2 : 1);
+    per_row = size_t(plan.padded_vocab) * dtype_size(plan.logits_dtype) * (p.online_teacher() ? 2 : 1);
   }
-  // The budget also covers what the executor keeps beside the scratch per row (not allocated here).
+  // The budget also covers what the executor keeps beside the scratch per row (not allocated here); 16-bit
+  // logits take their gradient in place, so no executor copy is kept for them.
   const size_t budget_per_row =
-      per_row + (!plan.sparse && p.wants_grad() ? size_t(plan.padded_vocab) * shadow : 0);
+      per_row + (!plan.sparse && !low && p.wants_grad() ? size_t(plan.padded_vocab) * shadow : 0);
   size_t pad_bytes = 0;
   if (pad_weights && !plan.sparse && plan.padded_vocab > v) {
     const size_t ws = padded_bytes(p.weight, plan.padded_vocab);
@@ -159,8 +174,17 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
   float inv = 1.0f;  // kCountOnDevice: the executor applies 1/count itself
   if (mean && valid != ChunkExecutor::kCountOnDevice) inv = valid > 0 ? 1.0f / float(valid) : 0.0f;
 
-  const ChunkPlan plan = plan_chunks(p, ex.pads_vocab(), ex.shadow_bytes_per_logit());
+  // 16-bit logits when asked for and the executor can compute them for every logits GEMM.
+  bool logits16 = false;
+  if (wants_16bit_logits(p)) {
+    logits16 = ex.supports_16bit_logits(p.logits_dtype, p.hidden.dtype, p.weight.dtype);
+    if (online)
+      logits16 = logits16 &&
+                 ex.supports_16bit_logits(p.logits_dtype, p.teacher_hidden.dtype, p.teacher_weight.dtype);
+  }
+  const ChunkPlan plan = plan_chunks(p, ex.pads_vocab(), ex.shadow_bytes_per_logit(), logits16);
   const int64_t c_max = plan.chunk_rows, vp = plan.padded_vocab;
+  const DType ldt = plan.logits_dtype;
   char* base = static_cast<char*>(ex.scratch(plan.scratch_bytes));
   size_t off = 0;
   auto carve = [&](size_t bytes) {
@@ -170,11 +194,12 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
     return q;
   };
   const int64_t kk = plan.sparse ? p.spec.topk.logprobs.cols : 0;
-  // Student logits [C, Vp] (gathered [C, K] on the sparse path) and the teacher's [C, Vp] after them.
-  const size_t logits_bytes = size_t(c_max) * (plan.sparse ? size_t(kk) : size_t(vp)) * sizeof(float);
+  // Student logits [C, Vp] (gathered [C, K] f32 on the sparse path) and the teacher's [C, Vp] after them.
+  // With 16-bit logits a row is Vp·2 bytes, a multiple of 256: the teacher's block stays aligned.
+  const size_t logits_bytes = size_t(c_max) * (plan.sparse ? size_t(kk) : size_t(vp)) * dtype_size(ldt);
   char* chunk = carve(online ? 2 * logits_bytes : logits_bytes);
-  float* logits_buf = reinterpret_cast<float*>(chunk);
-  float* teacher_buf = online ? reinterpret_cast<float*>(chunk + logits_bytes) : nullptr;
+  char* logits_buf = chunk;
+  char* teacher_buf = online ? chunk + logits_bytes : nullptr;
 
   // The GEMMs' view of the weights and of the vocabulary: padded to Vp when the executor wants it.
   const int64_t vg = plan.pad_weights ? vp : v;
@@ -232,14 +257,16 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
       continue;
     }
 
-    const Block logits = f32_rows(logits_buf, c, v, vp);
-    const Block logits_g = f32_rows(logits_buf, c, vg, vp);  // with the pad columns when padded
+    // The pad columns (when padded) are written by the logits GEMM only: h·0 = 0 from the zero W rows, in
+    // any dtype. Bias, row loss and scale_rows touch the first V columns.
+    const Block logits = rows_of(logits_buf, ldt, c, v, vp);
+    const Block logits_g = rows_of(logits_buf, ldt, c, vg, vp);  // with the pad columns when padded
     ex.gemm(hc, false, weight_g, true, logits_g, 1.0f, 0.0f);
     if (!p.bias.empty()) ex.add_bias(logits, p.bias);
     if (online) {
-      const Block teacher = f32_rows(teacher_buf, c, v, vp);
+      const Block teacher = rows_of(teacher_buf, ldt, c, v, vp);
       ex.gemm(p.teacher_hidden.sub_rows(r0, c), false, teacher_weight_g, true,
-              f32_rows(teacher_buf, c, vg, vp), 1.0f, 0.0f);
+              rows_of(teacher_buf, ldt, c, vg, vp), 1.0f, 0.0f);
       if (!p.teacher_bias.empty()) ex.add_bias(teacher, p.teacher_bias);
       spec.distill.teacher = teacher;
     }

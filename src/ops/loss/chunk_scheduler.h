@@ -15,7 +15,8 @@
 //     (in stream order) before the next chunk's GEMM overwrites it, which in-order execution gives for free.
 //
 // Per chunk of C rows (hidden_c [C, H], W [V, H]):
-//   logits_c = hidden_c · Wᵀ (+ bias)              GEMM into scratch [C, Vp], Vp = V rounded up to 128
+//   logits_c = hidden_c · Wᵀ (+ bias)              GEMM into scratch [C, Vp], Vp = V rounded up to 128 (f32,
+//                                                   or 16-bit: FusedLinearProblem::logits_dtype)
 //   teacher_c = t_hidden_c · t_Wᵀ (+ t_bias)        only for distillation against an online teacher
 //   row loss → per-row outputs, and d(loss)/d(logits) written over logits_c, already scaled
 //   dhidden_c = dlogits · W                         GEMM into the dhidden output
@@ -99,23 +100,28 @@ class ChunkExecutor {
   // At least `bytes` of uninitialized memory, aligned to 256 bytes, valid until the executor is destroyed.
   virtual void* scratch(size_t bytes) = 0;
 
-  // c = alpha · op(a) · op(b) + beta · c, op(x) = x or xᵀ (trans): op(a) is [m, k], op(b) [k, n], c an f32
-  // [m, n] block. a and b may be f32, bf16 or f16; products accumulate in f32. beta is 0 (c is not read,
-  // NaN there does not leak) or 1.
+  // c = alpha · op(a) · op(b) + beta · c, op(x) = x or xᵀ (trans): op(a) is [m, k], op(b) [k, n], c an
+  // [m, n] block with a unit column stride. a and b may be f32, bf16 or f16; products accumulate in f32.
+  // beta is 0 (c is not read, NaN there does not leak) or 1. c is f32, or 16-bit with beta = 0 (16-bit
+  // logits: the f32 result rounded once; only asked for when supports_16bit_logits() said yes).
   virtual void gemm(const Block& a, bool trans_a, const Block& b, bool trans_b, const Block& c, float alpha,
                     float beta) = 0;
-  // c[r, j] += bias[0, j]: c f32 [rows, V], bias [1, V] of any float dtype.
+  // c[r, j] += bias[0, j]: c [rows, V] f32 or the 16-bit logits block (the sum in f32, rounded once),
+  // bias [1, V] of any float dtype.
   virtual void add_bias(const Block& c, const Block& bias) = 0;
-  // dbias[0, j] = (accumulate ? dbias[0, j] : 0) + Σ_r g[r, j]: g f32 [rows, V], dbias f32 [1, V]. Rows are
+  // dbias[0, j] = (accumulate ? dbias[0, j] : 0) + Σ_r g[r, j]: g [rows, V] f32 or 16-bit (the logits
+  // block), dbias f32 [1, V]. Rows are
   // summed in order (the result does not depend on how the work is split).
   virtual void column_sums(const Block& g, const Block& dbias, bool accumulate) = 0;
-  // g[r, :] *= u[r, 0]: g f32 [rows, V], u [rows, 1] of any float dtype (a per-row upstream gradient).
+  // g[r, :] *= u[r, 0]: g [rows, V] f32 or 16-bit (the logits block), u [rows, 1] of any float dtype (a
+  // per-row upstream gradient).
   virtual void scale_rows(const Block& g, const Block& u) = 0;
-  // Every element of the f32 block b = 0.
+  // Every element of the block b = 0 (f32; a backend may accept 16-bit blocks too).
   virtual void zero(const Block& b) = 0;
-  // The row loss spec.kind on one chunk, by the contract of row_kernels.h: logits f32 [rows, V] (spec already
-  // cut to the same rows), per-row outputs into out, the gradient scaled by out.grad_scale over the logits
-  // when out.grad is set (it is the logits block itself).
+  // The row loss spec.kind on one chunk, by the contract of row_kernels.h: logits [rows, V] (spec already
+  // cut to the same rows), f32 or 16-bit (then read into f32 math; an online teacher's block has the same
+  // dtype), per-row outputs into out, the gradient scaled by out.grad_scale over the logits when out.grad is
+  // set (it is the logits block itself, so a 16-bit block gets a 16-bit gradient in place).
   virtual void row_loss(const LossSpec& spec, const Block& logits, const RowOut& out) = 0;
   // out[0] = scale · Σ_{r < n} v[r], summed in a fixed order.
   virtual void reduce(const float* v, int64_t n, float scale, float* out) = 0;
@@ -128,8 +134,18 @@ class ChunkExecutor {
   virtual bool pads_vocab() const { return false; }
   // Bytes the executor keeps per student logit of a chunk beside the scheduler's scratch while a gradient is
   // computed (the CUDA executor's 16-bit copy of the logits gradient): the scheduler counts them in the
-  // memory budget.
+  // memory budget when the logits are f32 (a 16-bit logits block takes its gradient in place: no copy).
   virtual size_t shadow_bytes_per_logit() const { return 0; }
+  // Whether the logits may be kept in `logits` (BF16 or F16) for GEMM operands of dtypes a and b: gemm()
+  // writes that c (beta 0) and add_bias, scale_rows, column_sums and row_loss read it. The scheduler asks
+  // for the student's operands and, with an online teacher, for the teacher's; a no keeps every logits
+  // block f32. Only asked when FusedLinearProblem::logits_dtype is 16-bit.
+  virtual bool supports_16bit_logits(DType logits, DType a, DType b) const {
+    (void)logits;
+    (void)a;
+    (void)b;
+    return false;
+  }
   // dst = src, element for element (same dtype, [rows, cols]); dst is row-major. Only called when
   // pads_vocab().
   virtual void copy(const Block& src, const Block& dst) {
@@ -187,6 +203,10 @@ struct FusedLinearProblem {
   size_t memory_budget = kDefaultFusedBudget;  // bytes of chunk logits (see kDefaultFusedBudget)
   int64_t chunk_rows = 0;                      // > 0: exactly this many rows per chunk, whatever the budget
   std::string what;                            // the op and shapes, for error messages
+  // FusedLinearOptions::logits_dtype: BF16 / F16 asks for 16-bit chunk logits, which the scheduler uses when
+  // the executor supports them (supports_16bit_logits), the loss is not selective log-softmax and the path
+  // is not K-sparse; otherwise (and for F32) the logits are f32.
+  DType logits_dtype = DType::F32;
 
   bool wants_grad() const { return !dhidden.empty() || !dweight.empty() || !dbias.empty(); }
   bool online_teacher() const { return !teacher_weight.empty(); }
@@ -194,16 +214,20 @@ struct FusedLinearProblem {
 
 // How a problem will run.
 struct ChunkPlan {
-  int64_t chunk_rows = 0;    // rows per chunk (the last chunk may be shorter)
-  int64_t padded_vocab = 0;  // Vp: row length of the logits scratch, in floats
-  bool sparse = false;       // the K-sparse top-K path
-  size_t scratch_bytes = 0;  // everything the scheduler asks the executor for
-  bool pad_weights = false;  // W (and the teacher's) copied into zero-padded [Vp, H] scratch
+  int64_t chunk_rows = 0;           // rows per chunk (the last chunk may be shorter)
+  int64_t padded_vocab = 0;         // Vp: row length of the logits scratch, in floats
+  bool sparse = false;              // the K-sparse top-K path
+  size_t scratch_bytes = 0;         // everything the scheduler asks the executor for
+  bool pad_weights = false;         // W (and the teacher's) copied into zero-padded [Vp, H] scratch
+  DType logits_dtype = DType::F32;  // of the logits blocks (student and online teacher)
 };
 // pad_weights: the executor's pads_vocab() (only honoured when Vp > V, the padded rows can be zeroed as whole
 // floats, and the padded copies take at most half the memory budget, which they are then counted in);
-// shadow: the executor's shadow_bytes_per_logit().
-ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights = false, size_t shadow = 0);
+// shadow: the executor's shadow_bytes_per_logit() (not counted with 16-bit logits); logits16: the executor
+// supports the problem's 16-bit logits_dtype (supports_16bit_logits for the student's and the teacher's
+// operands).
+ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights = false, size_t shadow = 0,
+                      bool logits16 = false);
 
 // Runs the problem on ex. Throws retort::Error (from validation) before anything is written.
 void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p);

@@ -241,6 +241,10 @@ class CpuChunkExecutor final : public ChunkExecutor {
     });
   }
 
+  // FusedLinearOptions::logits_dtype is a GPU speed option: the CPU's row kernels and GEMM are f32 end to
+  // end, so the logits stay f32 here and a 16-bit request gives exactly the f32 results.
+  bool supports_16bit_logits(DType, DType, DType) const override { return false; }
+
   void zero(const Block& b) override {
     for_rows(b, [&](float* row) { std::memset(row, 0, size_t(b.cols) * sizeof(float)); });
   }

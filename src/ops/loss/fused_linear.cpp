@@ -10,7 +10,8 @@
 //     selective:     src[3] = ids
 //   ip: reduction, gradient bits (which of dhidden / dW / dbias the node writes), ignore_index,
 //     normalize_topk, memory budget, chunk rows, the forward op (FusedLinearBack), stats bits (which extra
-//     outputs are wanted), allowed-gradient bits (FusedLinearOptions); fp: as in losses.cpp.
+//     outputs are wanted), allowed-gradient bits (FusedLinearOptions), accumulate bits, the logits dtype;
+//     fp: as in losses.cpp.
 //   aux[0] = stats f32 [6, N]: row 0 per-row loss, 1 lse, 2 / 3 per-row hard / soft (Reduction::None),
 //     element 0 of rows 4 / 5 the reduced hard / soft. One tensor, because a node has four extra outputs and
 //     the other three are the gradients: aux[1] = dhidden [N, H], aux[2] = dW [V, H], aux[3] = dbias [V].
@@ -35,7 +36,7 @@ namespace retort {
 namespace {
 
 constexpr int kIpReduction = 0, kIpGrad = 1, kIpIgnore = 2, kIpNormalize = 3, kIpBudget = 4, kIpChunk = 5,
-              kIpKind = 6, kIpStats = 7, kIpAllow = 8, kIpAccum = 9;
+              kIpKind = 6, kIpStats = 7, kIpAllow = 8, kIpAccum = 9, kIpLogits = 10;
 constexpr int kFpTemp = 0, kFpBeta = 1, kFpHard = 2, kFpSoft = 3, kFpSmooth = 4, kFpZLoss = 5, kFpCap = 6;
 constexpr int kAuxStats = 0;
 constexpr int kSrcUpstream = 7, kSrcStats = 8, kSrcLossInputs = 7;
@@ -149,6 +150,8 @@ Tensor* fused_node(Context& ctx, Op op, const Checker& ck, Tensor* bias, Reducti
   RT_CHECK(f.chunk_rows >= 0, ck.op, ": chunk_rows must be >= 0 (0: from the memory budget), got ",
            f.chunk_rows, ck.shapes());
   RT_CHECK(f.memory_budget <= size_t(INT64_MAX), ck.op, ": memory_budget ", f.memory_budget, " is too large");
+  RT_CHECK(f.logits_dtype == DType::F32 || f.logits_dtype == DType::BF16 || f.logits_dtype == DType::F16,
+           ck.op, ": logits_dtype must be f32, bf16 or f16, got ", dtype_name(f.logits_dtype), ck.shapes());
   Tensor* t = ctx.node(op, DType::F32, ne);
   t->src[0] = ck.hidden;
   t->src[1] = ck.weight;
@@ -157,6 +160,7 @@ Tensor* fused_node(Context& ctx, Op op, const Checker& ck, Tensor* bias, Reducti
   t->ip[kIpBudget] = int64_t(f.memory_budget);
   t->ip[kIpChunk] = f.chunk_rows;
   t->ip[kIpAllow] = (f.grad_hidden ? 1 : 0) | (f.grad_weight ? 2 : 0) | (f.grad_bias ? 4 : 0);
+  t->ip[kIpLogits] = int64_t(f.logits_dtype);
   return t;
 }
 
@@ -242,6 +246,7 @@ loss::FusedLinearProblem inputs_of(const Tensor* node) {
   p.reduction = Reduction(node->ip[kIpReduction]);
   p.memory_budget = size_t(node->ip[kIpBudget]);
   p.chunk_rows = node->ip[kIpChunk];
+  p.logits_dtype = DType(node->ip[kIpLogits]);
   p.what = what(node);
   loss::LossSpec& s = p.spec;
   const int64_t ignore = node->ip[kIpIgnore];

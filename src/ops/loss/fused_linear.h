@@ -30,11 +30,12 @@ namespace retort {
 inline constexpr size_t kFusedLinearDefaultBudget = size_t(256) << 20;
 
 struct FusedLinearOptions {
-  // Bytes of f32 chunk logits (student, plus teacher when computed online): the chunk has
-  // budget / (4·Vp·(1 or 2)) rows, Vp = V rounded up to 128, at least 1 and at most N (the K-sparse top-K
-  // path: budget / (4·K) rows). Not counted: the gradients themselves (f32, shaped like hidden, W and bias),
-  // per-row vectors, and a backend's own temporaries (on the CPU: GEMM packing buffers, an 8 MiB staging
-  // block for dW, and the chunk's hidden rows as f32 on the K-sparse path).
+  // Bytes of chunk logits (student, plus teacher when computed online): the chunk has
+  // budget / (es·Vp·(1 or 2)) rows (es = 4 for f32 logits, 2 for 16-bit ones, see logits_dtype), Vp = V
+  // rounded up to 128, at least 1 and at most N (the K-sparse top-K path: budget / (4·K) rows). Not counted:
+  // the gradients themselves (f32, shaped like hidden, W and bias), per-row vectors, and a backend's own
+  // temporaries (on the CPU: GEMM packing buffers, an 8 MiB staging block for dW, and the chunk's hidden rows
+  // as f32 on the K-sparse path).
   size_t memory_budget = kFusedLinearDefaultBudget;
   int64_t chunk_rows = 0;  // > 0: exactly this many rows per chunk, overriding the budget (tests, tuning)
   // Which gradients flow. Off: no gradient reaches that input through this loss, as if it were detached
@@ -42,6 +43,20 @@ struct FusedLinearOptions {
   bool grad_hidden = true;
   bool grad_weight = true;
   bool grad_bias = true;
+  // The dtype the chunk logits (and an online teacher's) are kept in: F32 (the default, exactly the
+  // behaviour without this option), BF16 or F16; anything else throws retort::Error naming the op. A GPU
+  // speed option, what PyTorch / Liger / torch.compile do in bf16 training: a 16-bit logits row takes 2 bytes
+  // per entry instead of 4 (+ 2 for the CUDA executor's 16-bit gradient copy), so a budget holds 3x the rows
+  // (fewer passes over the f32 dW in its accumulating GEMM) and the row loss moves a third of the bytes.
+  // What it changes where it applies: each logit is the f32-accumulated GEMM rounded to 16 bits (the bias
+  // is then added in f32 and the sum rounded again); the row loss reads them into f32 math; the logits
+  // gradient is written in 16 bits over them, in place, and the gradient GEMMs read it from there. Loss and
+  // LSE then differ from the f32 path by about 2^-9·|logit| (~1e-3 relative); the gradients by as much.
+  // It applies when the backend supports it: the CUDA backend, when the GEMM operands are all of the logits
+  // dtype (hidden and W, and an online teacher's hidden and W). Everywhere else the logits stay f32 and the
+  // results are those of F32: on the CPU (whose executor always keeps f32 logits), for selective log-softmax
+  // (its backward needs f32 log-probabilities) and on the K-sparse top-K path (which has no logits block).
+  DType logits_dtype = DType::F32;
 };
 
 // Cross-entropy of hidden · Wᵀ (+ bias) against integer labels [N]; options as cross_entropy_loss. Throws

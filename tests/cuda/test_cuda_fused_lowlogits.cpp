@@ -1,0 +1,298 @@
+// The fused linear losses with 16-bit chunk logits on CUDA (FusedLinearOptions::logits_dtype = BF16 / F16 on
+// inputs of that dtype): the logits GEMM writes 16-bit logits, the row loss reads them in f32 math and writes
+// the 16-bit gradient over them, in place.
+//
+// How the cases are checked (cuda_loss_check.h), and why these tolerances:
+//   - Inputs lie on the grid k/64 (exact in bf16 and f16), so every product h·w is a multiple of 2^-12 and
+//     every partial sum of the GEMM is exact in f32, in any order: the device's f32 logits are exactly the
+//     float64 ones, their 16-bit rounding (round to nearest even, like dtype.h) is the same on both sides,
+//     and so is the bias added to it (exact in f32) and rounded again. The forward is therefore checked
+//     against the float64 loss of those rounded logits at the usual 1e-10: only the f32 row-kernel math
+//     differs. That reference is piecewise constant in the inputs, so there are no central differences here.
+//   - Against the CPU's f32 result (the CPU keeps f32 logits): each logit moves by δ ≤ 2·2^-9·max|z| (two
+//     roundings), and the logits gradient by at most 2δ relative (softmax: δp_j ≤ 2δ·p_j) plus its own 2^-9
+//     rounding. The ranges below keep max|z| ≤ 2, so δ ≤ 2^-7 and the relative change of the gradients is
+//     ≤ 2·2^-7 + 2^-9 ≈ 0.018: nmse ≤ 3.1e-4; the losses move by ≤ 2δ per row (LSE and z_y each by ≤ δ; the
+//     divergences likewise, scaled by T). kLowLogitsTol = 1e-3 holds those with a margin of ~3 (typical
+//     values are ~1e-5, the roundings being independent); a wrong loss or gradient is ≥ 1e-1.
+// Also: peak device memory within the budget with 16-bit logits (no 16-bit gradient shadow beside them).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "cuda_loss_check.h"
+
+namespace retort::test {
+namespace {
+
+class CudaFusedLowLogits : public CudaTest {};
+
+constexpr double kLowLogitsTol = 1e-3;
+
+// n values k/64, |k/64| <= range (range a multiple of 1/64), drawn from a generator keyed by `key`.
+Vec grid_values(const std::string& key, int64_t n, double range) {
+  std::mt19937_64 g(std::hash<std::string>{}(key));
+  const int64_t m = int64_t(range * 64);
+  std::uniform_int_distribution<int64_t> d(-m, m);
+  Vec v(static_cast<size_t>(n));
+  for (double& x : v) x = double(d(g)) / 64.0;
+  return v;
+}
+
+// A float input on the grid (values fixed, so the same on both backends).
+LossInput grid_in(const std::string& key, Shape shape, DType dt, bool param, double range) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return LossInput(std::move(shape), dt, param, -range, range, grid_values(key, n, range));
+}
+
+double round_to(double x, DType dt) {
+  const float f = float(x);  // exact: x is a multiple of 2^-12 well inside f32's range
+  return dt == DType::BF16 ? double(bf16_to_f32(f32_to_bf16(f))) : double(f16_to_f32(f32_to_f16(f)));
+}
+
+// The logits as the device keeps them: round(hidden · Wᵀ), then round(that + bias) when there is a bias.
+Mat head16(const Ref& hidden, const Ref& w, const Ref* bias, DType dt) {
+  const int64_t n = hidden.ne[1], h = hidden.ne[0], v = w.ne[1];
+  Mat z;
+  z.rows = n;
+  z.cols = v;
+  z.v.assign(size_t(n * v), 0.0);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < v; ++j) {
+      double s = 0.0;
+      for (int64_t k = 0; k < h; ++k) s += hidden.at(k, r) * w.at(k, j);
+      s = round_to(s, dt);
+      if (bias) s = round_to(s + bias->at(j), dt);
+      z.v[size_t(r * v + j)] = s;
+    }
+  return z;
+}
+
+FusedLinearOptions low(int64_t chunk, DType dt) {
+  FusedLinearOptions f;
+  f.chunk_rows = chunk;
+  f.logits_dtype = dt;
+  return f;
+}
+
+bool check_low(LossCase c) {
+  c.fwd_tol = 1e-10;
+  CudaTol tol;
+  tol.cpu = kLowLogitsTol;
+  tol.cpu_grad = kLowLogitsTol;
+  tol.finite_differences = false;
+  return check_cuda(c, tol);
+}
+
+// ---- cross-entropy ------------------------------------------------------------------------------------
+
+struct CeCfg {
+  CeRef r;
+  int64_t n = 7, h = 5, v = 11, chunk = 3;
+  DType dt = DType::BF16;
+  bool bias = true;
+};
+
+// |z| <= h·range² + 0.25 <= 2 for the sizes used (h = 5: range 0.5; h = 16: range 0.328125).
+LossCase ce_case(const std::string& name, CeCfg cfg) {
+  cfg.r.ignore = -1;
+  const double range = cfg.h <= 5 ? 0.5 : 0.328125;
+  LossCase c;
+  c.name = name;
+  c.inputs = {grid_in(name + "h", {cfg.n, cfg.h}, cfg.dt, true, range),
+              grid_in(name + "w", {cfg.v, cfg.h}, cfg.dt, true, range),
+              grid_in(name + "b", {cfg.v}, cfg.dt, cfg.bias, 0.25),
+              LossInput(Shape{cfg.n}, DType::I32, false, -1, double(cfg.v))};
+  c.build = [cfg](Context& ctx, const std::vector<Tensor*>& in) {
+    CrossEntropyOptions o;
+    o.ignore_index = cfg.r.ignore;
+    o.label_smoothing = float(cfg.r.eps);
+    o.reduction = cfg.r.red;
+    return fused_linear_cross_entropy(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], o,
+                                      low(cfg.chunk, cfg.dt))
+        .loss;
+  };
+  c.reference = [cfg](const std::vector<Ref>& in) {
+    return ce_ref(head16(in[0], in[1], cfg.bias ? &in[2] : nullptr, cfg.dt), ints(in[3]), cfg.r);
+  };
+  return c;
+}
+
+TEST_F(CudaFusedLowLogits, CrossEntropy) {
+  for (DType dt : {DType::BF16, DType::F16})
+    for (Reduction red : {Reduction::Mean, Reduction::None})
+      for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(7)})
+        for (bool bias : {true, false}) {
+          CeCfg cfg;
+          cfg.dt = dt;
+          cfg.r.red = red;
+          cfg.r.eps = 0.1;
+          cfg.chunk = chunk;
+          cfg.bias = bias;
+          EXPECT_TRUE(check_low(ce_case(std::string("cfll_ce_") + dtype_name(dt) + red_name(red) +
+                                            std::to_string(chunk) + (bias ? "b" : ""),
+                                        cfg)));
+        }
+}
+
+TEST_F(CudaFusedLowLogits, CrossEntropyGpt2Vocabulary) {
+  // V = 50,257: padded rows (the pad columns of the 16-bit block are the GEMM's zeros), unvectorized row
+  // kernels, 3 chunks, the last short.
+  CeCfg cfg;
+  cfg.n = 37;
+  cfg.h = 16;
+  cfg.v = 50257;
+  cfg.chunk = 16;
+  EXPECT_TRUE(check_low(ce_case("cfll_ce_gpt2", cfg)));
+}
+
+// ---- top-K distillation over the full vocabulary, with a hard loss --------------------------------------
+
+LossCase topk_case(const std::string& name, double beta) {
+  const int64_t n = 7, h = 5, v = 11, k = 4;
+  TopKRef r;
+  r.ignore = -1;
+  r.beta = beta;
+  r.t = 2.0;
+  r.w_hard = 0.5;
+  LossCase c;
+  c.name = name;
+  c.inputs = {grid_in(name + "h", {n, h}, DType::BF16, true, 0.5),
+              grid_in(name + "w", {v, h}, DType::BF16, true, 0.5),
+              grid_in(name + "b", {v}, DType::BF16, true, 0.25),
+              LossInput({n, k}, DType::I32, false, 0, double(v)),
+              LossInput({n, k}, DType::F32, false, -4, -0.1),
+              LossInput({n, k}, DType::I32, false, 0, 4),
+              LossInput({n}, DType::I32, false, -1, double(v))};
+  c.build = [r](Context& ctx, const std::vector<Tensor*>& in) {
+    TopKDistillOptions o;
+    o.beta = float(r.beta);
+    o.temperature = float(r.t);
+    o.w_hard = float(r.w_hard);
+    o.ignore_index = r.ignore;
+    return fused_linear_topk_kd(ctx, in[0], in[1], in[2], in[3], in[4], in[5], in[6], o, low(3, DType::BF16))
+        .loss;
+  };
+  c.reference = [r](const std::vector<Ref>& in) {
+    return topk_ref(head16(in[0], in[1], &in[2], DType::BF16), ints(in[3]), mat(in[4]), in[5].v, ints(in[6]),
+                    r);
+  };
+  return c;
+}
+
+TEST_F(CudaFusedLowLogits, TopKDenseWithHardLoss) {
+  for (double beta : {0.0, 0.5}) EXPECT_TRUE(check_low(topk_case("cfll_topk" + std::to_string(beta), beta)));
+}
+
+// ---- online distillation: student and teacher logits both 16-bit ---------------------------------------
+
+LossCase distill_case(const std::string& name, double beta, Reduction red, int64_t chunk) {
+  const int64_t n = 7, h = 4, ht = 6, v = 11;
+  DistillRef r;
+  r.ignore = -1;
+  r.beta = beta;
+  r.t = 2.0;
+  r.w_hard = 0.25;
+  r.red = red;
+  LossCase c;
+  c.name = name;
+  // |z| <= 4·0.25 + 0.25 (student), 6·0.25 + 0.25 (teacher, ranges 0.5).
+  c.inputs = {grid_in(name + "h", {n, h}, DType::BF16, true, 0.5),
+              grid_in(name + "w", {v, h}, DType::BF16, true, 0.5),
+              grid_in(name + "b", {v}, DType::BF16, true, 0.25),
+              grid_in(name + "th", {n, ht}, DType::BF16, false, 0.5),
+              grid_in(name + "tw", {v, ht}, DType::BF16, false, 0.5),
+              grid_in(name + "tb", {v}, DType::BF16, false, 0.25),
+              LossInput({n}, DType::I32, false, -1, double(v))};
+  c.build = [r, chunk](Context& ctx, const std::vector<Tensor*>& in) {
+    DistillOptions o;
+    o.beta = float(r.beta);
+    o.temperature = float(r.t);
+    o.w_hard = float(r.w_hard);
+    o.ignore_index = r.ignore;
+    o.reduction = r.red;
+    return fused_linear_distill(ctx, in[0], in[1], in[2], in[3], in[4], in[5], in[6], o,
+                                low(chunk, DType::BF16))
+        .loss;
+  };
+  c.reference = [r](const std::vector<Ref>& in) {
+    return distill_ref(head16(in[0], in[1], &in[2], DType::BF16), head16(in[3], in[4], &in[5], DType::BF16),
+                       ints(in[6]), r);
+  };
+  return c;
+}
+
+TEST_F(CudaFusedLowLogits, OnlineTeacherDistill) {
+  for (double beta : {0.0, 0.5})
+    for (Reduction red : {Reduction::Mean, Reduction::None})
+      for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(7)})
+        EXPECT_TRUE(check_low(distill_case(
+            "cfll_dist" + std::to_string(beta) + red_name(red) + std::to_string(chunk), beta, red, chunk)));
+}
+
+// ---- entropy ------------------------------------------------------------------------------------------
+
+TEST_F(CudaFusedLowLogits, Entropy) {
+  for (Reduction red : {Reduction::Mean, Reduction::None}) {
+    const std::string name = std::string("cfll_ent_") + red_name(red);
+    LossCase c;
+    c.name = name;
+    c.inputs = {grid_in(name + "h", {7, 5}, DType::BF16, true, 0.5),
+                grid_in(name + "w", {11, 5}, DType::BF16, true, 0.5),
+                grid_in(name + "b", {11}, DType::BF16, true, 0.25)};
+    c.build = [red](Context& ctx, const std::vector<Tensor*>& in) {
+      return fused_linear_entropy(ctx, in[0], in[1], in[2], 1.5f, red, low(3, DType::BF16));
+    };
+    c.reference = [red](const std::vector<Ref>& in) {
+      return entropy_ref(head16(in[0], in[1], &in[2], DType::BF16), 1.5, red);
+    };
+    EXPECT_TRUE(check_low(c));
+  }
+}
+
+// ---- memory -------------------------------------------------------------------------------------------
+
+TEST_F(CudaFusedLowLogits, PeakMemoryWithinBudget) {
+  // bf16 inputs, bf16 logits: a 32 MiB budget gives 333-row chunks of 2-byte logits and no 16-bit gradient
+  // shadow beside them. What the forward + backward allocates beyond the graph's own buffers must be the
+  // budget plus per-row vectors, O(N·H) and the allocator's 2 MiB rounding, as with f32 logits.
+  const int64_t n = 2048, h = 256, v = 50257;
+  const size_t budget = size_t(32) << 20;
+  auto be = make_cuda_backend(0);
+  Context ctx(*be);
+  Tensor* x = ctx.param(DType::BF16, {n, h}, "hidden");
+  Tensor* w = ctx.param(DType::BF16, {v, h}, "weight");
+  Tensor* y = ctx.input(DType::I32, {n}, "labels");
+  reseed("cfll_peak");
+  set_data(x, std::vector<float>(size_t(n * h), 0.01f));
+  Vec wv = random_vec(v * h, -0.05, 0.05);
+  set_data(w, std::vector<float>(wv.begin(), wv.end()));
+  set_data_int(y, random_ints(n, -1, v));
+  FusedLinearOptions f;
+  f.memory_budget = budget;
+  f.logits_dtype = DType::BF16;
+  CrossEntropyOptions o;
+  o.ignore_index = -1;
+  Tensor* loss = fused_linear_cross_entropy(ctx, x, w, nullptr, y, o, f).loss;
+  loss->flags |= kOutput;
+  Graph g(ctx);
+  g.forward(loss);
+  g.backward(loss);
+  g.compute();  // first run: the arena and the allocator's cache
+  be->synchronize();
+  const CudaMemoryStats before = cuda_memory_stats(*be);
+  cuda_reset_peak(*be);
+  g.compute();
+  be->synchronize();
+  const CudaMemoryStats after = cuda_memory_stats(*be);
+  const size_t extra = after.peak_bytes - before.bytes_in_use;
+  const size_t bound = budget + size_t(4 * n * h) * sizeof(float) + (size_t(8) << 20);
+  EXPECT_LE(extra, bound) << "peak extra " << extra << " bytes, budget " << budget;
+  EXPECT_TRUE(std::isfinite(get_data(loss)[0]));
+  EXPECT_TRUE(std::isfinite(get_data(g.grad(w))[0]));
+}
+
+}  // namespace
+}  // namespace retort::test
