@@ -13,6 +13,9 @@
 #include "row_common.cuh"
 
 namespace retort::cuda::distk {
+
+using rowk::dispatch;
+using rowk::vec_ok;
 constexpr int kThreads = 512;
 constexpr float kLog2e = rowk::kLog2e;
 
@@ -241,44 +244,6 @@ inline int grid_for(int64_t rows) {
     return n > 0 ? n : 80;
   }();
   return int(std::min<int64_t>(rows, int64_t(sms) * 2));
-}
-
-inline bool vec_ok(const void* p, int64_t v, int64_t stride, size_t elsize) {
-  return v % 8 == 0 && stride % 8 == 0 && (reinterpret_cast<uintptr_t>(p) % (8 * elsize)) == 0;
-}
-
-// Calls f.template operator()<T, G>() for the logits and gradient dtypes.
-template <typename F>
-void dispatch(DType t, DType g, const char* op, F&& f) {
-  auto with_g = [&](auto tt) {
-    using T = decltype(tt);
-    switch (g) {
-      case DType::F32:
-        f.template operator()<T, float>();
-        return;
-      case DType::BF16:
-        f.template operator()<T, __nv_bfloat16>();
-        return;
-      case DType::F16:
-        f.template operator()<T, __half>();
-        return;
-      default:
-        RT_FAIL(op, ": gradient dtype must be f32, bf16 or f16, got ", dtype_name(g));
-    }
-  };
-  switch (t) {
-    case DType::F32:
-      with_g(float{});
-      return;
-    case DType::BF16:
-      with_g(__nv_bfloat16{});
-      return;
-    case DType::F16:
-      with_g(__half{});
-      return;
-    default:
-      RT_FAIL(op, ": logits dtype must be f32, bf16 or f16, got ", dtype_name(t));
-  }
 }
 
 inline void check_common(const RowBlock& b, const SideMatrix& labels, float beta, float temp, float w_hard,

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "../../core/dtype.h"
 #include "../../core/error.h"
 
 namespace retort::cuda::rowk {
@@ -235,6 +236,47 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 
 __device__ __forceinline__ int64_t load_index(const void* p, bool is_i64, int64_t i) {
   return is_i64 ? static_cast<const int64_t*>(p)[i] : int64_t(static_cast<const int32_t*>(p)[i]);
+}
+
+// Whether rows of v elements at p (element size elsize, stride elements apart) can be read as aligned 8-wide
+// vectors.
+inline bool vec_ok(const void* p, int64_t v, int64_t stride, size_t elsize) {
+  return v % 8 == 0 && stride % 8 == 0 && (reinterpret_cast<uintptr_t>(p) % (8 * elsize)) == 0;
+}
+
+// Host side: calls f.template operator()<T, G>() for the logits dtype t and the gradient dtype g (f32, bf16
+// or f16 each); any other dtype throws retort::Error naming op.
+template <typename F>
+void dispatch(DType t, DType g, const char* op, F&& f) {
+  auto with_g = [&](auto tt) {
+    using T = decltype(tt);
+    switch (g) {
+      case DType::F32:
+        f.template operator()<T, float>();
+        return;
+      case DType::BF16:
+        f.template operator()<T, __nv_bfloat16>();
+        return;
+      case DType::F16:
+        f.template operator()<T, __half>();
+        return;
+      default:
+        RT_FAIL(op, ": gradient dtype must be f32, bf16 or f16, got ", dtype_name(g));
+    }
+  };
+  switch (t) {
+    case DType::F32:
+      with_g(float{});
+      return;
+    case DType::BF16:
+      with_g(__nv_bfloat16{});
+      return;
+    case DType::F16:
+      with_g(__half{});
+      return;
+    default:
+      RT_FAIL(op, ": logits dtype must be f32, bf16 or f16, got ", dtype_name(t));
+  }
 }
 
 // Host side: the most clusters of cfg's shape that fit on the device at once, with the kernel's dynamic

@@ -69,10 +69,6 @@ bool cluster_disabled() {
   return off;
 }
 
-bool vec_ok(const void* p, int64_t V, int64_t stride, size_t elsize) {
-  return V % 8 == 0 && stride % 8 == 0 && (reinterpret_cast<uintptr_t>(p) % (8 * elsize)) == 0;
-}
-
 __device__ __forceinline__ float grad_scale(const RowBlock& b) {
   return b.scale_dev ? b.scale * *b.scale_dev : b.scale;
 }
@@ -533,40 +529,6 @@ __global__ void sum_kernel(const float* v, int64_t n, const float* scale_dev, fl
   if (threadIdx.x == 0) *out = s * scale * (scale_dev ? *scale_dev : 1.0f);
 }
 
-// Calls f.template operator()<T, G>() for the logits and gradient dtypes.
-template <typename F>
-void dispatch(DType t, DType g, F&& f) {
-  auto with_g = [&](auto tt) {
-    using T = decltype(tt);
-    switch (g) {
-      case DType::F32:
-        f.template operator()<T, float>();
-        return;
-      case DType::BF16:
-        f.template operator()<T, __nv_bfloat16>();
-        return;
-      case DType::F16:
-        f.template operator()<T, __half>();
-        return;
-      default:
-        RT_FAIL("row loss: gradient dtype must be f32, bf16 or f16, got ", dtype_name(g));
-    }
-  };
-  switch (t) {
-    case DType::F32:
-      with_g(float{});
-      return;
-    case DType::BF16:
-      with_g(__nv_bfloat16{});
-      return;
-    case DType::F16:
-      with_g(__half{});
-      return;
-    default:
-      RT_FAIL("row loss: logits dtype must be f32, bf16 or f16, got ", dtype_name(t));
-  }
-}
-
 void check_block(const RowBlock& b, const char* op) {
   RT_CHECK(b.rows >= 0 && b.V >= 1 && b.stride >= b.V, op, ": bad row block (rows ", b.rows, ", V ", b.V,
            ", stride ", b.stride, ")");
@@ -591,7 +553,7 @@ template <class P>
 void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
   if (b.rows == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, [&]<typename T, typename G>() {
+  dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, what, [&]<typename T, typename G>() {
     const bool vec = vec_ok(b.logits, b.V, b.stride, sizeof(T));
     const bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
     int major = 0;
@@ -667,11 +629,12 @@ void selective_log_softmax_rows(const RowBlock& b, const SelectiveRows& o, int* 
            "the dense pass, so the gradient must not alias them");
   if (b.rows == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, [&]<typename T, typename G>() {
-    bool vec = vec_ok(b.logits, b.V, b.stride, sizeof(T));
-    bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
-    selective_kernel<T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, o, err, vec, gvec);
-  });
+  dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, "selective_log_softmax",
+           [&]<typename T, typename G>() {
+             bool vec = vec_ok(b.logits, b.V, b.stride, sizeof(T));
+             bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
+             selective_kernel<T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, o, err, vec, gvec);
+           });
   check(cudaGetLastError(), "selective_log_softmax_rows launch");
 }
 
