@@ -189,6 +189,20 @@ TEST_F(CudaDistill, TopKShapes) {
   big.v = 4096;
   big.k = 64;
   EXPECT_TRUE(check_cuda(topk_case("cuda_topk_rows300", big), {kCpuTol, kCpuTol, false}));
+  // Long rows (a 60 KB bf16 row, a 400 KB f32 row), more rows than CTAs: the two-pass kernel at the sizes
+  // of real vocabularies, where the second pass re-reads rows from L2 or HBM.
+  for (DType dt : {DType::BF16, DType::F32}) {
+    TopKCfg cfg;
+    cfg.r.beta = 0.5;
+    cfg.r.t = dt == DType::F32 ? 2 : 1;
+    cfg.r.w_hard = 0.5;
+    cfg.n = 300;
+    cfg.v = dt == DType::F32 ? 100000 : 30000;
+    cfg.k = 64;
+    cfg.dt = dt;
+    EXPECT_TRUE(check_cuda(topk_case(std::string("cuda_topk_long_") + dtype_name(dt), cfg),
+                           {kCpuTol, kCpuTol, false}));
+  }
 }
 
 TEST_F(CudaDistill, TopKDtypesLayoutsAndHugeLogits) {

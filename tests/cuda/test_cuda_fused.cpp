@@ -307,6 +307,12 @@ TEST_F(CudaFused, TopKSparse) {
         EXPECT_TRUE(
             check_cuda(topk_case(std::string("cfltopk_sparse_") + dtype_name(dt) + red_name(red), cfg)));
       }
+  // H = 5: the unvectorized dhidden and dW kernels.
+  TopKCfg odd;
+  odd.r.normalize = true;
+  odd.r.beta = 0.7;
+  odd.h = 5;
+  EXPECT_TRUE(check_cuda(topk_case("cfltopk_sparse_h5", odd)));
 }
 
 TEST_F(CudaFused, TopKSparseIsBitwiseChunkIndependent) {

@@ -76,9 +76,9 @@ class Recorder : public loss::ChunkExecutor {
   }
   void scatter_grads(const loss::Block& g, const loss::Block& h, const loss::Block& w,
                      const loss::TopKSide& s, const loss::Block& dh, const loss::Block& dw,
-                     const loss::Block& db) override {
+                     const loss::Block& db, bool accumulate_dh) override {
     calls.push_back("scatter");
-    if (inner_) inner_->scatter_grads(g, h, w, s, dh, dw, db);
+    if (inner_) inner_->scatter_grads(g, h, w, s, dh, dw, db, accumulate_dh);
   }
 
   int count(const std::string& what) const { return int(std::count(calls.begin(), calls.end(), what)); }
@@ -413,25 +413,41 @@ TEST(FusedLinearGraph, LossInsideALargerGraph) {
 // A parameter whose whole gradient is the fused node's weight (or bias) gradient gets it added straight into
 // its accumulator (no Accumulate node, no [V, H] copy); accumulation over runs and zero_grad() behave as
 // with the Accumulate node, and the gradient equals the unfused graph's.
-TEST(FusedLinearGraph, WeightGradientAccumulatesInPlace) {
-  reseed("flgraph_accum");
-  const int64_t n = 7, h = 5, v = 11;
+// Every gradient of a leaf goes straight into its accumulator (OpInfo::accumulate_aux): the hidden gradient
+// by its GEMM with beta = 1 (dense path) or the K-sparse update, the weight gradient by its GEMM or the
+// sorted scatter, the bias by the column sums. No Accumulate node; runs add up; zero_grad restarts.
+void expect_gradients_accumulate_in_place(bool sparse) {
+  reseed(sparse ? "flgraph_accum_sparse" : "flgraph_accum");
+  const int64_t n = 7, h = 5, v = 11, kk = 3;
   const Vec hv = random_vec(n * h), wv = random_vec(v * h), bv = random_vec(v);
-  const std::vector<int64_t> yv = random_ints(n, 0, v);
+  const std::vector<int64_t> yv = random_ints(n, 0, v), idv = random_ints(n * kk, 0, v);
+  const Vec lpv = random_vec(n * kk, -3.0, -0.2);
   auto run = [&](bool fused, int runs, bool zero_between, int64_t* accumulate_nodes) {
     Context ctx(default_cpu_backend());
     Tensor* x = ctx.param(DType::F32, {n, h}, "hidden");
     Tensor* w = ctx.param(DType::F32, {v, h}, "weight");
     Tensor* b = ctx.param(DType::F32, {v}, "bias");
     Tensor* y = ctx.input(DType::I32, {n}, "labels");
+    Tensor* ids = ctx.input(DType::I32, {n, kk}, "ids");
+    Tensor* lp = ctx.input(DType::F32, {n, kk}, "logprobs");
     set_data(x, std::vector<float>(hv.begin(), hv.end()));
     set_data(w, std::vector<float>(wv.begin(), wv.end()));
     set_data(b, std::vector<float>(bv.begin(), bv.end()));
     set_data_int(y, yv);
+    set_data_int(ids, idv);
+    set_data(lp, std::vector<float>(lpv.begin(), lpv.end()));
     FusedLinearOptions f;
     f.chunk_rows = 3;
-    Tensor* loss = fused ? fused_linear_cross_entropy(ctx, x, w, b, y, {}, f).loss
-                         : cross_entropy_loss(ctx, add(ctx, matmul(ctx, x, w, false, true), b), y, {}).loss;
+    TopKDistillOptions o;
+    o.normalize_topk = true;
+    o.w_hard = 0.0f;  // with normalize_topk: the K-sparse path
+    Tensor* loss = nullptr;
+    if (sparse)
+      loss = fused ? fused_linear_topk_kd(ctx, x, w, b, ids, lp, nullptr, nullptr, o, f).loss
+                   : topk_kd(ctx, add(ctx, matmul(ctx, x, w, false, true), b), ids, lp, nullptr, nullptr, o).loss;
+    else
+      loss = fused ? fused_linear_cross_entropy(ctx, x, w, b, y, {}, f).loss
+                   : cross_entropy_loss(ctx, add(ctx, matmul(ctx, x, w, false, true), b), y, {}).loss;
     Graph g(ctx);
     g.backward(loss);
     g.zero_grad();
@@ -448,7 +464,7 @@ TEST(FusedLinearGraph, WeightGradientAccumulatesInPlace) {
   int64_t acc_fused = 0, acc_plain = 0, unused = 0;
   const std::vector<Vec> once = run(true, 1, false, &acc_fused);
   const std::vector<Vec> plain = run(false, 1, false, &acc_plain);
-  EXPECT_EQ(acc_fused, 1) << "only the hidden gradient goes through an Accumulate node";
+  EXPECT_EQ(acc_fused, 0) << "no gradient goes through an Accumulate node";
   EXPECT_EQ(acc_plain, 3);
   const std::vector<Vec> twice = run(true, 2, false, &unused);
   const std::vector<Vec> zeroed = run(true, 3, true, &unused);
@@ -461,6 +477,9 @@ TEST(FusedLinearGraph, WeightGradientAccumulatesInPlace) {
     EXPECT_GT(nmse(once[i], Vec(once[i].size(), 0.0)), 0.0);
   }
 }
+
+TEST(FusedLinearGraph, GradientsAccumulateInPlace) { expect_gradients_accumulate_in_place(false); }
+TEST(FusedLinearGraph, SparseGradientsAccumulateInPlace) { expect_gradients_accumulate_in_place(true); }
 
 }  // namespace
 }  // namespace retort::test

@@ -49,6 +49,6 @@ void gather_topk_logits(CudaExec& ex, const Block& hidden, const Block& w, const
 // g per id in row order (a stable radix sort of the slots by id, then one warp per id).
 void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const Block& w,
                         const loss::TopKSide& side, const Block& dhidden, const Block& dw,
-                        const Block& dbias);
+                        const Block& dbias, bool accumulate_dhidden);
 
 }  // namespace retort::cuda::fused

@@ -4,12 +4,12 @@
 //   gather:   one block per row, one warp per slot; the dot product is a fixed per-lane order plus a
 //   butterfly,
 //             so a logit has the same bits whatever the chunking.
-//   dhidden:  one block per row, one thread per column, the slots of the row (staged in shared memory, 256
+//   dhidden:  one block per row, 8 columns per thread, the slots of the row (staged in shared memory, 256
 //             at a time) added in slot order — the CPU executor's order.
 //   dW, dbias: every valid slot becomes (key = id, value = r·K + k); a stable radix sort (CUB) groups them by
-//             id with rows (then slots) in order, and one warp per distinct id adds its updates in that
-//             order. No atomics: dW does not depend on the grid, and across chunks it accumulates in row
-//             order.
+//             id with rows (then slots) in order, and one block per distinct id (ids in order) adds its
+//             updates in that order. No atomics: dW does not depend on the grid, and across chunks it
+//             accumulates in row order.
 // A slot whose id is out of range is padding here (validate() has already recorded the error).
 #include <cub/device/device_radix_sort.cuh>
 
@@ -92,14 +92,14 @@ __global__ void gather_kernel(BD x, BD w, BD bias, BD ids, BD logprobs, BD mask,
 
 // dhidden[r, j] = Σ_k g[r, k]·w[id_rk, j] over the valid slots with g != 0, in slot order. blockDim.x must be
 // kSlotTile.
-__global__ void dhidden_kernel(BD g, BD w, BD ids, BD logprobs, BD mask, BD dh, int64_t v) {
+__global__ void dhidden_kernel(BD g, BD w, BD ids, BD logprobs, BD mask, BD dh, int64_t v, bool accumulate) {
   __shared__ long long s_id[kSlotTile];
   __shared__ float s_g[kSlotTile];
   const int64_t h = dh.cols, kk = g.cols;
   for (int64_t r = blockIdx.x; r < g.rows; r += gridDim.x) {
     for (int64_t h0 = 0; h0 < h; h0 += blockDim.x) {
       const int64_t j = h0 + threadIdx.x;
-      float acc = 0.0f;
+      float acc = accumulate && j < h ? *reinterpret_cast<const float*>(el(dh, r, j)) : 0.0f;
       for (int64_t k0 = 0; k0 < kk; k0 += kSlotTile) {
         const int n = int(kk - k0 < kSlotTile ? kk - k0 : kSlotTile);
         __syncthreads();  // the previous tile is no longer read
@@ -165,61 +165,138 @@ __global__ void dw_kernel(const int* keys, const int* vals, int64_t count, int64
   }
 }
 
-// The same updates, vectorized: each lane owns 8 consecutive columns of dW (two float4) and of the hidden
-// rows (one 16-byte load), and the id's updates are read once per 32 by the lanes and broadcast with
-// shuffles. Same order of additions per element as dw_kernel (updates in sorted order, one fma each), so
-// the same bits. x is T with dense 16-byte-aligned rows, dW dense f32 rows 16-byte aligned, H % 8 == 0.
+// dhidden, vectorized: each thread owns 8 consecutive columns (one 16-byte load of a weight row per slot,
+// four slots' loads in flight before their fmas). Same slots, same order, one fma each: the bits of
+// dhidden_kernel. w is T with dense 16-byte-aligned rows, dh dense f32 16-byte-aligned rows, H % 8 == 0.
 template <typename T>
-__global__ void dw_vec_kernel(const int* keys, const int* vals, int64_t count, int64_t v, BD g, BD x, BD dw,
-                              BD dbias) {
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
-  const int kk = int(g.cols);
-  const int64_t groups = dw.data ? dw.cols / 8 : 0;
-  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; i < count; i += warps) {
-    const int id = keys[i];
-    if (id >= v || (i > 0 && keys[i - 1] == id)) continue;  // uniform over the warp
-    int64_t end = i + 1;
-    while (end < count && keys[end] == id) ++end;
-    float bsum = 0.0f;
-    if (dbias.data && lane == 0) bsum = *reinterpret_cast<const float*>(el(dbias, 0, id));
-    float* drow = dw.data ? reinterpret_cast<float*>(el(dw, id, 0)) : nullptr;
-    for (int64_t q0 = i; q0 < end; q0 += 32) {
-      const int nq = int(min(int64_t(32), end - q0));
-      int my_r = 0;
-      float my_g = 0.0f;
-      if (lane < nq) {
-        const int e = vals[q0 + lane];
-        my_r = e / kk;
-        my_g = *reinterpret_cast<const float*>(el(g, my_r, e % kk));
-      }
-      if (dbias.data)
-        for (int t = 0; t < nq; ++t) {
-          const float gv = __shfl_sync(0xffffffffu, my_g, t);
-          if (lane == 0) bsum += gv;
+__global__ void __launch_bounds__(kBlock)
+    dhidden_vec_kernel(BD g, BD w, BD ids, BD logprobs, BD mask, BD dh, int64_t v, bool accumulate) {
+  __shared__ int s_id[kSlotTile];
+  __shared__ float s_g[kSlotTile];
+  const int64_t groups = dh.cols / 8, kk = g.cols;
+  for (int64_t r = blockIdx.x; r < g.rows; r += gridDim.x) {
+    float* drow = reinterpret_cast<float*>(el(dh, r, 0));
+    for (int64_t c0 = 0; c0 < groups; c0 += blockDim.x) {
+      const int64_t c8 = c0 + threadIdx.x;
+      const bool on = c8 < groups;
+      float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+      if (on && accumulate) load8(drow + c8 * 8, acc);
+      for (int64_t k0 = 0; k0 < kk; k0 += kSlotTile) {
+        const int n = int(kk - k0 < kSlotTile ? kk - k0 : kSlotTile);
+        __syncthreads();  // the previous tile is no longer read
+        if (threadIdx.x < n) {
+          const int64_t k = k0 + threadIdx.x;
+          const float gv = *reinterpret_cast<const float*>(el(g, r, k));
+          s_g[threadIdx.x] = gv;
+          s_id[threadIdx.x] = gv != 0.0f ? int(slot_id(ids, logprobs, mask, r, k, v)) : -1;
         }
-      for (int64_t base = 0; base < groups; base += 32) {
-        const int64_t c8 = base + lane;
-        const bool on = c8 < groups;
-        float acc[8];
-        if (on) load8(drow + c8 * 8, acc);
-        for (int t = 0; t < nq; ++t) {
-          const int r = __shfl_sync(0xffffffffu, my_r, t);
-          const float gv = __shfl_sync(0xffffffffu, my_g, t);
-          if (!on) continue;
-          float xv[8];
-          load8(reinterpret_cast<const T*>(el(x, r, c8 * 8)), xv);
+        __syncthreads();
+        if (!on) continue;
+        int q = 0;
+        for (; q + 4 <= n; q += 4) {
+          float xv[4][8];
 #pragma unroll
-          for (int k = 0; k < 8; ++k) acc[k] = fmaf(gv, xv[k], acc[k]);
+          for (int u = 0; u < 4; ++u)
+            if (s_id[q + u] >= 0) load8(reinterpret_cast<const T*>(el(w, s_id[q + u], 0)) + c8 * 8, xv[u]);
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+            if (s_id[q + u] >= 0) {
+              const float gv = s_g[q + u];
+#pragma unroll
+              for (int i = 0; i < 8; ++i) acc[i] = fmaf(gv, xv[u][i], acc[i]);
+            }
         }
-        if (on) {
-          float4* o = reinterpret_cast<float4*>(drow + c8 * 8);
-          o[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-          o[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-        }
+        for (; q < n; ++q)
+          if (s_id[q] >= 0) {
+            float xv[8];
+            load8(reinterpret_cast<const T*>(el(w, s_id[q], 0)) + c8 * 8, xv);
+            const float gv = s_g[q];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[i] = fmaf(gv, xv[i], acc[i]);
+          }
+      }
+      if (on) {
+        float4* o = reinterpret_cast<float4*>(drow + c8 * 8);
+        o[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        o[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
       }
     }
-    if (dbias.data && lane == 0) *reinterpret_cast<float*>(el(dbias, 0, id)) = bsum;
+  }
+}
+
+// The run of sorted positions [first[id], last[id]) that holds id's updates (first[id] = -1: none).
+__global__ void runs_kernel(const int* keys, int64_t count, int64_t v, int* first, int* last) {
+  RT_GRID_LOOP(i, count) {
+    const int id = keys[i];
+    if (id >= v) continue;
+    if (i == 0 || keys[i - 1] != id) first[id] = int(i);
+    if (i == count - 1 || keys[i + 1] != id) last[id] = int(i + 1);
+  }
+}
+
+// dW and dbias, one block per id (ids visited in order, so dW rows stream): the id's updates are staged in
+// shared memory, then each thread adds them to its 8 columns in sorted order, four hidden-row loads in
+// flight. Same additions in the same order as dw_kernel (one fma per update per element), so the same bits.
+// x is T with dense 16-byte-aligned rows, dW dense f32 16-byte-aligned rows, H % 8 == 0.
+template <typename T>
+__global__ void __launch_bounds__(kBlock)
+    dw_runs_kernel(const int* first, const int* last, const int* vals, int64_t v, BD g, BD x, BD dw, BD dbias) {
+  __shared__ int s_r[kBlock];
+  __shared__ float s_g[kBlock];
+  const int kk = int(g.cols);
+  const int64_t groups = dw.data ? dw.cols / 8 : 0;
+  for (int64_t id = blockIdx.x; id < v; id += gridDim.x) {
+    const int i0 = first[id];
+    if (i0 < 0) continue;  // uniform over the block
+    const int i1 = last[id];
+    float* drow = dw.data ? reinterpret_cast<float*>(el(dw, id, 0)) : nullptr;
+    float bsum = 0.0f;
+    if (dbias.data && threadIdx.x == 0) bsum = *reinterpret_cast<const float*>(el(dbias, 0, id));
+    // dbias rides on the first column tile's staging (every update is staged once per tile).
+    for (int64_t c0 = 0; c0 < (groups > 0 ? groups : 1); c0 += blockDim.x) {
+      const int64_t c8 = c0 + threadIdx.x;
+      const bool on = c8 < groups;
+      float acc[8];
+      if (on) load8(drow + c8 * 8, acc);
+      for (int q0 = i0; q0 < i1; q0 += kBlock) {
+        const int n = min(kBlock, i1 - q0);
+        __syncthreads();  // the previous tile is no longer read
+        if (int(threadIdx.x) < n) {
+          const int e = vals[q0 + threadIdx.x], r = e / kk;
+          s_r[threadIdx.x] = r;
+          s_g[threadIdx.x] = *reinterpret_cast<const float*>(el(g, r, e % kk));
+        }
+        __syncthreads();
+        if (c0 == 0 && dbias.data && threadIdx.x == 0)
+          for (int q = 0; q < n; ++q) bsum += s_g[q];
+        if (!on) continue;
+        int q = 0;
+        for (; q + 4 <= n; q += 4) {
+          float xv[4][8];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) load8(reinterpret_cast<const T*>(el(x, s_r[q + u], 0)) + c8 * 8, xv[u]);
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const float gv = s_g[q + u];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[e] = fmaf(gv, xv[u][e], acc[e]);
+          }
+        }
+        for (; q < n; ++q) {
+          float xv[8];
+          load8(reinterpret_cast<const T*>(el(x, s_r[q], 0)) + c8 * 8, xv);
+          const float gv = s_g[q];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] = fmaf(gv, xv[e], acc[e]);
+        }
+      }
+      if (on) {
+        float4* o = reinterpret_cast<float4*>(drow + c8 * 8);
+        o[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        o[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      }
+    }
+    if (dbias.data && threadIdx.x == 0) *reinterpret_cast<float*>(el(dbias, 0, id)) = bsum;
   }
 }
 
@@ -263,27 +340,43 @@ void gather_topk_logits(CudaExec& ex, const Block& hidden, const Block& w, const
 }
 
 void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const Block& w,
-                        const loss::TopKSide& side, const Block& dhidden, const Block& dw,
-                        const Block& dbias) {
+                        const loss::TopKSide& side, const Block& dhidden, const Block& dw, const Block& dbias,
+                        bool accumulate_dhidden) {
   if (g.rows == 0) return;
   const int64_t v = w.rows;
+  RT_CHECK(g.rows * g.cols < (int64_t(1) << 31) && v < (int64_t(1) << 31), "fused top-K: ", g.rows,
+           " rows x K = ", g.cols, " slots (or V = ", v,
+           ") is too many for one chunk's sort; lower memory_budget or chunk_rows");
   const BD gd = bd(g), ids = bd(side.ids), lp = bd(side.logprobs), mask = bd(side.mask);
+  const int64_t h = hidden.cols;
   if (!dhidden.empty()) {
     const unsigned grid = unsigned(std::min<int64_t>(g.rows, int64_t(ex.sm_count) * 16));
-    dhidden_kernel<<<grid, kSlotTile, 0, ex.stream>>>(gd, bd(w), ids, lp, mask, bd(dhidden), v);
+    const bool vec = h % 8 == 0 && aligned16(dhidden) && dhidden.col_stride == sizeof(float) && aligned16(w) &&
+                     w.col_stride == dtype_size(w.dtype);
+    if (vec && w.dtype == DType::BF16)
+      dhidden_vec_kernel<__nv_bfloat16>
+          <<<grid, kBlock, 0, ex.stream>>>(gd, bd(w), ids, lp, mask, bd(dhidden), v, accumulate_dhidden);
+    else if (vec && w.dtype == DType::F16)
+      dhidden_vec_kernel<__half>
+          <<<grid, kBlock, 0, ex.stream>>>(gd, bd(w), ids, lp, mask, bd(dhidden), v, accumulate_dhidden);
+    else if (vec && w.dtype == DType::F32)
+      dhidden_vec_kernel<float>
+          <<<grid, kBlock, 0, ex.stream>>>(gd, bd(w), ids, lp, mask, bd(dhidden), v, accumulate_dhidden);
+    else
+      dhidden_kernel<<<grid, kSlotTile, 0, ex.stream>>>(gd, bd(w), ids, lp, mask, bd(dhidden), v,
+                                                        accumulate_dhidden);
     RT_CUDA_LAUNCH_CHECK("dhidden_kernel");
   }
   if (dw.empty() && dbias.empty()) return;
   const int64_t count = g.rows * g.cols;
-  RT_CHECK(count < (int64_t(1) << 31) && v < (int64_t(1) << 31), "fused top-K: ", g.rows,
-           " rows x K = ", g.cols, " slots (or V = ", v,
-           ") is too many for one chunk's sort; lower memory_budget or chunk_rows");
-  // keys_in, vals_in, keys_out, vals_out, then CUB's temporary storage.
-  auto buf = ex.temp(4 * size_t(count) * sizeof(int));
+  // keys_in, vals_in, keys_out, vals_out, first, last, then CUB's temporary storage.
+  auto buf = ex.temp((4 * size_t(count) + 2 * size_t(v)) * sizeof(int));
   int* keys_in = buf->as<int>();
   int* vals_in = keys_in + count;
   int* keys_out = vals_in + count;
   int* vals_out = keys_out + count;
+  int* first = vals_out + count;
+  int* last = first + v;
   keys_kernel<<<ex.grid_for(count, kBlock), kBlock, 0, ex.stream>>>(gd, ids, lp, mask, v, keys_in, vals_in);
   RT_CUDA_LAUNCH_CHECK("keys_kernel");
   int end_bit = 1;
@@ -295,20 +388,24 @@ void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const
   RT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp->data(), temp_bytes, keys_in, keys_out, vals_in,
                                                 vals_out, int(count), 0, end_bit, ex.stream));
   const bool vec = (dw.empty() || (aligned16(dw) && dw.col_stride == sizeof(float) && dw.cols % 8 == 0)) &&
-                   aligned16(hidden) && hidden.col_stride == dtype_size(hidden.dtype) && hidden.cols % 8 == 0;
-  const unsigned grid = unsigned(ex.grid_for(count * 32, kBlock));
-  if (vec && hidden.dtype == DType::BF16) {
-    dw_vec_kernel<__nv_bfloat16>
-        <<<grid, kBlock, 0, ex.stream>>>(keys_out, vals_out, count, v, gd, bd(hidden), bd(dw), bd(dbias));
-  } else if (vec && hidden.dtype == DType::F16) {
-    dw_vec_kernel<__half>
-        <<<grid, kBlock, 0, ex.stream>>>(keys_out, vals_out, count, v, gd, bd(hidden), bd(dw), bd(dbias));
-  } else if (vec && hidden.dtype == DType::F32) {
-    dw_vec_kernel<float>
-        <<<grid, kBlock, 0, ex.stream>>>(keys_out, vals_out, count, v, gd, bd(hidden), bd(dw), bd(dbias));
+                   aligned16(hidden) && hidden.col_stride == dtype_size(hidden.dtype) && h % 8 == 0;
+  if (vec) {
+    RT_CUDA_CHECK(cudaMemsetAsync(first, 0xff, size_t(v) * sizeof(int), ex.stream));  // -1: no updates
+    runs_kernel<<<ex.grid_for(count, kBlock), kBlock, 0, ex.stream>>>(keys_out, count, v, first, last);
+    RT_CUDA_LAUNCH_CHECK("runs_kernel");
+    const unsigned grid = unsigned(std::min<int64_t>(v, int64_t(ex.sm_count) * 8));
+    if (hidden.dtype == DType::BF16)
+      dw_runs_kernel<__nv_bfloat16>
+          <<<grid, kBlock, 0, ex.stream>>>(first, last, vals_out, v, gd, bd(hidden), bd(dw), bd(dbias));
+    else if (hidden.dtype == DType::F16)
+      dw_runs_kernel<__half>
+          <<<grid, kBlock, 0, ex.stream>>>(first, last, vals_out, v, gd, bd(hidden), bd(dw), bd(dbias));
+    else
+      dw_runs_kernel<float>
+          <<<grid, kBlock, 0, ex.stream>>>(first, last, vals_out, v, gd, bd(hidden), bd(dw), bd(dbias));
   } else {
-    dw_kernel<<<grid, kBlock, 0, ex.stream>>>(keys_out, vals_out, count, v, gd, bd(hidden), bd(dw),
-                                              bd(dbias));
+    const unsigned grid = unsigned(ex.grid_for(count * 32, kBlock));
+    dw_kernel<<<grid, kBlock, 0, ex.stream>>>(keys_out, vals_out, count, v, gd, bd(hidden), bd(dw), bd(dbias));
   }
   RT_CUDA_LAUNCH_CHECK("dw_kernel");
 }

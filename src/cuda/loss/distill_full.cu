@@ -131,10 +131,27 @@ __global__ void __launch_bounds__(kThreads)
 #define RT_DISTILL_CLUSTERS 1
 #endif
 
-constexpr int kClusterThreads = 1024;
-constexpr int kMaxClusterCtas = 8;
 constexpr int kMaxBufs = 2;
-constexpr int64_t kClusterSmem = 200 * 1024;  // dynamic shared memory per CTA (of 227 KB)
+// Threads per CTA: 512, two CTAs of different clusters per SM with 108 KB of row segments each, so one
+// computes while the other waits at a barrier or for its bulk copy (H100, JSD fwd+bwd at N = 8192,
+// V = 151936: 7.7 ms, against 10.5 ms with one double-buffered 1024-thread CTA per SM, which
+// RETORT_DISTILL_THREADS=1024 selects).
+int distill_threads() {
+  static const int v = [] {
+    const char* e = std::getenv("RETORT_DISTILL_THREADS");
+    return e && std::atoi(e) == 1024 ? 1024 : 512;
+  }();
+  return v;
+}
+int64_t cluster_smem() { return distill_threads() == 1024 ? 200 * 1024 : 108 * 1024; }
+// Portable clusters have at most 8 CTAs; H100 allows 16 (RETORT_DISTILL_MAXCS=16).
+int max_cluster_ctas() {
+  static const int v = [] {
+    const char* e = std::getenv("RETORT_DISTILL_MAXCS");
+    return e && std::atoi(e) == 16 ? 16 : 8;
+  }();
+  return v;
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -180,8 +197,8 @@ __device__ __forceinline__ float div_term2(float beta, float lp2, float lq2, flo
   }
 }
 
-template <typename T, typename G, int kMode>
-__global__ void __launch_bounds__(kClusterThreads)
+template <typename T, typename G, int kMode, int kCT>
+__global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
     distill_cluster_kernel(RowBlock b, DistillRows o, ErrorSink err, DistillFlags f, int64_t seg, int nbuf,
                            bool gvec) {
 #ifdef RT_DISTILL_CLUSTERS
@@ -425,10 +442,11 @@ ClusterPlan cluster_plan(const RowBlock& b, const DistillRows& o, size_t elsize)
     return e ? std::atoi(e) : 0;
   }();
   // The fewest CTAs whose segments (student + teacher, two buffers) fit; one buffer when two never do.
+  const int maxcs = max_cluster_ctas();
   for (int nbuf = kMaxBufs; nbuf >= 1 && p.cs == 0; --nbuf)
-    for (int cs = want > 0 ? std::min(want, kMaxClusterCtas) : 1; cs <= kMaxClusterCtas; ++cs) {
+    for (int cs = want > 0 ? std::min(want, maxcs) : 1; cs <= maxcs; ++cs) {
       const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
-      if (int64_t(nbuf) * 2 * seg * int64_t(elsize) <= kClusterSmem) {
+      if (int64_t(nbuf) * 2 * seg * int64_t(elsize) <= cluster_smem()) {
         p = ClusterPlan{cs, nbuf, seg};
         break;
       }
@@ -461,9 +479,11 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
     if constexpr (!kClusterG)
       return;
     else {
-      auto kernel = o.beta == 0.0f   ? distill_cluster_kernel<T, G, 0>
-                    : o.beta == 1.0f ? distill_cluster_kernel<T, G, 1>
-                                     : distill_cluster_kernel<T, G, 2>;
+      const bool half = distill_threads() == 512;
+      auto kernel = o.beta == 0.0f ? (half ? distill_cluster_kernel<T, G, 0, 512> : distill_cluster_kernel<T, G, 0, 1024>)
+                    : o.beta == 1.0f
+                        ? (half ? distill_cluster_kernel<T, G, 1, 512> : distill_cluster_kernel<T, G, 1, 1024>)
+                        : (half ? distill_cluster_kernel<T, G, 2, 512> : distill_cluster_kernel<T, G, 2, 1024>);
       const size_t smem = size_t(cp.nbuf) * 2 * size_t(cp.seg) * sizeof(T);
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -471,7 +491,7 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
       attr[0].val.clusterDim.y = 1;
       attr[0].val.clusterDim.z = 1;
       cudaLaunchConfig_t cfg = {};
-      cfg.blockDim = dim3(kClusterThreads);
+      cfg.blockDim = dim3(unsigned(distill_threads()));
       cfg.gridDim = dim3(unsigned(cp.cs));
       cfg.dynamicSmemBytes = smem;
       cfg.stream = s;
@@ -482,8 +502,9 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
       cfg.gridDim = dim3(unsigned(clusters * cp.cs));
       if (std::getenv("RETORT_ROWLOSS_DEBUG"))
         std::fprintf(stderr,
-                     "distill_rows: cluster path, %d CTAs per row, segment %lld, %d buffers, %d clusters\n",
-                     cp.cs, static_cast<long long>(cp.seg), cp.nbuf, clusters);
+                     "distill_rows: cluster path, %d CTAs per row, segment %lld, %d buffers, %d clusters, "
+                     "%d threads\n",
+                     cp.cs, static_cast<long long>(cp.seg), cp.nbuf, clusters, distill_threads());
       const bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
       int64_t seg = cp.seg;
       int nbuf = cp.nbuf;

@@ -236,9 +236,17 @@ void topk_distill_rows(const RowBlock& b, const TopKRows& o, const ErrorSink& er
     if (smem > 48 * 1024)
       check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
             "cudaFuncSetAttribute(topk_kernel, max dynamic shared memory)");
-    const bool vec = vec_ok(b.logits, b.V, b.stride, sizeof(T));
-    const bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
-    kernel<<<grid_for(b.rows), kThreads, smem, s>>>(b, o, err, f, vec, gvec);
+    const bool vec = vec_rows_ok(b.logits, b.stride, sizeof(T));
+    const bool gvec = !b.grad || vec_rows_ok(b.grad, b.grad_stride, sizeof(G));
+    // Short rows (the K-sparse path's gathered [N, K] logits): a 512-thread CTA would idle most of its
+    // threads through every barrier, so a CTA of a warp or few per row, and many rows in flight.
+    int threads = kThreads, grid = grid_for(b.rows);
+    const int64_t widest = std::max<int64_t>(b.V / 8, o.K);
+    if (widest <= 256) {
+      threads = int(std::max<int64_t>(32, (widest + 31) / 32 * 32));
+      grid = int(std::min<int64_t>(b.rows, int64_t(grid_for(b.rows)) * (kThreads / threads)));
+    }
+    kernel<<<grid, threads, smem, s>>>(b, o, err, f, vec, gvec);
   });
   check(cudaGetLastError(), "topk_kernel launch");
 }

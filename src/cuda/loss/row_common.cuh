@@ -139,6 +139,13 @@ __device__ __forceinline__ void for_row(const T* p, int64_t n, bool vec, F& f, i
       unpack8(raw, x);
       f.template apply<8>(base + v * 8, x);
     }
+    // A row whose length is not a multiple of 8 (V = 50,257 in a row of stride 50,304) ends in < 8 scalars.
+    for (int64_t j = nvec * 8 + threadIdx.x; j < n; j += step) {
+      T raw = p[j];
+      if (cache) cache[j] = raw;
+      float x[1] = {to_f<T>(raw)};
+      f.template apply<1>(base + j, x);
+    }
   } else {
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       T raw = p[j];
@@ -243,6 +250,10 @@ __device__ __forceinline__ int64_t load_index(const void* p, bool is_i64, int64_
 inline bool vec_ok(const void* p, int64_t v, int64_t stride, size_t elsize) {
   return v % 8 == 0 && stride % 8 == 0 && (reinterpret_cast<uintptr_t>(p) % (8 * elsize)) == 0;
 }
+// for_row's vector path: every row starts 16-byte aligned; the row length may leave a scalar tail.
+inline bool vec_rows_ok(const void* p, int64_t stride, size_t elsize) {
+  return stride % 8 == 0 && (reinterpret_cast<uintptr_t>(p) % (8 * elsize)) == 0;
+}
 
 // Host side: calls f.template operator()<T, G>() for the logits dtype t and the gradient dtype g (f32, bf16
 // or f16 each); any other dtype throws retort::Error naming op.
@@ -297,6 +308,11 @@ int max_active_clusters(Kernel kernel, const cudaLaunchConfig_t& cfg, int cluste
   if (it == known.end()) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cfg.dynamicSmemBytes));
     if (e != cudaSuccess) RT_FAIL("cuda: cudaFuncSetAttribute(", what, ") failed: ", cudaGetErrorString(e));
+    if (cluster_size > 8) {  // beyond the portable size (H100: up to 16)
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      if (e != cudaSuccess) RT_FAIL("cuda: cudaFuncSetAttribute(", what, ", non-portable cluster size) failed: ",
+                                    cudaGetErrorString(e));
+    }
     int clusters = 0;
     e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
     if (e != cudaSuccess)

@@ -145,7 +145,10 @@ __global__ void __launch_bounds__(kCT)
   cg::cluster_group cl = cg::this_cluster();
   const int cs = int(cl.num_blocks()), rank = int(cl.block_rank());
   const int64_t c0 = int64_t(rank) * seg, n = std::max<int64_t>(0, std::min<int64_t>(b.V, c0 + seg) - c0);
-  const uint32_t seg_bytes = uint32_t(n * int64_t(sizeof(T)));
+  // The copy engine moves whole 16-byte pieces: the last segment's < 8 trailing values (V % 8 != 0) are
+  // loaded by the threads once the bulk copy has landed.
+  const int tail = int(n % 8);
+  const uint32_t seg_bytes = uint32_t((n - tail) * int64_t(sizeof(T)));
   const int64_t first = blockIdx.x / cs, step = gridDim.x / cs;
   if (threadIdx.x == 0) {
     for (int i = 0; i < nbuf; ++i)
@@ -191,6 +194,10 @@ __global__ void __launch_bounds__(kCT)
     }
     T* const buf = base + cur * seg;
     const T* row = static_cast<const T*>(b.logits) + r * b.stride;
+    if (tail) {  // uniform across the CTA
+      if (int(threadIdx.x) < tail) buf[n - tail + threadIdx.x] = row[c0 + n - tail + threadIdx.x];
+      __syncthreads();
+    }
     p.begin_row(b, r);
     auto acc = p.acc();
     for_row<1, false>(buf, n, true, acc, c0);
@@ -554,8 +561,8 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
   if (b.rows == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
   dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, what, [&]<typename T, typename G>() {
-    const bool vec = vec_ok(b.logits, b.V, b.stride, sizeof(T));
-    const bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
+    const bool vec = vec_rows_ok(b.logits, b.stride, sizeof(T));
+    const bool gvec = !b.grad || vec_rows_ok(b.grad, b.grad_stride, sizeof(G));
     int major = 0;
     const int sms = device_sm_count_and_arch(&major);
     const int64_t row_bytes = b.V * int64_t(sizeof(T));
@@ -631,8 +638,8 @@ void selective_log_softmax_rows(const RowBlock& b, const SelectiveRows& o, int* 
   auto s = static_cast<cudaStream_t>(stream);
   dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, "selective_log_softmax",
            [&]<typename T, typename G>() {
-             bool vec = vec_ok(b.logits, b.V, b.stride, sizeof(T));
-             bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
+             bool vec = vec_rows_ok(b.logits, b.stride, sizeof(T));
+             bool gvec = !b.grad || vec_rows_ok(b.grad, b.grad_stride, sizeof(G));
              selective_kernel<T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, o, err, vec, gvec);
            });
   check(cudaGetLastError(), "selective_log_softmax_rows launch");

@@ -163,7 +163,8 @@ class ChunkExecutor {
   // dbias[0, id] += g[r, k], accumulated per id in row order, so the result is deterministic and does not
   // depend on the chunking. Empty blocks are not wanted.
   virtual void scatter_grads(const Block& g, const Block& hidden, const Block& w, const TopKSide& side,
-                             const Block& dhidden, const Block& dw, const Block& dbias) = 0;
+                             const Block& dhidden, const Block& dw, const Block& dbias,
+                             bool accumulate_dhidden) = 0;
 };
 
 // The CPU executor (cpu_chunk_exec.cpp): the packed CPU GEMM and the CPU row kernels, on pool's threads.
@@ -196,7 +197,7 @@ struct FusedLinearProblem {
   // [N, K] in spec.selective.values instead.
   Block dhidden, dweight, dbias;
   // Add into dweight / dbias instead of overwriting them (a graph's gradient accumulator).
-  bool accumulate_dweight = false, accumulate_dbias = false;
+  bool accumulate_dhidden = false, accumulate_dweight = false, accumulate_dbias = false;
   float grad_scale = 1.0f;
   Block row_upstream;
 

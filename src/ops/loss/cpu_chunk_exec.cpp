@@ -306,14 +306,15 @@ class CpuChunkExecutor final : public ChunkExecutor {
   }
 
   void scatter_grads(const Block& g, const Block& hidden, const Block& w, const TopKSide& side,
-                     const Block& dhidden, const Block& dw, const Block& dbias) override {
+                     const Block& dhidden, const Block& dw, const Block& dbias,
+                     bool accumulate_dhidden) override {
     const int64_t rows = g.rows, kk = g.cols, h = hidden.cols;
     if (!dhidden.empty()) {
       pool_.parallel_for(rows, [&](int64_t r0, int64_t r1) {
         std::vector<float> wr(static_cast<size_t>(h));
         for (int64_t r = r0; r < r1; ++r) {
           float* d = f32_row(dhidden, r);
-          std::fill(d, d + h, 0.0f);
+          if (!accumulate_dhidden) std::fill(d, d + h, 0.0f);
           const float* gr = f32_row(g, r);
           for (int64_t k = 0; k < kk; ++k) {
             if (gr[k] == 0.0f || !slot_valid(side, r, k)) continue;

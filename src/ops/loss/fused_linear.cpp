@@ -302,6 +302,7 @@ loss::FusedLinearProblem inputs_of(const Tensor* node) {
 void wire_grads(const Tensor* node, loss::FusedLinearProblem& p) {
   const int64_t bits = node->ip[kIpGrad];
   auto dense = [](const Tensor* t) { return loss::Block::dense(t->data, DType::F32, t->ne[1], t->ne[0]); };
+  p.accumulate_dhidden = (node->ip[kIpAccum] & 1) != 0;
   p.accumulate_dweight = (node->ip[kIpAccum] & 2) != 0;
   p.accumulate_dbias = (node->ip[kIpAccum] & 4) != 0;
   if ((bits & 1) && node->aux[1]) p.dhidden = dense(node->aux[1]);
@@ -534,12 +535,12 @@ Tensor* fused_linear_selective_log_softmax(Context& ctx, Tensor* hidden, Tensor*
   return t;
 }
 
-// Graph::backward's offer (OpInfo::accumulate_aux): the weight and bias gradients (aux[2], aux[3]) can be
-// added into an accumulator by the GEMM (beta = 1) and the column sums; the hidden gradient is written row
-// block by row block (and overwritten on the K-sparse path), so it declines.
+// Graph::backward's offer (OpInfo::accumulate_aux): every gradient output can be added into an accumulator —
+// the hidden gradient by its GEMM (beta = 1) or the K-sparse update, the weight gradient by its GEMM, the
+// bias gradient by the column sums — so a leaf's gradient needs no Accumulate pass over a copy.
 bool accumulate_fused_aux(Tensor* aux) {
   Tensor* owner = aux->src[0];
-  for (int i = 1; i < kGrads; ++i)
+  for (int i = 0; i < kGrads; ++i)
     if (owner->aux[size_t(1 + i)] == aux) {
       owner->ip[kIpAccum] |= int64_t(1) << i;
       return true;
