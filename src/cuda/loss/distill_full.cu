@@ -132,18 +132,19 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 
 constexpr int kMaxBufs = 2;
-// Threads per CTA: 512, two CTAs of different clusters per SM with 108 KB of row segments each, so one
-// computes while the other waits at a barrier or for its bulk copy (H100, JSD fwd+bwd at N = 8192,
-// V = 151936: 7.7 ms, against 10.5 ms with one double-buffered 1024-thread CTA per SM, which
-// RETORT_DISTILL_THREADS=1024 selects).
-int distill_threads() {
-  static const int v = [] {
+// Threads per CTA: 512 where the row pair fits in the cluster that way: two CTAs of different clusters per
+// SM with 108 KB of row segments each, so one computes while the other waits at a barrier or for its bulk
+// copy (H100, JSD fwd+bwd at N = 8192, V = 151936, bf16: 7.7 ms, against 10.5 ms with one double-buffered
+// 1024-thread CTA per SM). Otherwise (long f32 rows) one 1024-thread CTA per SM with 200 KB.
+// RETORT_DISTILL_THREADS=1024 forces the latter.
+bool distill_force_1024() {
+  static const bool v = [] {
     const char* e = std::getenv("RETORT_DISTILL_THREADS");
-    return e && std::atoi(e) == 1024 ? 1024 : 512;
+    return e && std::atoi(e) == 1024;
   }();
   return v;
 }
-int64_t cluster_smem() { return distill_threads() == 1024 ? 200 * 1024 : 108 * 1024; }
+int64_t cluster_smem(int threads) { return threads == 1024 ? 200 * 1024 : 108 * 1024; }
 // Portable clusters have at most 8 CTAs; H100 allows 16 (RETORT_DISTILL_MAXCS=16).
 int max_cluster_ctas() {
   static const int v = [] {
@@ -420,7 +421,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
 // The cluster plan for a row pair of V elements of T: CTAs per row and segment length, or cs = 0 when the
 // rows are not eligible (not Hopper, dtypes differ, rows not 16-byte aligned vectors, or too long).
 struct ClusterPlan {
-  int cs = 0, nbuf = 0;
+  int cs = 0, nbuf = 0, threads = 0;
   int64_t seg = 0;
 };
 
@@ -443,14 +444,18 @@ ClusterPlan cluster_plan(const RowBlock& b, const DistillRows& o, size_t elsize)
   }();
   // The fewest CTAs whose segments (student + teacher, two buffers) fit; one buffer when two never do.
   const int maxcs = max_cluster_ctas();
-  for (int nbuf = kMaxBufs; nbuf >= 1 && p.cs == 0; --nbuf)
-    for (int cs = want > 0 ? std::min(want, maxcs) : 1; cs <= maxcs; ++cs) {
-      const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
-      if (int64_t(nbuf) * 2 * seg * int64_t(elsize) <= cluster_smem()) {
-        p = ClusterPlan{cs, nbuf, seg};
-        break;
+  for (int threads : {512, 1024}) {
+    if (threads == 512 && distill_force_1024()) continue;
+    for (int nbuf = kMaxBufs; nbuf >= 1 && p.cs == 0; --nbuf)
+      for (int cs = want > 0 ? std::min(want, maxcs) : 1; cs <= maxcs; ++cs) {
+        const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
+        if (int64_t(nbuf) * 2 * seg * int64_t(elsize) <= cluster_smem(threads)) {
+          p = ClusterPlan{cs, nbuf, threads, seg};
+          break;
+        }
       }
-    }
+    if (p.cs) break;
+  }
   return p;
 }
 
@@ -479,7 +484,7 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
     if constexpr (!kClusterG)
       return;
     else {
-      const bool half = distill_threads() == 512;
+      const bool half = cp.threads == 512;
       auto kernel = o.beta == 0.0f ? (half ? distill_cluster_kernel<T, G, 0, 512> : distill_cluster_kernel<T, G, 0, 1024>)
                     : o.beta == 1.0f
                         ? (half ? distill_cluster_kernel<T, G, 1, 512> : distill_cluster_kernel<T, G, 1, 1024>)
@@ -491,7 +496,7 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
       attr[0].val.clusterDim.y = 1;
       attr[0].val.clusterDim.z = 1;
       cudaLaunchConfig_t cfg = {};
-      cfg.blockDim = dim3(unsigned(distill_threads()));
+      cfg.blockDim = dim3(unsigned(cp.threads));
       cfg.gridDim = dim3(unsigned(cp.cs));
       cfg.dynamicSmemBytes = smem;
       cfg.stream = s;
@@ -504,7 +509,7 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
         std::fprintf(stderr,
                      "distill_rows: cluster path, %d CTAs per row, segment %lld, %d buffers, %d clusters, "
                      "%d threads\n",
-                     cp.cs, static_cast<long long>(cp.seg), cp.nbuf, clusters, distill_threads());
+                     cp.cs, static_cast<long long>(cp.seg), cp.nbuf, clusters, cp.threads);
       const bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
       int64_t seg = cp.seg;
       int nbuf = cp.nbuf;
