@@ -484,18 +484,21 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     return Block::dense(keep.back()->data(), dt, x.rows, x.cols);
   }
 
-  // cuBLASLt's first choice is not always its fastest for these shapes (H100, the small-vocabulary head's
-  // weight gradient, [50304, 768] += Gᵀ·H over a 4096-row chunk: an sm80 kernel at 0.81 ms where an sm90 one
-  // of the same list is faster). So the first call of a large GEMM times the heuristic's candidates once, on
-  // the call's own operands with alpha = 0: with beta = 1 that leaves C as it was (C + 0·AB); with beta = 0
-  // C is about to be overwritten by the real call. RETORT_GEMM_TUNE=0 keeps the heuristic's first choice.
+  // Opt-in (RETORT_GEMM_TUNE=1): the first call of a large GEMM times the heuristic's candidates once, on
+  // the call's own operands with alpha = 0 (with beta = 1 that leaves C as it was, C + 0·AB; with beta = 0 C
+  // is about to be overwritten by the real call), and keeps the fastest for the process. Off by default: on
+  // the H100 the choice varied from process to process and the fused losses' times with it (CE
+  // N=8192 H=4096: 37.6-42.0 ms), while the heuristic's first choice is the same every time.
+  static bool tuning_on() {
+    static const bool on = [] {
+      const char* e = std::getenv("RETORT_GEMM_TUNE");
+      return e && e[0] == '1';
+    }();
+    return on;
+  }
   void tune(GemmPlan& p, const void* a, const void* b, void* c, float beta, double mnk) {
     p.tuned = true;
-    static const bool off = [] {
-      const char* e = std::getenv("RETORT_GEMM_TUNE");
-      return e && e[0] == '0';
-    }();
-    if (off || p.n_candidates < 2 || mnk < 1e10) return;
+    if (!tuning_on() || p.n_candidates < 2 || mnk < 1e10) return;
     int dev = 0;
     RT_CUDA_CHECK(cudaGetDevice(&dev));
     TunedAlgos& t = tuned_algos();
@@ -586,7 +589,8 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     cublasLtMatmulHeuristicResult_t heurs[16]{};
     int found = 0;
     const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(ex_.lt, p->md, p->lx, p->ly, p->lc, p->lc, pref.p, 16, heurs, &found);
+        cublasLtMatmulAlgoGetHeuristic(ex_.lt, p->md, p->lx, p->ly, p->lc, p->lc, pref.p, tuning_on() ? 16 : 1,
+                                       heurs, &found);
     RT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuda fused linear: cuBLASLt has no algorithm for a ",
              key[11], " x ", key[12], " GEMM (inputs ", key[0] == CUDA_R_32F ? "f32" : "16-bit", ", status ",
              int(st), ")");
