@@ -407,13 +407,13 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
 
   void gather_logits(const Block& hidden, const Block& w, const Block& bias, const loss::TopKSide& side,
                      const Block& out) override {
-    fused::gather_topk_logits(ex_, hidden, w, bias, side, out);
+    fused::gather_topk_logits(ex_, hidden, w, bias, side, out, runs_);
   }
 
   void scatter_grads(const Block& g, const Block& hidden, const Block& w, const loss::TopKSide& side,
                      const Block& dhidden, const Block& dw, const Block& dbias,
                      bool accumulate_dhidden) override {
-    fused::scatter_topk_grads(ex_, g, hidden, w, side, dhidden, dw, dbias, accumulate_dhidden);
+    fused::scatter_topk_grads(ex_, g, hidden, w, side, dhidden, dw, dbias, accumulate_dhidden, runs_);
   }
 
  private:
@@ -606,6 +606,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   DType grad_dtype_;
   std::vector<std::unique_ptr<DeviceBuffer>> bufs_;  // scratch
   std::vector<std::unique_ptr<GemmPlan>> plans_;
+  fused::SparseRuns runs_;  // the K-sparse path's sorted slots, from a chunk's gather to its scatter
   std::unique_ptr<DeviceBuffer> inv_;  // 1 / count of a mean with labels (device)
   bool mean_on_device_ = false;
   std::unique_ptr<DeviceBuffer> shadow_;  // the 16-bit logits gradient

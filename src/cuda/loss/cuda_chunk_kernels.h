@@ -4,6 +4,7 @@
 // executor memory (device pointers) described by loss::Block (byte strides). Host-only header.
 #pragma once
 #include <cstdint>
+#include <memory>
 
 #include "../../ops/loss/chunk_scheduler.h"
 #include "../cuda_internal.h"
@@ -41,14 +42,31 @@ void gather_logprobs(CudaExec& ex, const float* z, int64_t ld, int64_t rows, con
                      const float* lse, float* lp);
 
 // ---- K-sparse top-K (cuda_sparse_topk.cu) ------------------------------------------------------------
+// The valid slots of one chunk sorted by id (a stable radix sort, so within an id rows and then slots stay in
+// order), with each id's run [first[id], last[id]) of sorted positions (first = -1: no slot). The gather makes
+// it and the scatter of the same chunk reuses it; `ids`, `rows` and `k` say which chunk it is for.
+struct SparseRuns {
+  std::unique_ptr<DeviceBuffer> buf;
+  const void* ids = nullptr;
+  int64_t rows = 0, k = 0, v = 0, count = 0;
+  int* keys = nullptr;  // sorted ids (v: an invalid slot, sorted last)
+  int* vals = nullptr;  // r·K + k at each sorted position
+  int* first = nullptr;
+  int* last = nullptr;
+  bool for_chunk(const loss::TopKSide& side, int64_t r, int64_t kk, int64_t vv) const {
+    return buf && ids == side.ids.data && rows == r && k == kk && v == vv;
+  }
+};
+
 // out[r, k] = hidden[r, :]·w[id_rk, :] (+ bias[0, id_rk]) on valid slots, 0 elsewhere (an id out of range is
-// a padding slot: validate() has reported it).
+// a padding slot: validate() has reported it). With dense 16-byte-aligned rows the slots are visited by id
+// (runs made into `runs`), each weight row read once; the dot products have the same bits either way.
 void gather_topk_logits(CudaExec& ex, const Block& hidden, const Block& w, const Block& bias,
-                        const loss::TopKSide& side, const Block& out);
-// dhidden[r, :] = Σ_k g[r, k]·w[id_rk, :] (slots in order); dw[id, :] += g·hidden[r, :] and dbias[0, id] +=
-// g per id in row order (a stable radix sort of the slots by id, then one warp per id).
+                        const loss::TopKSide& side, const Block& out, SparseRuns& runs);
+// dhidden[r, :] (+)= Σ_k g[r, k]·w[id_rk, :] (slots in order); dw[id, :] += g·hidden[r, :] and dbias[0, id]
+// += g per id in row order (the runs of the gather, or a new sort), skipping g = 0.
 void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const Block& w,
                         const loss::TopKSide& side, const Block& dhidden, const Block& dw,
-                        const Block& dbias, bool accumulate_dhidden);
+                        const Block& dbias, bool accumulate_dhidden, SparseRuns& runs);
 
 }  // namespace retort::cuda::fused

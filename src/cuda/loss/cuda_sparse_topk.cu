@@ -119,15 +119,16 @@ __global__ void dhidden_kernel(BD g, BD w, BD ids, BD logprobs, BD mask, BD dh, 
   }
 }
 
-// key = id of a valid slot with g != 0, else v (sorted last, skipped); value = r·K + k.
-__global__ void keys_kernel(BD g, BD ids, BD logprobs, BD mask, int64_t v, int* keys, int* vals) {
-  const int64_t kk = g.cols;
-  RT_GRID_LOOP(e, g.rows * kk) {
+// key = id of a valid slot, else v (sorted last, skipped); value = r·K + k. An invalid slot's logit in out
+// (when given) is 0.
+__global__ void keys_kernel(BD ids, BD logprobs, BD mask, int64_t rows, int64_t kk, int64_t v, int* keys,
+                            int* vals, BD out) {
+  RT_GRID_LOOP(e, rows * kk) {
     const int64_t r = e / kk, k = e % kk;
-    const float gv = *reinterpret_cast<const float*>(el(g, r, k));
-    const long long id = gv != 0.0f ? slot_id(ids, logprobs, mask, r, k, v) : -1;
+    const long long id = slot_id(ids, logprobs, mask, r, k, v);
     keys[e] = id >= 0 ? int(id) : int(v);
     vals[e] = int(e);
+    if (id < 0 && out.data) *reinterpret_cast<float*>(el(out, r, k)) = 0.0f;
   }
 }
 
@@ -148,7 +149,8 @@ __global__ void dw_kernel(const int* keys, const int* vals, int64_t count, int64
         float acc = *p;
         for (int64_t q = i; q < end; ++q) {
           const int e = vals[q], r = e / kk, k = e % kk;
-          acc = fmaf(*reinterpret_cast<const float*>(el(g, r, k)), load_f(el(x, r, j), x.dtype), acc);
+          const float gv = *reinterpret_cast<const float*>(el(g, r, k));
+          if (gv != 0.0f) acc = fmaf(gv, load_f(el(x, r, j), x.dtype), acc);
         }
         *p = acc;
       }
@@ -158,7 +160,8 @@ __global__ void dw_kernel(const int* keys, const int* vals, int64_t count, int64
       float b = *p;
       for (int64_t q = i; q < end; ++q) {
         const int e = vals[q];
-        b += *reinterpret_cast<const float*>(el(g, e / kk, e % kk));
+        const float gv = *reinterpret_cast<const float*>(el(g, e / kk, e % kk));
+        if (gv != 0.0f) b += gv;
       }
       *p = b;
     }
@@ -239,7 +242,7 @@ __global__ void runs_kernel(const int* keys, int64_t count, int64_t v, int* firs
 // flight. Same additions in the same order as dw_kernel (one fma per update per element), so the same bits.
 // x is T with dense 16-byte-aligned rows, dW dense f32 16-byte-aligned rows, H % 8 == 0.
 template <typename T>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kBlock, 4)
     dw_runs_kernel(const int* first, const int* last, const int* vals, int64_t v, BD g, BD x, BD dw, BD dbias) {
   __shared__ int s_r[kBlock];
   __shared__ float s_g[kBlock];
@@ -268,7 +271,8 @@ __global__ void __launch_bounds__(kBlock)
         }
         __syncthreads();
         if (c0 == 0 && dbias.data && threadIdx.x == 0)
-          for (int q = 0; q < n; ++q) bsum += s_g[q];
+          for (int q = 0; q < n; ++q)
+            if (s_g[q] != 0.0f) bsum += s_g[q];
         if (!on) continue;
         int q = 0;
         for (; q + 4 <= n; q += 4) {
@@ -278,14 +282,16 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
           for (int u = 0; u < 4; ++u) {
             const float gv = s_g[q + u];
+            if (gv == 0.0f) continue;  // a zero update is skipped, as on the CPU
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc[e] = fmaf(gv, xv[u][e], acc[e]);
           }
         }
         for (; q < n; ++q) {
+          const float gv = s_g[q];
+          if (gv == 0.0f) continue;
           float xv[8];
           load8(reinterpret_cast<const T*>(el(x, s_r[q], 0)) + c8 * 8, xv);
-          const float gv = s_g[q];
 #pragma unroll
           for (int e = 0; e < 8; ++e) acc[e] = fmaf(gv, xv[e], acc[e]);
         }
@@ -297,6 +303,48 @@ __global__ void __launch_bounds__(kBlock)
       }
     }
     if (dbias.data && threadIdx.x == 0) *reinterpret_cast<float*>(el(dbias, 0, id)) = bsum;
+  }
+}
+
+// The gather by id: one warp per id (ids in order), its weight row copied once into the warp's slice of
+// shared memory, then one dot product per slot of the id with the slot's hidden row (rows of a chunk are
+// few MB: L2). Each lane adds its columns in gather_kernel's order and the warp reduces the same way, so a
+// logit has the same bits as there. T rows dense and 16-byte aligned, H % 8 == 0.
+constexpr int kGatherWarps = 4;
+template <typename T>
+__global__ void __launch_bounds__(kGatherWarps * 32)
+    gather_runs_kernel(const int* first, const int* last, const int* vals, int64_t v, BD x, BD w, BD bias, BD out) {
+  extern __shared__ uint4 gather_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t h = x.cols, kk = out.cols;
+  T* const ws = reinterpret_cast<T*>(gather_smem) + int64_t(warp) * h;
+  const int64_t warps = int64_t(gridDim.x) * kGatherWarps;
+  for (int64_t id = int64_t(blockIdx.x) * kGatherWarps + warp; id < v; id += warps) {
+    const int i0 = first[id];
+    if (i0 < 0) continue;  // uniform over the warp
+    const int i1 = last[id];
+    const uint4* src = reinterpret_cast<const uint4*>(el(w, id, 0));
+    uint4* dst = reinterpret_cast<uint4*>(ws);
+    for (int64_t j = lane; j < h * int64_t(sizeof(T)) / 16; j += 32) dst[j] = src[j];
+    __syncwarp();
+    const float b = bias.data ? load_f(el(bias, 0, id), bias.dtype) : 0.0f;
+    for (int q = i0; q < i1; ++q) {
+      const int e = vals[q];
+      const int64_t r = e / kk, k = e % kk;
+      const T* xr = reinterpret_cast<const T*>(el(x, r, 0));
+      float s = 0.0f;
+#pragma unroll 4
+      for (int64_t j = int64_t(lane) * 8; j < h; j += 32 * 8) {
+        float a[8], c[8];
+        load8(xr + j, a);
+        load8(ws + j, c);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s = fmaf(a[i], c[i], s);
+      }
+      s = warp_reduce(s, SumOp{});
+      if (lane == 0) *reinterpret_cast<float*>(el(out, r, k)) = s + b;
+    }
+    __syncwarp();  // the slice is rewritten for the warp's next id
   }
 }
 
@@ -315,38 +363,93 @@ void launch_gather(CudaExec& ex, bool vec, const BD& x, const BD& w, const BD& b
   RT_CUDA_LAUNCH_CHECK("gather_kernel");
 }
 
+// Sorts the chunk's valid slots by id into runs (see SparseRuns); zeroes the logits of invalid slots in out
+// when out is given.
+void build_runs(CudaExec& ex, const loss::TopKSide& side, int64_t rows, int64_t kk, int64_t v, SparseRuns& runs,
+                const Block& out) {
+  const int64_t count = rows * kk;
+  RT_CHECK(count < (int64_t(1) << 31) && v < (int64_t(1) << 31), "fused top-K: ", rows, " rows x K = ", kk,
+           " slots (or V = ", v, ") is too many for one chunk's sort; lower memory_budget or chunk_rows");
+  // keys_in, vals_in, keys, vals, first, last (ints), then CUB's temporary storage.
+  const size_t ints = 4 * size_t(count) + 2 * size_t(v);
+  int* keys_in = nullptr;
+  size_t temp_bytes = 0;
+  RT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_in, keys_in, keys_in,
+                                                int(count), 0, 31, ex.stream));
+  const size_t bytes = ints * sizeof(int) + 256 + temp_bytes;
+  if (!runs.buf || runs.buf->size() < bytes) runs.buf = ex.temp(bytes);
+  keys_in = runs.buf->as<int>();
+  int* vals_in = keys_in + count;
+  runs.keys = vals_in + count;
+  runs.vals = runs.keys + count;
+  runs.first = runs.vals + count;
+  runs.last = runs.first + v;
+  void* temp = reinterpret_cast<char*>(runs.buf->data()) + (ints * sizeof(int) + 255) / 256 * 256;
+  const BD ids = bd(side.ids), lp = bd(side.logprobs), mask = bd(side.mask);
+  keys_kernel<<<ex.grid_for(count, kBlock), kBlock, 0, ex.stream>>>(ids, lp, mask, rows, kk, v, keys_in, vals_in,
+                                                                    bd(out));
+  RT_CUDA_LAUNCH_CHECK("keys_kernel");
+  int end_bit = 1;
+  while (end_bit < 31 && (int64_t(1) << end_bit) <= v) ++end_bit;  // keys are in [0, v]
+  RT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, runs.keys, vals_in, runs.vals,
+                                                int(count), 0, end_bit, ex.stream));
+  RT_CUDA_CHECK(cudaMemsetAsync(runs.first, 0xff, size_t(v) * sizeof(int), ex.stream));  // -1: no slot
+  runs_kernel<<<ex.grid_for(count, kBlock), kBlock, 0, ex.stream>>>(runs.keys, count, v, runs.first, runs.last);
+  RT_CUDA_LAUNCH_CHECK("runs_kernel");
+  runs.ids = side.ids.data;
+  runs.rows = rows;
+  runs.k = kk;
+  runs.v = v;
+  runs.count = count;
+}
+
 }  // namespace
 
 void gather_topk_logits(CudaExec& ex, const Block& hidden, const Block& w, const Block& bias,
-                        const loss::TopKSide& side, const Block& out) {
+                        const loss::TopKSide& side, const Block& out, SparseRuns& runs) {
   if (hidden.rows == 0) return;
   RT_ASSERT(out.dtype == DType::F32 && out.cols == side.logprobs.cols && !side.ids.empty());
-  const int64_t h = hidden.cols, es = int64_t(dtype_size(hidden.dtype));
+  const int64_t h = hidden.cols, es = int64_t(dtype_size(hidden.dtype)), v = w.rows;
   const bool vec = hidden.dtype == w.dtype && h % 8 == 0 && int64_t(hidden.col_stride) == es &&
                    int64_t(w.col_stride) == es && aligned16(hidden) && aligned16(w);
   const BD x = bd(hidden), wd = bd(w), b = bd(bias), ids = bd(side.ids), lp = bd(side.logprobs),
            mask = bd(side.mask), o = bd(out);
+  const size_t smem = size_t(kGatherWarps) * size_t(h) * size_t(es);
+  if (vec && smem <= 64 * 1024) {
+    build_runs(ex, side, hidden.rows, out.cols, v, runs, out);
+    const unsigned grid = unsigned(std::min<int64_t>((v + kGatherWarps - 1) / kGatherWarps, int64_t(ex.sm_count) * 16));
+    auto launch = [&](auto kernel) {
+      if (smem > 48 * 1024)
+        RT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      kernel<<<grid, kGatherWarps * 32, smem, ex.stream>>>(runs.first, runs.last, runs.vals, v, x, wd, b, o);
+    };
+    if (hidden.dtype == DType::BF16)
+      launch(gather_runs_kernel<__nv_bfloat16>);
+    else if (hidden.dtype == DType::F16)
+      launch(gather_runs_kernel<__half>);
+    else
+      launch(gather_runs_kernel<float>);
+    RT_CUDA_LAUNCH_CHECK("gather_runs_kernel");
+    return;
+  }
   switch (vec ? hidden.dtype : DType::F32) {
     case DType::BF16:
-      launch_gather<__nv_bfloat16>(ex, true, x, wd, b, ids, lp, mask, o, w.rows);
+      launch_gather<__nv_bfloat16>(ex, true, x, wd, b, ids, lp, mask, o, v);
       break;
     case DType::F16:
-      launch_gather<__half>(ex, true, x, wd, b, ids, lp, mask, o, w.rows);
+      launch_gather<__half>(ex, true, x, wd, b, ids, lp, mask, o, v);
       break;
     default:
-      launch_gather<float>(ex, vec, x, wd, b, ids, lp, mask, o, w.rows);
+      launch_gather<float>(ex, vec, x, wd, b, ids, lp, mask, o, v);
       break;
   }
 }
 
 void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const Block& w,
                         const loss::TopKSide& side, const Block& dhidden, const Block& dw, const Block& dbias,
-                        bool accumulate_dhidden) {
+                        bool accumulate_dhidden, SparseRuns& runs) {
   if (g.rows == 0) return;
   const int64_t v = w.rows;
-  RT_CHECK(g.rows * g.cols < (int64_t(1) << 31) && v < (int64_t(1) << 31), "fused top-K: ", g.rows,
-           " rows x K = ", g.cols, " slots (or V = ", v,
-           ") is too many for one chunk's sort; lower memory_budget or chunk_rows");
   const BD gd = bd(g), ids = bd(side.ids), lp = bd(side.logprobs), mask = bd(side.mask);
   const int64_t h = hidden.cols;
   if (!dhidden.empty()) {
@@ -368,44 +471,24 @@ void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const
     RT_CUDA_LAUNCH_CHECK("dhidden_kernel");
   }
   if (dw.empty() && dbias.empty()) return;
-  const int64_t count = g.rows * g.cols;
-  // keys_in, vals_in, keys_out, vals_out, first, last, then CUB's temporary storage.
-  auto buf = ex.temp((4 * size_t(count) + 2 * size_t(v)) * sizeof(int));
-  int* keys_in = buf->as<int>();
-  int* vals_in = keys_in + count;
-  int* keys_out = vals_in + count;
-  int* vals_out = keys_out + count;
-  int* first = vals_out + count;
-  int* last = first + v;
-  keys_kernel<<<ex.grid_for(count, kBlock), kBlock, 0, ex.stream>>>(gd, ids, lp, mask, v, keys_in, vals_in);
-  RT_CUDA_LAUNCH_CHECK("keys_kernel");
-  int end_bit = 1;
-  while (end_bit < 31 && (int64_t(1) << end_bit) <= v) ++end_bit;  // keys are in [0, v]
-  size_t temp_bytes = 0;
-  RT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, vals_in, vals_out,
-                                                int(count), 0, end_bit, ex.stream));
-  auto temp = ex.temp(std::max<size_t>(temp_bytes, 1));
-  RT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp->data(), temp_bytes, keys_in, keys_out, vals_in,
-                                                vals_out, int(count), 0, end_bit, ex.stream));
+  if (!runs.for_chunk(side, g.rows, g.cols, v)) build_runs(ex, side, g.rows, g.cols, v, runs, Block{});
   const bool vec = (dw.empty() || (aligned16(dw) && dw.col_stride == sizeof(float) && dw.cols % 8 == 0)) &&
                    aligned16(hidden) && hidden.col_stride == dtype_size(hidden.dtype) && h % 8 == 0;
   if (vec) {
-    RT_CUDA_CHECK(cudaMemsetAsync(first, 0xff, size_t(v) * sizeof(int), ex.stream));  // -1: no updates
-    runs_kernel<<<ex.grid_for(count, kBlock), kBlock, 0, ex.stream>>>(keys_out, count, v, first, last);
-    RT_CUDA_LAUNCH_CHECK("runs_kernel");
     const unsigned grid = unsigned(std::min<int64_t>(v, int64_t(ex.sm_count) * 8));
     if (hidden.dtype == DType::BF16)
       dw_runs_kernel<__nv_bfloat16>
-          <<<grid, kBlock, 0, ex.stream>>>(first, last, vals_out, v, gd, bd(hidden), bd(dw), bd(dbias));
+          <<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd, bd(hidden), bd(dw), bd(dbias));
     else if (hidden.dtype == DType::F16)
       dw_runs_kernel<__half>
-          <<<grid, kBlock, 0, ex.stream>>>(first, last, vals_out, v, gd, bd(hidden), bd(dw), bd(dbias));
+          <<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd, bd(hidden), bd(dw), bd(dbias));
     else
       dw_runs_kernel<float>
-          <<<grid, kBlock, 0, ex.stream>>>(first, last, vals_out, v, gd, bd(hidden), bd(dw), bd(dbias));
+          <<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd, bd(hidden), bd(dw), bd(dbias));
   } else {
-    const unsigned grid = unsigned(ex.grid_for(count * 32, kBlock));
-    dw_kernel<<<grid, kBlock, 0, ex.stream>>>(keys_out, vals_out, count, v, gd, bd(hidden), bd(dw), bd(dbias));
+    const unsigned grid = unsigned(ex.grid_for(runs.count * 32, kBlock));
+    dw_kernel<<<grid, kBlock, 0, ex.stream>>>(runs.keys, runs.vals, runs.count, v, gd, bd(hidden), bd(dw),
+                                              bd(dbias));
   }
   RT_CUDA_LAUNCH_CHECK("dw_kernel");
 }
