@@ -3,7 +3,8 @@
 //   logits [N, Vp] = h·Wᵀ,  dh [N, H] = dlogits·W,  dW [Vp, H] = dlogitsᵀ·h  (dlogits bf16, Vp = V rounded up
 //   to 128), plus the teacher's logits [N, Vp] = th·Wtᵀ for online distillation —
 // then retort's fused op forward + backward (the graph built once and computed repeatedly), both timed with
-// CUDA events on the backend's stream (warmup, median of the repetitions). Also the peak device memory the
+// CUDA events on the backend's stream, alternately (floor, retort, floor, ...: the H100 caps its power and
+// its clocks follow, so both see the same conditions), medians after warmup runs. Also the peak device memory the
 // fused step allocates beyond its graph's own buffers (the allocator's peak minus what was in use before).
 // --logits bf16 keeps the fused ops' chunk logits in bf16 (FusedLinearOptions::logits_dtype) for every case
 // with a logits block; the floor is the same either way.
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "retort.h"
@@ -137,84 +139,107 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Median ms of fn (queued on s) over reps, after warmup runs.
-double time_ms(cudaStream_t s, int warmup, int reps, const std::function<void()>& fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  CK(cudaStreamSynchronize(s));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a, s));
-    fn();
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
+// Medians of fa and fb, timed alternately (a, b, a, b, ...) after warmup runs of each: the H100 caps its
+// power, and its clocks follow the load, so the floor and retort are timed under the same conditions rather
+// than one after the other.
+std::pair<double, double> time_pair_ms(cudaStream_t s, int warmup, int reps, const std::function<void()>& fa,
+                                       const std::function<void()>& fb) {
+  for (int i = 0; i < warmup; ++i) {
+    fa();
+    fb();
   }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return median(ms);
+  CK(cudaStreamSynchronize(s));
+  cudaEvent_t e0, e1, e2;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaEventCreate(&e2));
+  std::vector<double> ta, tb;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(e0, s));
+    fa();
+    CK(cudaEventRecord(e1, s));
+    fb();
+    CK(cudaEventRecord(e2, s));
+    CK(cudaEventSynchronize(e2));
+    float x = 0, y = 0;
+    CK(cudaEventElapsedTime(&x, e0, e1));
+    CK(cudaEventElapsedTime(&y, e1, e2));
+    ta.push_back(x);
+    tb.push_back(y);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaEventDestroy(e2));
+  return {median(ta), median(tb)};
 }
 
 int64_t pad128(int64_t v) {
   return (v + 127) / 128 * 128;
 }
 
-double floor_ms(const Case& c, cudaStream_t s, int warmup, int reps) {
-  const int64_t vp = pad128(c.v);
+// The floor's operands and GEMMs: run() queues the three student GEMMs (plus the teacher's).
+struct Floor {
+  const Case& c;
+  cudaStream_t s;
   Lt lt;
-  LT(cublasLtCreate(&lt.h));
-  CK(cudaMalloc(&lt.ws, lt.ws_bytes));
   std::vector<void*> bufs;
-  auto dev = [&](size_t bytes) {
+  __nv_bfloat16 *h = nullptr, *w = nullptr, *dlogits = nullptr, *th = nullptr, *tw = nullptr;
+  float *logits = nullptr, *dh = nullptr, *dw = nullptr, *tlogits = nullptr;
+  int64_t vp = 0;
+
+  Floor(const Case& cc, cudaStream_t ss) : c(cc), s(ss), vp(pad128(cc.v)) {
+    LT(cublasLtCreate(&lt.h));
+    CK(cudaMalloc(&lt.ws, lt.ws_bytes));
+    h = static_cast<__nv_bfloat16*>(dev(size_t(c.n * c.h) * 2));
+    w = static_cast<__nv_bfloat16*>(dev(size_t(vp * c.h) * 2));
+    logits = static_cast<float*>(dev(size_t(c.n * vp) * 4));
+    dlogits = static_cast<__nv_bfloat16*>(dev(size_t(c.n * vp) * 2));
+    dh = static_cast<float*>(dev(size_t(c.n * c.h) * 4));
+    dw = static_cast<float*>(dev(size_t(vp * c.h) * 4));
+    if (c.kind == Kind::Jsd) {
+      th = static_cast<__nv_bfloat16*>(dev(size_t(c.n * c.ht) * 2));
+      tw = static_cast<__nv_bfloat16*>(dev(size_t(vp * c.ht) * 2));
+      tlogits = static_cast<float*>(dev(size_t(c.n * vp) * 4));
+      fill_bf16<<<1024, 256, 0, s>>>(th, c.n * c.ht, 11, 1.0f);
+      fill_bf16<<<1024, 256, 0, s>>>(tw, vp * c.ht, 12, 0.02f);
+    }
+    fill_bf16<<<1024, 256, 0, s>>>(h, c.n * c.h, 1, 1.0f);
+    fill_bf16<<<1024, 256, 0, s>>>(w, vp * c.h, 2, 0.02f);
+    fill_bf16<<<1024, 256, 0, s>>>(dlogits, c.n * vp, 3, 1e-4f);
+    CK(cudaGetLastError());
+  }
+  Floor(const Floor&) = delete;
+  Floor& operator=(const Floor&) = delete;
+  ~Floor() {
+    (void)cudaStreamSynchronize(s);
+    for (void* p : bufs) (void)cudaFree(p);
+    (void)cudaFree(lt.ws);
+    cublasLtDestroy(lt.h);
+  }
+  void* dev(size_t bytes) {
     void* p = nullptr;
     CK(cudaMalloc(&p, bytes));
     bufs.push_back(p);
     return p;
-  };
-  auto* h = static_cast<__nv_bfloat16*>(dev(size_t(c.n * c.h) * 2));
-  auto* w = static_cast<__nv_bfloat16*>(dev(size_t(vp * c.h) * 2));
-  auto* logits = static_cast<float*>(dev(size_t(c.n * vp) * 4));
-  auto* dlogits = static_cast<__nv_bfloat16*>(dev(size_t(c.n * vp) * 2));
-  auto* dh = static_cast<float*>(dev(size_t(c.n * c.h) * 4));
-  auto* dw = static_cast<float*>(dev(size_t(vp * c.h) * 4));
-  const bool teacher = c.kind == Kind::Jsd;
-  __nv_bfloat16 *th = nullptr, *tw = nullptr;
-  float* tlogits = nullptr;
-  if (teacher) {
-    th = static_cast<__nv_bfloat16*>(dev(size_t(c.n * c.ht) * 2));
-    tw = static_cast<__nv_bfloat16*>(dev(size_t(vp * c.ht) * 2));
-    tlogits = static_cast<float*>(dev(size_t(c.n * vp) * 4));
-    fill_bf16<<<1024, 256, 0, s>>>(th, c.n * c.ht, 11, 1.0f);
-    fill_bf16<<<1024, 256, 0, s>>>(tw, vp * c.ht, 12, 0.02f);
   }
-  fill_bf16<<<1024, 256, 0, s>>>(h, c.n * c.h, 1, 1.0f);
-  fill_bf16<<<1024, 256, 0, s>>>(w, vp * c.h, 2, 0.02f);
-  fill_bf16<<<1024, 256, 0, s>>>(dlogits, c.n * vp, 3, 1e-4f);
-  CK(cudaGetLastError());
-  const double ms = time_ms(s, warmup, reps, [&] {
+  void run() {
     gemm_rm(lt, h, false, w, true, logits, c.n, vp, c.h, s);
-    if (teacher) gemm_rm(lt, th, false, tw, true, tlogits, c.n, vp, c.ht, s);
+    if (th) gemm_rm(lt, th, false, tw, true, tlogits, c.n, vp, c.ht, s);
     gemm_rm(lt, dlogits, false, w, false, dh, c.n, c.h, vp, s);
     gemm_rm(lt, dlogits, true, h, false, dw, vp, c.h, c.n, s);
-  });
-  CK(cudaStreamSynchronize(s));
-  for (void* p : bufs) CK(cudaFree(p));
-  CK(cudaFree(lt.ws));
-  cublasLtDestroy(lt.h);
-  return ms;
-}
-
-struct Result {
-  double ms = 0, peak_mib = 0;
+  }
 };
 
+struct Result {
+  double ms = 0, floor_ms = 0, peak_mib = 0;
+};
+
+// retort's fused node, forward and backward, timed alternately with the floor (whose buffers are raw
+// cudaMalloc, outside the allocator whose peak is read).
 Result retort_ms(const Case& c, Backend& be, size_t budget, DType logits_dtype, int warmup, int reps) {
   auto s = static_cast<cudaStream_t>(be.stream_handle());
   Result r;
+  Floor floor(c, s);
   {
     Context ctx(be);
     Tensor* h = ctx.param(DType::BF16, {c.n, c.h}, "hidden");
@@ -262,7 +287,7 @@ Result retort_ms(const Case& c, Backend& be, size_t budget, DType logits_dtype, 
     be.synchronize();
     const CudaMemoryStats before = cuda_memory_stats(be);
     cuda_reset_peak(be);
-    r.ms = time_ms(s, warmup, reps, [&] { g.compute(); });
+    std::tie(r.floor_ms, r.ms) = time_pair_ms(s, warmup, reps, [&] { floor.run(); }, [&] { g.compute(); });
     be.synchronize();  // reports a device-side error, if any
     const CudaMemoryStats after = cuda_memory_stats(be);
     r.peak_mib = double(after.peak_bytes - before.bytes_in_use) / double(1 << 20);
@@ -349,13 +374,13 @@ int main(int argc, char** argv) {
     std::printf("%s: N=%lld H=%lld V=%lld%s\n", c.name.c_str(), (long long)c.n, (long long)c.h,
                 (long long)c.v, c.ht ? (" Ht=" + std::to_string(c.ht)).c_str() : "");
     Row row{c, 0.0, Result{}};
-    row.floor = floor_ms(c, s, warmup, reps);
     try {
       row.r = retort_ms(c, *be, budget_mib << 20, logits_dtype, warmup, reps);
     } catch (const Error& e) {
       std::printf("  retort failed: %s\n", e.what());
       row.r.ms = -1;
     }
+    row.floor = row.r.floor_ms;
     std::printf("  floor %.3f ms, retort %.3f ms\n", row.floor, row.r.ms);
     rows.push_back(row);
   }
