@@ -91,6 +91,16 @@ __device__ __forceinline__ Stats2 stats_merge(const Stats2& a, const Stats2& b, 
           a.st * exp2f(da * kt) + b.st * exp2f(db * kt)};
 }
 
+// Warp-wide merge (a butterfly: every lane ends with the same bits).
+__device__ __forceinline__ Stats2 warp_stats(Stats2 v, float kt) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const Stats2 w{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s1, o),
+                   __shfl_xor_sync(0xffffffffu, v.st, o)};
+    v = stats_merge(v, w, kt);
+  }
+  return v;
+}
+
 // Block-wide merge (blockDim.x a multiple of 32); every thread gets the result. sh holds 32 entries.
 __device__ __forceinline__ Stats2 block_stats(Stats2 v, float kt, Stats2* sh) {
   for (int o = 16; o > 0; o >>= 1) {

@@ -206,8 +206,8 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
   extern __shared__ uint4 dyn_smem[];
   T* const base = reinterpret_cast<T*>(dyn_smem);  // buffer i: student at base + 2i·seg, teacher after it
   __shared__ alignas(8) uint64_t bars[kMaxBufs];
-  __shared__ Stats2 ssh[32];
-  __shared__ double dsh[32];
+  __shared__ Stats2 ssh[32], ssh2[32];
+  __shared__ double dsh[32], dsh2[32];
   __shared__ RowStats xstate[2];  // by row parity (see below)
   __shared__ RowSums dstate[2];
   __shared__ RowStats xmerged;
@@ -295,15 +295,27 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
         stats_add<8>(sw, w, kt, false);
       }
     }
-    sz = block_stats(sz, kt, ssh);
-    sw = block_stats(sw, kt, ssh);
+    // The CTA's statistics: warps merge, then warp 0 merges the warps' and publishes them for the cluster
+    // (one block barrier; the cluster barrier below orders the rest).
+    const int lane = int(threadIdx.x & 31), wid = int(threadIdx.x >> 5), nw = int(blockDim.x >> 5);
+    sz = warp_stats(sz, kt);
+    sw = warp_stats(sw, kt);
+    if (lane == 0) {
+      ssh[wid] = sz;
+      ssh2[wid] = sw;
+    }
+    __syncthreads();
     // Slots by row parity: a peer reads slot it&1 between this row's first cluster barrier and its second;
     // the slot is written again two rows on, after this CTA passed the second barrier of the row in between
     // (which no peer reaches before it is done reading).
     const int slot = it & 1;
-    if (threadIdx.x == 0) {
-      const bool owns_y = f.want_hard && !ignored && lab.y >= c0 && lab.y < c0 + n;
-      xstate[slot] = RowStats{sz, sw, owns_y ? rowk::to_f<T>(zs[lab.y - c0]) : 0.0f};
+    if (wid == 0) {
+      const Stats2 a = warp_stats(lane < nw ? ssh[lane] : stats_empty(), kt);
+      const Stats2 c = warp_stats(lane < nw ? ssh2[lane] : stats_empty(), kt);
+      if (lane == 0) {
+        const bool owns_y = f.want_hard && !ignored && lab.y >= c0 && lab.y < c0 + n;
+        xstate[slot] = RowStats{a, c, owns_y ? rowk::to_f<T>(zs[lab.y - c0]) : 0.0f};
+      }
     }
     cl.sync();
     if (threadIdx.x < 32) {
@@ -376,9 +388,20 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
       if constexpr (kMode == 0)
         if (want_grad) store(k, g);
     }
-    const double dsum_local = block_reduce(double(dpart), SumOp{}, 0.0, dsh);
-    const double gsum_local = kMode != 0 ? block_reduce(double(gpart), SumOp{}, 0.0, dsh) : 0.0;
-    if (threadIdx.x == 0) dstate[slot] = RowSums{dsum_local, gsum_local};
+    {  // the CTA's sums, as the statistics above: warps, then warp 0, then the cluster
+      const double dw = warp_reduce(double(dpart), SumOp{});
+      const double gw = kMode != 0 ? warp_reduce(double(gpart), SumOp{}) : 0.0;
+      if (lane == 0) {
+        dsh[wid] = dw;
+        dsh2[wid] = gw;
+      }
+      __syncthreads();
+      if (wid == 0) {
+        const double d = warp_reduce(lane < nw ? dsh[lane] : 0.0, SumOp{});
+        const double g = warp_reduce(lane < nw ? dsh2[lane] : 0.0, SumOp{});
+        if (lane == 0) dstate[slot] = RowSums{d, g};
+      }
+    }
     cl.sync();
     if (threadIdx.x == 0) {
       RowSums s{0.0, 0.0};
