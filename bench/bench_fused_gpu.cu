@@ -139,9 +139,9 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Medians of fa and fb, timed alternately (a, b, a, b, ...) after warmup runs of each: the H100 caps its
-// power, and its clocks follow the load, so the floor and retort are timed under the same conditions rather
-// than one after the other.
+// Medians of fa and fb, timed alternately after warmup runs of each, in the order a b, b a, a b, ...: the
+// H100 caps its power and its clocks follow the load (the floor's GEMMs draw the most), so each is timed as
+// often right after the other as before it, rather than all of one and then all of the other.
 std::pair<double, double> time_pair_ms(cudaStream_t s, int warmup, int reps, const std::function<void()>& fa,
                                        const std::function<void()>& fb) {
   for (int i = 0; i < warmup; ++i) {
@@ -155,17 +155,18 @@ std::pair<double, double> time_pair_ms(cudaStream_t s, int warmup, int reps, con
   CK(cudaEventCreate(&e2));
   std::vector<double> ta, tb;
   for (int i = 0; i < reps; ++i) {
+    const bool a_first = i % 2 == 0;
     CK(cudaEventRecord(e0, s));
-    fa();
+    (a_first ? fa : fb)();
     CK(cudaEventRecord(e1, s));
-    fb();
+    (a_first ? fb : fa)();
     CK(cudaEventRecord(e2, s));
     CK(cudaEventSynchronize(e2));
     float x = 0, y = 0;
     CK(cudaEventElapsedTime(&x, e0, e1));
     CK(cudaEventElapsedTime(&y, e1, e2));
-    ta.push_back(x);
-    tb.push_back(y);
+    ta.push_back(a_first ? x : y);
+    tb.push_back(a_first ? y : x);
   }
   CK(cudaEventDestroy(e0));
   CK(cudaEventDestroy(e1));
@@ -304,7 +305,7 @@ Result retort_ms(const Case& c, Backend& be, size_t budget, DType logits_dtype, 
 int main(int argc, char** argv) {
   bool quick = false;
   size_t budget_mib = 2048;
-  int warmup = 2, reps = 7;
+  int warmup = 2, reps = 10;
   std::string only;  // --only SUBSTRING: run the cases whose name contains it (for profiling one case)
   DType logits_dtype = DType::F32;  // --logits f32 | bf16 | f16
   for (int i = 1; i < argc; ++i) {
@@ -332,7 +333,7 @@ int main(int argc, char** argv) {
           "  --logits D      the chunk logits' dtype in the fused ops (default f32; bf16: half the bytes "
           "per\n"
           "                  row, 16-bit logits gradient in place)\n"
-          "  --reps R        timed repetitions, median reported (default 7, at least 5)\n"
+          "  --reps R        timed repetitions of each, alternating, medians reported (default 10, at least 5)\n"
           "  --only NAME     only the cases whose name contains NAME (e.g. 'K-sparse', for a profiler)\n",
           argv[0]);
       return a == "--help" ? 0 : 2;
