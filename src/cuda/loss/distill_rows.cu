@@ -236,8 +236,8 @@ void topk_distill_rows(const RowBlock& b, const TopKRows& o, const ErrorSink& er
     if (smem > 48 * 1024)
       check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
             "cudaFuncSetAttribute(topk_kernel, max dynamic shared memory)");
-    const bool vec = vec_rows_ok(b.logits, b.stride, sizeof(T));
-    const bool gvec = !b.grad || vec_rows_ok(b.grad, b.grad_stride, sizeof(G));
+    const bool vec = true;  // for_row's vector path takes any row
+    const bool gvec = grad_vec_ok(b.logits, b.stride, sizeof(T), b.grad, b.grad_stride, sizeof(G));
     // Short rows (the K-sparse path's gathered [N, K] logits): a 512-thread CTA would idle most of its
     // threads through every barrier, so a CTA of a warp or few per row, and many rows in flight.
     int threads = kThreads, grid = grid_for(b.rows);

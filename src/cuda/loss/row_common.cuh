@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -117,34 +118,46 @@ template <int U, bool kGlobal = true, typename T, typename F>
 __device__ __forceinline__ void for_row(const T* p, int64_t n, bool vec, F& f, int64_t base = 0,
                                         T* cache = nullptr) {
   if (vec) {
-    const int64_t nvec = n / 8;
+    // A row need not start 16-byte aligned (contiguous rows of V = 50,257): the values up to the first
+    // aligned one go one by one, then 8-wide vectors, then the < 8 left (a row of stride 50,304 ends so).
+    const int64_t head =
+        std::min<int64_t>(n, int64_t((16 - reinterpret_cast<uintptr_t>(p) % 16) % 16 / sizeof(T)));
+    for (int64_t j = threadIdx.x; j < head; j += blockDim.x) {
+      T raw = p[j];
+      if (cache) cache[j] = raw;
+      float x[1] = {to_f<T>(raw)};
+      f.template apply<1>(base + j, x);
+    }
+    const T* q = p + head;
+    T* qc = cache ? cache + head : nullptr;
+    const int64_t m = n - head, b0 = base + head;
+    const int64_t nvec = m / 8;
     int64_t v = threadIdx.x;
     const int64_t step = blockDim.x;
     for (; v + (U - 1) * step < nvec; v += U * step) {
       Raw8<T> raw[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) raw[u] = load_raw8<kGlobal>(p + (v + u * step) * 8);
+      for (int u = 0; u < U; ++u) raw[u] = load_raw8<kGlobal>(q + (v + u * step) * 8);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (cache) *reinterpret_cast<Raw8<T>*>(cache + (v + u * step) * 8) = raw[u];
+        if (qc) *reinterpret_cast<Raw8<T>*>(qc + (v + u * step) * 8) = raw[u];
         float x[8];
         unpack8(raw[u], x);
-        f.template apply<8>(base + (v + u * step) * 8, x);
+        f.template apply<8>(b0 + (v + u * step) * 8, x);
       }
     }
     for (; v < nvec; v += step) {
-      Raw8<T> raw = load_raw8<kGlobal>(p + v * 8);
-      if (cache) *reinterpret_cast<Raw8<T>*>(cache + v * 8) = raw;
+      Raw8<T> raw = load_raw8<kGlobal>(q + v * 8);
+      if (qc) *reinterpret_cast<Raw8<T>*>(qc + v * 8) = raw;
       float x[8];
       unpack8(raw, x);
-      f.template apply<8>(base + v * 8, x);
+      f.template apply<8>(b0 + v * 8, x);
     }
-    // A row whose length is not a multiple of 8 (V = 50,257 in a row of stride 50,304) ends in < 8 scalars.
-    for (int64_t j = nvec * 8 + threadIdx.x; j < n; j += step) {
-      T raw = p[j];
-      if (cache) cache[j] = raw;
+    for (int64_t j = nvec * 8 + threadIdx.x; j < m; j += step) {
+      T raw = q[j];
+      if (qc) qc[j] = raw;
       float x[1] = {to_f<T>(raw)};
-      f.template apply<1>(base + j, x);
+      f.template apply<1>(b0 + j, x);
     }
   } else {
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
@@ -250,9 +263,20 @@ __device__ __forceinline__ int64_t load_index(const void* p, bool is_i64, int64_
 inline bool vec_ok(const void* p, int64_t v, int64_t stride, size_t elsize) {
   return v % 8 == 0 && stride % 8 == 0 && (reinterpret_cast<uintptr_t>(p) % (8 * elsize)) == 0;
 }
-// for_row's vector path: every row starts 16-byte aligned; the row length may leave a scalar tail.
+// Every row starts 16-byte aligned (the cluster kernels' bulk copies need it); the length may be any.
 inline bool vec_rows_ok(const void* p, int64_t stride, size_t elsize) {
   return stride % 8 == 0 && (reinterpret_cast<uintptr_t>(p) % (8 * elsize)) == 0;
+}
+// for_row's vector path takes any row (a scalar head up to 16-byte alignment, computed from the logits
+// row); the gradient functors' 8-wide stores then need each gradient row to share its logits row's
+// alignment: both aligned, or the same element size and stride and base addresses 16 bytes apart.
+inline bool grad_vec_ok(const void* logits, int64_t stride, size_t elsize, const void* grad, int64_t gstride,
+                        size_t gsize) {
+  if (!grad) return true;
+  if (vec_rows_ok(logits, stride, elsize) && vec_rows_ok(grad, gstride, gsize)) return true;
+  return elsize == gsize && stride == gstride &&
+         (reinterpret_cast<uintptr_t>(grad) - reinterpret_cast<uintptr_t>(logits)) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(logits) % elsize == 0;
 }
 
 // Host side: calls f.template operator()<T, G>() for the logits dtype t and the gradient dtype g (f32, bf16

@@ -561,7 +561,7 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
   if (b.rows == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
   dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, what, [&]<typename T, typename G>() {
-    const bool vec = vec_rows_ok(b.logits, b.stride, sizeof(T));
+    const bool vec = vec_rows_ok(b.logits, b.stride, sizeof(T));  // every row aligned: the cluster path
     const bool gvec = !b.grad || vec_rows_ok(b.grad, b.grad_stride, sizeof(G));
     int major = 0;
     const int sms = device_sm_count_and_arch(&major);
@@ -601,7 +601,9 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       bool gvec_arg = gvec;
       check(cudaLaunchKernelEx(&cfg, kernel, b, p, seg_arg, nbuf_arg, gvec_arg), what);
     } else {
-      rows_l2_kernel<P, T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, p, vec, gvec);
+      // 8-wide loads on any row; 8-wide gradient stores where the gradient rows line up with the logits.
+      const bool gshift = grad_vec_ok(b.logits, b.stride, sizeof(T), b.grad, b.grad_stride, sizeof(G));
+      rows_l2_kernel<P, T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, p, true, gshift);
     }
   });
   check(cudaGetLastError(), what);
@@ -638,8 +640,8 @@ void selective_log_softmax_rows(const RowBlock& b, const SelectiveRows& o, int* 
   auto s = static_cast<cudaStream_t>(stream);
   dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, "selective_log_softmax",
            [&]<typename T, typename G>() {
-             bool vec = vec_rows_ok(b.logits, b.stride, sizeof(T));
-             bool gvec = !b.grad || vec_rows_ok(b.grad, b.grad_stride, sizeof(G));
+             bool vec = true;  // for_row's vector path takes any row
+             bool gvec = grad_vec_ok(b.logits, b.stride, sizeof(T), b.grad, b.grad_stride, sizeof(G));
              selective_kernel<T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, o, err, vec, gvec);
            });
   check(cudaGetLastError(), "selective_log_softmax_rows launch");
