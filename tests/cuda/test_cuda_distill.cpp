@@ -472,6 +472,22 @@ TEST_F(CudaDistill, DistillShapesDtypesAndLayouts) {
     EXPECT_TRUE(check_cuda(distill_case("cuda_distill_rows200_" + std::to_string(int(beta * 10)), cfg),
                            {kCpuTol, kCpuTol, false}));
   }
+  // Contiguous rows of odd length: the portable kernel's 8-wide path after each row's scalar head (student
+  // and teacher rows share their misalignment), for every mode; f32 also stores the gradient 8-wide.
+  for (DType dt : {DType::BF16, DType::F32})
+    for (double beta : {0.0, 0.5, 1.0}) {
+      DistillCfg cfg;
+      cfg.r.beta = beta;
+      cfg.r.t = beta == 0.5 ? 2 : 1;
+      cfg.r.w_hard = 0.25;
+      cfg.n = 64;
+      cfg.v = dt == DType::BF16 ? 1001 : 1003;
+      cfg.dt = cfg.teacher_dt = dt;
+      EXPECT_TRUE(check_cuda(distill_case(std::string("cuda_distill_odd_rows_") + dtype_name(dt) + "_" +
+                                              std::to_string(int(beta * 10)),
+                                          cfg),
+                             {kCpuTol, kCpuTol, false}));
+    }
   for (DType dt : {DType::BF16, DType::F16})
     for (bool transposed : {false, true}) {
       DistillCfg cfg;

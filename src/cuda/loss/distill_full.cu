@@ -27,7 +27,41 @@ using namespace distk;
 
 struct DistillFlags {
   bool hard_on, want_hard;
+  bool vec;   // the teacher has the student's dtype and each teacher row the student row's 16-byte alignment
+  bool gvec;  // the gradient rows line up with the student rows too (8-wide stores)
 };
+
+// Visits the row pair (student z of T, teacher w of dtype wt): f(j0, z, w, cnt) gets cnt = 8 consecutive
+// values from column j0 (16-byte loads of both rows, after a scalar head up to the student row's alignment)
+// or cnt = 1 (the head, the tail, or every value when !vec).
+template <typename T, typename F>
+__device__ __forceinline__ void for_pair(const T* z, const char* w, DType wt, int64_t wsize, int64_t n, bool vec,
+                                         F&& f) {
+  const int64_t step = blockDim.x;
+  auto one = [&](int64_t j) {
+    float a[8], c[8];
+    a[0] = rowk::to_f<T>(z[j]);
+    c[0] = load_f(w + j * wsize, wt);
+    f(j, a, c, 1);
+  };
+  if (!vec) {
+    for (int64_t j = threadIdx.x; j < n; j += step) one(j);
+    return;
+  }
+  const int64_t head =
+      std::min<int64_t>(n, int64_t((16 - reinterpret_cast<uintptr_t>(z) % 16) % 16 / sizeof(T)));
+  for (int64_t j = threadIdx.x; j < head; j += step) one(j);
+  const T* zq = z + head;
+  const T* wq = reinterpret_cast<const T*>(w) + head;
+  const int64_t nv = (n - head) / 8;
+  for (int64_t k = threadIdx.x; k < nv; k += step) {
+    float a[8], c[8];
+    rowk::load8(zq + k * 8, a);
+    rowk::load8(wq + k * 8, c);
+    f(head + k * 8, a, c, 8);
+  }
+  for (int64_t j = head + nv * 8 + threadIdx.x; j < n; j += step) one(j);
+}
 
 template <typename T, typename G>
 __global__ void __launch_bounds__(kThreads)
@@ -56,14 +90,15 @@ __global__ void __launch_bounds__(kThreads)
 
     // One online pass over both rows: the student at T (and at 1 for the hard loss), the teacher at T.
     Stats2 sz = stats_empty(), sw = stats_empty();
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-      const float z = rowk::to_f<T>(zr[j]);
-      stats_add<1>(sz, &z, kt, both);
-      if (!ignored) {
-        const float w = load_f(wr + j * wsize, wt);
-        stats_add<1>(sw, &w, kt, false);
+    for_pair(zr, wr, wt, wsize, v, f.vec, [&](int64_t, const float* z, const float* w, int cnt) {
+      if (cnt == 8) {
+        stats_add<8>(sz, z, kt, both);
+        if (!ignored) stats_add<8>(sw, w, kt, false);
+      } else {
+        stats_add<1>(sz, z, kt, both);
+        if (!ignored) stats_add<1>(sw, w, kt, false);
       }
-    }
+    });
     sz = block_stats(sz, kt, ssh);
     const float log_sz = logf(sz.st), log_s1 = both ? logf(sz.s1) : log_sz;
     if (threadIdx.x == 0 && b.lse) b.lse[r] = sz.m * inv_t + log_sz;
@@ -83,32 +118,46 @@ __global__ void __launch_bounds__(kThreads)
     const long long y = f.hard_on ? lab.y : -1;
     auto lq_at = [&](float z) { return (z - sz.m) * inv_t - log_sz; };
     auto lp_at = [&](float w) { return (w - sw.m) * inv_t - log_sw; };
+    // Stores cnt gradient values from column j0: 8-wide when the gradient rows line up with the student's.
+    auto store = [&](int64_t j0, float* g, int cnt) {
+      if (y >= j0 && y < j0 + cnt) g[y - j0] -= ch;
+      if (cnt == 8 && f.gvec) {
+        rowk::store8(grow + j0, reinterpret_cast<float(&)[8]>(*g));
+      } else {
+        for (int i = 0; i < cnt; ++i) grow[j0 + i] = rowk::from_f<G>(g[i]);
+      }
+    };
     double dpart = 0.0, gpart = 0.0;
     if (beta == 0.0f && want_grad) {
       // Forward KL: dD/dz_j = (q_j − p_j)/T needs no row-wide sum, so loss and gradient share this pass.
-      for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-        const float z = rowk::to_f<T>(zr[j]), lq = lq_at(z), lp = lp_at(load_f(wr + j * wsize, wt));
-        div_term(0.0f, lp, lq, dpart);
-        float g = cs * (expf(lq) - expf(lp)) + hard_grad.at(z);
-        if (j == y) g -= ch;
-        grow[j] = rowk::from_f<G>(g);
-      }
+      for_pair(zr, wr, wt, wsize, v, f.vec, [&](int64_t j0, const float* z, const float* w, int cnt) {
+        float g[8];
+        for (int i = 0; i < cnt; ++i) {
+          const float lq = lq_at(z[i]), lp = lp_at(w[i]);
+          div_term(0.0f, lp, lq, dpart);
+          g[i] = cs * (expf(lq) - expf(lp)) + hard_grad.at(z[i]);
+        }
+        store(j0, g, cnt);
+      });
     } else {
-      for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
-        gpart += div_term(beta, lp_at(load_f(wr + j * wsize, wt)), lq_at(rowk::to_f<T>(zr[j])), dpart);
+      for_pair(zr, wr, wt, wsize, v, f.vec, [&](int64_t, const float* z, const float* w, int cnt) {
+        for (int i = 0; i < cnt; ++i) gpart += div_term(beta, lp_at(w[i]), lq_at(z[i]), dpart);
+      });
     }
     const double dsum = block_reduce(dpart, SumOp{}, 0.0, dsh);
     const double gsum = block_reduce(gpart, SumOp{}, 0.0, dsh);
     if (beta != 0.0f && want_grad) {
       const float gs = float(gsum);
-      for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-        const float z = rowk::to_f<T>(zr[j]), lq = lq_at(z);
-        double unused = 0.0;
-        const float gj = div_term(beta, lp_at(load_f(wr + j * wsize, wt)), lq, unused);
-        float g = cs * (gj - expf(lq) * gs) + hard_grad.at(z);
-        if (j == y) g -= ch;
-        grow[j] = rowk::from_f<G>(g);
-      }
+      for_pair(zr, wr, wt, wsize, v, f.vec, [&](int64_t j0, const float* z, const float* w, int cnt) {
+        float g[8];
+        for (int i = 0; i < cnt; ++i) {
+          const float lq = lq_at(z[i]);
+          double unused = 0.0;
+          const float gj = div_term(beta, lp_at(w[i]), lq, unused);
+          g[i] = cs * (gj - expf(lq) * gs) + hard_grad.at(z[i]);
+        }
+        store(j0, g, cnt);
+      });
     }
     const float soft = temp * temp * float(dsum);
     if (threadIdx.x == 0)
@@ -501,7 +550,14 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
     constexpr bool kClusterG = std::is_same_v<G, float> || std::is_same_v<G, T> || std::is_same_v<T, float>;
     const ClusterPlan cp = kClusterG ? cluster_plan(b, o, sizeof(T)) : ClusterPlan{};
     if (cp.cs == 0) {
-      distill_kernel<T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, o, err, f);
+      // The portable kernel: 8-wide on row pairs that line up (contiguous [N, 50257] student and teacher rows
+      // of one dtype: each row pair shares its misalignment), one by one otherwise.
+      DistillFlags fv = f;
+      fv.vec = o.teacher_dtype == b.dtype && (b.rows <= 1 || o.teacher_stride == b.stride) &&
+               (reinterpret_cast<uintptr_t>(o.teacher) - reinterpret_cast<uintptr_t>(b.logits)) % 16 == 0 &&
+               reinterpret_cast<uintptr_t>(b.logits) % sizeof(T) == 0;
+      fv.gvec = fv.vec && grad_vec_ok(b.logits, b.stride, sizeof(T), b.grad, b.grad_stride, sizeof(G));
+      distill_kernel<T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, o, err, fv);
       return;
     }
     if constexpr (!kClusterG)
