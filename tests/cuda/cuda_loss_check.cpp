@@ -133,4 +133,38 @@ bool check_cuda(const LossCase& c, const CudaTol& tol) {
   return ok;
 }
 
+size_t fused_ce_peak_extra(DType dt, DType logits_dtype, size_t budget, int64_t n, int64_t h, int64_t v,
+                           const std::string& seed) {
+  auto be = make_cuda_backend(0);
+  Context ctx(*be);
+  Tensor* x = ctx.param(dt, {n, h}, "hidden");
+  Tensor* w = ctx.param(dt, {v, h}, "weight");
+  Tensor* y = ctx.input(DType::I32, {n}, "labels");
+  reseed(seed);
+  set_data(x, std::vector<float>(size_t(n * h), 0.01f));
+  Vec wv = random_vec(v * h, -0.05, 0.05);
+  set_data(w, std::vector<float>(wv.begin(), wv.end()));
+  set_data_int(y, random_ints(n, -1, v));
+  FusedLinearOptions f;
+  f.memory_budget = budget;
+  f.logits_dtype = logits_dtype;
+  CrossEntropyOptions o;
+  o.ignore_index = -1;
+  Tensor* loss = fused_linear_cross_entropy(ctx, x, w, nullptr, y, o, f).loss;
+  loss->flags |= kOutput;
+  Graph g(ctx);
+  g.forward(loss);
+  g.backward(loss);
+  g.compute();  // first run: the arena and the allocator's cache
+  be->synchronize();
+  const CudaMemoryStats before = cuda_memory_stats(*be);
+  cuda_reset_peak(*be);
+  g.compute();
+  be->synchronize();
+  const CudaMemoryStats after = cuda_memory_stats(*be);
+  EXPECT_TRUE(std::isfinite(get_data(loss)[0]));
+  EXPECT_TRUE(std::isfinite(get_data(g.grad(w))[0]));
+  return after.peak_bytes - before.bytes_in_use;
+}
+
 }  // namespace retort::test

@@ -26,4 +26,11 @@ struct CudaTol {
 // EXPECTs inside; returns false on any failure.
 bool check_cuda(const LossCase& c, const CudaTol& tol = {});
 
+// Fused cross-entropy forward + backward of hidden [n, h] and weight [v, h] in dtype dt, chunk logits in
+// logits_dtype, at a memory budget, on a backend of its own: the bytes its second run allocates at peak
+// beyond what was in use before it (the first run makes the arena and the allocator's cache). EXPECTs a
+// finite loss and weight gradient.
+size_t fused_ce_peak_extra(DType dt, DType logits_dtype, size_t budget, int64_t n, int64_t h, int64_t v,
+                           const std::string& seed);
+
 }  // namespace retort::test

@@ -114,7 +114,8 @@ TEST_F(CudaLosses, CrossEntropyDtypesLayoutsAndSizes) {
     cfg.dt = dt;
     cfg.r.eps = 0.1;
     cfg.r.z_loss = 1e-3;
-    EXPECT_TRUE(check_cuda(ce_case(std::string("cuda_ce_odd_rows_") + dtype_name(dt), cfg), {kCpuTol, kCpuTol, false}));
+    EXPECT_TRUE(check_cuda(ce_case(std::string("cuda_ce_odd_rows_") + dtype_name(dt), cfg),
+                           {kCpuTol, kCpuTol, false}));
   }
   // Many rows per CTA (grid-stride, the cluster path's row pipeline) and rows split over a cluster of CTAs:
   // too big for central differences.
@@ -190,8 +191,8 @@ TEST_F(CudaLosses, Entropy) {
     EXPECT_TRUE(check_cuda(
         entropy_case(std::string("cuda_entropy_") + dtype_name(dt), 2, Reduction::None, 4, 16, dt)));
   // The big rows take the Hopper cluster path, whose exponentials are MUFU.EX2 (about 2 ulp): over 50,000
-  // terms at T = 1.3 the gradient's nmse against the CPU's libm exp lands near 2e-8 (measured on H100), so this
-  // case allows 1e-7 (1e-4 relative rms) instead of the 1e-9 the small cases keep.
+  // terms at T = 1.3 the gradient's nmse against the CPU's libm exp lands near 2e-8 (measured on H100), so
+  // this case allows 1e-7 (1e-4 relative rms) instead of the 1e-9 the small cases keep.
   EXPECT_TRUE(check_cuda(entropy_case("cuda_entropy_big", 1.3, Reduction::Mean, 6, 50000, DType::BF16, -8, 8),
                          {1e-7, 1e-7, false}));
 

@@ -5,22 +5,6 @@
 
 namespace retort::test {
 
-Mat head_ref(const Ref& hidden, const Ref& w, const Ref* bias) {
-  const int64_t n = hidden.ne[1], h = hidden.ne[0], v = w.ne[1];
-  EXPECT_EQ(w.ne[0], h);
-  Mat z;
-  z.rows = n;
-  z.cols = v;
-  z.v.assign(size_t(n * v), 0.0);
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t j = 0; j < v; ++j) {
-      double s = bias ? bias->at(j) : 0.0;
-      for (int64_t k = 0; k < h; ++k) s += hidden.at(k, r) * w.at(k, j);
-      z.v[size_t(r * v + j)] = s;
-    }
-  return z;
-}
-
 std::vector<Vec> draw_values(const std::string& key, const std::vector<LossInput>& inputs) {
   reseed(key);
   Context ctx(default_cpu_backend());

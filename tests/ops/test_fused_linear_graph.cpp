@@ -409,7 +409,6 @@ TEST(FusedLinearGraph, LossInsideALargerGraph) {
                1e-11, "ce + kd²");
 }
 
-
 // A parameter whose whole gradient is the fused node's weight (or bias) gradient gets it added straight into
 // its accumulator (no Accumulate node, no [V, H] copy); accumulation over runs and zero_grad() behave as
 // with the Accumulate node, and the gradient equals the unfused graph's.
@@ -443,8 +442,10 @@ void expect_gradients_accumulate_in_place(bool sparse) {
     o.w_hard = 0.0f;  // with normalize_topk: the K-sparse path
     Tensor* loss = nullptr;
     if (sparse)
-      loss = fused ? fused_linear_topk_kd(ctx, x, w, b, ids, lp, nullptr, nullptr, o, f).loss
-                   : topk_kd(ctx, add(ctx, matmul(ctx, x, w, false, true), b), ids, lp, nullptr, nullptr, o).loss;
+      loss =
+          fused
+              ? fused_linear_topk_kd(ctx, x, w, b, ids, lp, nullptr, nullptr, o, f).loss
+              : topk_kd(ctx, add(ctx, matmul(ctx, x, w, false, true), b), ids, lp, nullptr, nullptr, o).loss;
     else
       loss = fused ? fused_linear_cross_entropy(ctx, x, w, b, y, {}, f).loss
                    : cross_entropy_loss(ctx, add(ctx, matmul(ctx, x, w, false, true), b), y, {}).loss;
@@ -478,8 +479,12 @@ void expect_gradients_accumulate_in_place(bool sparse) {
   }
 }
 
-TEST(FusedLinearGraph, GradientsAccumulateInPlace) { expect_gradients_accumulate_in_place(false); }
-TEST(FusedLinearGraph, SparseGradientsAccumulateInPlace) { expect_gradients_accumulate_in_place(true); }
+TEST(FusedLinearGraph, GradientsAccumulateInPlace) {
+  expect_gradients_accumulate_in_place(false);
+}
+TEST(FusedLinearGraph, SparseGradientsAccumulateInPlace) {
+  expect_gradients_accumulate_in_place(true);
+}
 
 }  // namespace
 }  // namespace retort::test

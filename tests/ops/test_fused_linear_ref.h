@@ -13,9 +13,6 @@
 
 namespace retort::test {
 
-// z[r, j] = Σ_h hidden[r, h]·w[j, h] (+ bias[j]) in double: hidden [N, H], w [V, H], bias [V] or null.
-Mat head_ref(const Ref& hidden, const Ref& w, const Ref* bias);
-
 // Input values drawn once (seeded by key) for the LossInputs, as stored in their dtype.
 std::vector<Vec> draw_values(const std::string& key, const std::vector<LossInput>& inputs);
 

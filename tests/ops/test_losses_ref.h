@@ -24,6 +24,9 @@ struct Mat {
 Mat mat(const Ref& r);
 // The matrix a transposed view of r presents: element (i, j) = r.at(i, j), rows = ne[0].
 Mat mat_t(const Ref& r);
+// The float64 lm-head of the fused losses: z[r, j] = Σ_h hidden[r, h]·w[j, h] (+ bias[j]), hidden [N, H],
+// w [V, H], bias [V] or null.
+Mat head_ref(const Ref& hidden, const Ref& w, const Ref* bias);
 std::vector<int64_t> ints(const Ref& r);
 
 enum class Out { Loss, PerRow, Lse, Hard, Soft };

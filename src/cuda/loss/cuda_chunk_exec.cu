@@ -21,11 +21,7 @@
 // ld = col_stride. C [m, n] is row-major, seen as Cᵀ, so we ask for Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's first
 // operand is our B, its second our A, and each gets op N when its memory view already is the factor needed,
 // T otherwise (the same mapping as cuda_matmul.cu). A block with neither stride unit is copied first.
-#include <algorithm>
 #include <array>
-#include <cstdlib>
-#include <map>
-#include <mutex>
 #include <vector>
 
 #include "../cuda_common.cuh"
@@ -95,9 +91,6 @@ struct GemmPlan {
   cublasLtMatmulDesc_t md = nullptr;
   cublasLtMatrixLayout_t lx = nullptr, ly = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  cublasLtMatmulAlgo_t candidates[16] = {};  // the heuristic's best few, tried once by tune()
-  int n_candidates = 0;
-  bool tuned = false;
   GemmPlan() = default;
   GemmPlan(const GemmPlan&) = delete;
   GemmPlan& operator=(const GemmPlan&) = delete;
@@ -108,17 +101,6 @@ struct GemmPlan {
     if (md) (void)cublasLtMatmulDescDestroy(md);
   }
 };
-
-// The algorithm timing chose for a plan key, per device, for the life of the process (a chunk loop and every
-// later call of the same shapes reuse it).
-struct TunedAlgos {
-  std::mutex mu;
-  std::map<std::array<int64_t, 19>, cublasLtMatmulAlgo_t> algos;  // the plan key, then the device
-};
-TunedAlgos& tuned_algos() {
-  static TunedAlgos t;
-  return t;
-}
 
 struct LtPref {
   cublasLtMatmulPreference_t p = nullptr;
@@ -253,8 +235,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
                          alignment_of(a.data, va.ld * es),
                          alignment_of(c.data, vc.ld * int64_t(dtype_size(c.dtype))),
                          int64_t(lt_type(c.dtype))};
-    GemmPlan& plan = plan_for(key);
-    if (!plan.tuned) tune(plan, a.data, b.data, c.data, beta, double(m) * double(n) * double(k));
+    const GemmPlan& plan = plan_for(key);
     RT_CUBLAS_CHECK(cublasLtMatmul(ex_.lt, plan.md, &alpha, b.data, plan.lx, a.data, plan.ly, &beta, c.data,
                                    plan.lc, c.data, plan.lc, &plan.algo, ex_.workspace, ex_.workspace_bytes,
                                    ex_.stream));
@@ -484,79 +465,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     return Block::dense(keep.back()->data(), dt, x.rows, x.cols);
   }
 
-  // Opt-in (RETORT_GEMM_TUNE=1): the first call of a large GEMM times the heuristic's candidates once, on
-  // the call's own operands with alpha = 0 (with beta = 1 that leaves C as it was, C + 0·AB; with beta = 0 C
-  // is about to be overwritten by the real call), and keeps the fastest for the process. Off by default: on
-  // the H100 the choice varied from process to process and the fused losses' times with it (CE
-  // N=8192 H=4096: 37.6-42.0 ms), while the heuristic's first choice is the same every time.
-  static bool tuning_on() {
-    static const bool on = [] {
-      const char* e = std::getenv("RETORT_GEMM_TUNE");
-      return e && e[0] == '1';
-    }();
-    return on;
-  }
-  void tune(GemmPlan& p, const void* a, const void* b, void* c, float beta, double mnk) {
-    p.tuned = true;
-    if (!tuning_on() || p.n_candidates < 2 || mnk < 1e10) return;
-    int dev = 0;
-    RT_CUDA_CHECK(cudaGetDevice(&dev));
-    TunedAlgos& t = tuned_algos();
-    std::array<int64_t, 19> tkey{};
-    for (size_t i = 0; i < p.key.size(); ++i) tkey[i] = p.key[i];
-    tkey[18] = dev;
-    {
-      std::lock_guard<std::mutex> lock(t.mu);
-      auto it = t.algos.find(tkey);
-      if (it != t.algos.end()) {
-        p.algo = it->second;
-        return;
-      }
-    }
-    cudaEvent_t e0 = nullptr, e1 = nullptr;
-    RT_CUDA_CHECK(cudaEventCreate(&e0));
-    RT_CUDA_CHECK(cudaEventCreate(&e1));
-    const float zero = 0.0f;
-    float best = 0.0f, first = 0.0f;
-    int pick = 0;
-    for (int i = 0; i < p.n_candidates; ++i) {
-      // warm-up; a candidate that fails is skipped
-      if (run_algo(p, p.candidates[i], zero, a, b, c, beta) != CUBLAS_STATUS_SUCCESS) continue;
-      // The fastest of three runs: one noisy timing must not pick the algorithm for the whole process.
-      float ms = 0.0f;
-      cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-      for (int rep = 0; rep < 3 && st == CUBLAS_STATUS_SUCCESS; ++rep) {
-        RT_CUDA_CHECK(cudaEventRecord(e0, ex_.stream));
-        st = run_algo(p, p.candidates[i], zero, a, b, c, beta);
-        RT_CUDA_CHECK(cudaEventRecord(e1, ex_.stream));
-        RT_CUDA_CHECK(cudaEventSynchronize(e1));
-        float t = 0.0f;
-        RT_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-        ms = rep == 0 ? t : std::min(ms, t);
-      }
-      if (st != CUBLAS_STATUS_SUCCESS) continue;
-      if (i == 0) first = ms;
-      if (i == 0 || ms < best) {
-        best = ms;
-        pick = i;
-      }
-    }
-    (void)cudaEventDestroy(e0);
-    (void)cudaEventDestroy(e1);
-    // Faster than 2 PFLOP/s would mean the library skipped the product for alpha = 0: then the timings
-    // say nothing, and the heuristic's choice stands.
-    if (first <= 0.0f || 2.0 * mnk / (double(best) * 1e-3) > 2e15) pick = 0;
-    p.algo = p.candidates[pick];
-    std::lock_guard<std::mutex> lock(t.mu);
-    t.algos[tkey] = p.algo;
-  }
-  cublasStatus_t run_algo(const GemmPlan& p, const cublasLtMatmulAlgo_t& algo, const float& alpha, const void* a,
-                          const void* b, void* c, const float& beta) {
-    return cublasLtMatmul(ex_.lt, p.md, &alpha, b, p.lx, a, p.ly, &beta, c, p.lc, c, p.lc, &algo, ex_.workspace,
-                          ex_.workspace_bytes, ex_.stream);
-  }
-
-  GemmPlan& plan_for(const GemmKey& key) {
+  const GemmPlan& plan_for(const GemmKey& key) {
     for (const auto& p : plans_)
       if (p->key == key) return *p;
     auto p = std::make_unique<GemmPlan>();
@@ -586,17 +495,14 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
                                                          &al_c, sizeof(al_c)));
     RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                          &al_c, sizeof(al_c)));
-    cublasLtMatmulHeuristicResult_t heurs[16]{};
+    cublasLtMatmulHeuristicResult_t heur{};
     int found = 0;
     const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(ex_.lt, p->md, p->lx, p->ly, p->lc, p->lc, pref.p, tuning_on() ? 16 : 1,
-                                       heurs, &found);
+        cublasLtMatmulAlgoGetHeuristic(ex_.lt, p->md, p->lx, p->ly, p->lc, p->lc, pref.p, 1, &heur, &found);
     RT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuda fused linear: cuBLASLt has no algorithm for a ",
              key[11], " x ", key[12], " GEMM (inputs ", key[0] == CUDA_R_32F ? "f32" : "16-bit", ", status ",
              int(st), ")");
-    p->algo = heurs[0].algo;
-    for (int i = 0; i < found; ++i)
-      if (heurs[i].state == CUBLAS_STATUS_SUCCESS) p->candidates[p->n_candidates++] = heurs[i].algo;
+    p->algo = heur.algo;
     plans_.push_back(std::move(p));
     return *plans_.back();
   }

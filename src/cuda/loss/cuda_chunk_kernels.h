@@ -43,8 +43,8 @@ void gather_logprobs(CudaExec& ex, const float* z, int64_t ld, int64_t rows, con
 
 // ---- K-sparse top-K (cuda_sparse_topk.cu) ------------------------------------------------------------
 // The valid slots of one chunk sorted by id (a stable radix sort, so within an id rows and then slots stay in
-// order), with each id's run [first[id], last[id]) of sorted positions (first = -1: no slot). The gather makes
-// it and the scatter of the same chunk reuses it; `ids`, `rows` and `k` say which chunk it is for.
+// order), with each id's run [first[id], last[id]) of sorted positions (first = -1: no slot). The gather
+// makes it and the scatter of the same chunk reuses it; `ids`, `rows` and `k` say which chunk it is for.
 struct SparseRuns {
   std::unique_ptr<DeviceBuffer> buf;
   const void* ids = nullptr;
@@ -66,7 +66,7 @@ void gather_topk_logits(CudaExec& ex, const Block& hidden, const Block& w, const
 // dhidden[r, :] (+)= Σ_k g[r, k]·w[id_rk, :] (slots in order); dw[id, :] += g·hidden[r, :] and dbias[0, id]
 // += g per id in row order (the runs of the gather, or a new sort), skipping g = 0.
 void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const Block& w,
-                        const loss::TopKSide& side, const Block& dhidden, const Block& dw,
-                        const Block& dbias, bool accumulate_dhidden, SparseRuns& runs);
+                        const loss::TopKSide& side, const Block& dhidden, const Block& dw, const Block& dbias,
+                        bool accumulate_dhidden, SparseRuns& runs);
 
 }  // namespace retort::cuda::fused

@@ -55,6 +55,43 @@ __device__ __forceinline__ void load8(const __half* p, float f[8]) {
   }
 }
 
+__device__ __forceinline__ void store8(float* p, const float f[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+}
+
+// acc += g_q · row_q[col .. col + 8) for the staged updates q < n, in order, one fma per element each (an
+// update whose row is null or whose g is 0 is skipped); four rows' loads in flight before their fmas.
+// row_at(q) gives update q's row of T (16-byte aligned at col).
+template <typename T, typename RowAt>
+__device__ __forceinline__ void add_staged(float (&acc)[8], int n, const float* g, RowAt row_at,
+                                           int64_t col) {
+  int q = 0;
+  for (; q + 4 <= n; q += 4) {
+    const T* rows[4];
+    float xv[4][8];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      rows[u] = g[q + u] != 0.0f ? row_at(q + u) : nullptr;
+      if (rows[u]) load8(rows[u] + col, xv[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (rows[u]) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = fmaf(g[q + u], xv[u][i], acc[i]);
+      }
+  }
+  for (; q < n; ++q) {
+    const T* row = g[q] != 0.0f ? row_at(q) : nullptr;
+    if (!row) continue;
+    float xv[8];
+    load8(row + col, xv);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = fmaf(g[q], xv[i], acc[i]);
+  }
+}
+
 // kVec: hidden and w are both T with dense rows, 16-byte aligned, H a multiple of 8 (checked on the host);
 // otherwise every element goes through load_f.
 template <bool kVec, typename T>
@@ -195,34 +232,12 @@ __global__ void __launch_bounds__(kBlock)
         }
         __syncthreads();
         if (!on) continue;
-        int q = 0;
-        for (; q + 4 <= n; q += 4) {
-          float xv[4][8];
-#pragma unroll
-          for (int u = 0; u < 4; ++u)
-            if (s_id[q + u] >= 0) load8(reinterpret_cast<const T*>(el(w, s_id[q + u], 0)) + c8 * 8, xv[u]);
-#pragma unroll
-          for (int u = 0; u < 4; ++u)
-            if (s_id[q + u] >= 0) {
-              const float gv = s_g[q + u];
-#pragma unroll
-              for (int i = 0; i < 8; ++i) acc[i] = fmaf(gv, xv[u][i], acc[i]);
-            }
-        }
-        for (; q < n; ++q)
-          if (s_id[q] >= 0) {
-            float xv[8];
-            load8(reinterpret_cast<const T*>(el(w, s_id[q], 0)) + c8 * 8, xv);
-            const float gv = s_g[q];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc[i] = fmaf(gv, xv[i], acc[i]);
-          }
+        add_staged<T>(
+            acc, n, s_g,
+            [&](int q) { return s_id[q] >= 0 ? reinterpret_cast<const T*>(el(w, s_id[q], 0)) : nullptr; },
+            c8 * 8);
       }
-      if (on) {
-        float4* o = reinterpret_cast<float4*>(drow + c8 * 8);
-        o[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        o[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-      }
+      if (on) store8(drow + c8 * 8, acc);
     }
   }
 }
@@ -243,7 +258,8 @@ __global__ void runs_kernel(const int* keys, int64_t count, int64_t v, int* firs
 // x is T with dense 16-byte-aligned rows, dW dense f32 16-byte-aligned rows, H % 8 == 0.
 template <typename T>
 __global__ void __launch_bounds__(kBlock, 4)
-    dw_runs_kernel(const int* first, const int* last, const int* vals, int64_t v, BD g, BD x, BD dw, BD dbias) {
+    dw_runs_kernel(const int* first, const int* last, const int* vals, int64_t v, BD g, BD x, BD dw,
+                   BD dbias) {
   __shared__ int s_r[kBlock];
   __shared__ float s_g[kBlock];
   const int kk = int(g.cols);
@@ -274,33 +290,10 @@ __global__ void __launch_bounds__(kBlock, 4)
           for (int q = 0; q < n; ++q)
             if (s_g[q] != 0.0f) bsum += s_g[q];
         if (!on) continue;
-        int q = 0;
-        for (; q + 4 <= n; q += 4) {
-          float xv[4][8];
-#pragma unroll
-          for (int u = 0; u < 4; ++u) load8(reinterpret_cast<const T*>(el(x, s_r[q + u], 0)) + c8 * 8, xv[u]);
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const float gv = s_g[q + u];
-            if (gv == 0.0f) continue;  // a zero update is skipped, as on the CPU
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[e] = fmaf(gv, xv[u][e], acc[e]);
-          }
-        }
-        for (; q < n; ++q) {
-          const float gv = s_g[q];
-          if (gv == 0.0f) continue;
-          float xv[8];
-          load8(reinterpret_cast<const T*>(el(x, s_r[q], 0)) + c8 * 8, xv);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] = fmaf(gv, xv[e], acc[e]);
-        }
+        add_staged<T>(  // a zero update is skipped, as on the CPU
+            acc, n, s_g, [&](int q) { return reinterpret_cast<const T*>(el(x, s_r[q], 0)); }, c8 * 8);
       }
-      if (on) {
-        float4* o = reinterpret_cast<float4*>(drow + c8 * 8);
-        o[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        o[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-      }
+      if (on) store8(drow + c8 * 8, acc);
     }
     if (dbias.data && threadIdx.x == 0) *reinterpret_cast<float*>(el(dbias, 0, id)) = bsum;
   }
@@ -313,7 +306,8 @@ __global__ void __launch_bounds__(kBlock, 4)
 constexpr int kGatherWarps = 4;
 template <typename T>
 __global__ void __launch_bounds__(kGatherWarps * 32)
-    gather_runs_kernel(const int* first, const int* last, const int* vals, int64_t v, BD x, BD w, BD bias, BD out) {
+    gather_runs_kernel(const int* first, const int* last, const int* vals, int64_t v, BD x, BD w, BD bias,
+                       BD out) {
   extern __shared__ uint4 gather_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t h = x.cols, kk = out.cols;
@@ -365,8 +359,8 @@ void launch_gather(CudaExec& ex, bool vec, const BD& x, const BD& w, const BD& b
 
 // Sorts the chunk's valid slots by id into runs (see SparseRuns); zeroes the logits of invalid slots in out
 // when out is given.
-void build_runs(CudaExec& ex, const loss::TopKSide& side, int64_t rows, int64_t kk, int64_t v, SparseRuns& runs,
-                const Block& out) {
+void build_runs(CudaExec& ex, const loss::TopKSide& side, int64_t rows, int64_t kk, int64_t v,
+                SparseRuns& runs, const Block& out) {
   const int64_t count = rows * kk;
   RT_CHECK(count < (int64_t(1) << 31) && v < (int64_t(1) << 31), "fused top-K: ", rows, " rows x K = ", kk,
            " slots (or V = ", v, ") is too many for one chunk's sort; lower memory_budget or chunk_rows");
@@ -386,15 +380,16 @@ void build_runs(CudaExec& ex, const loss::TopKSide& side, int64_t rows, int64_t 
   runs.last = runs.first + v;
   void* temp = reinterpret_cast<char*>(runs.buf->data()) + (ints * sizeof(int) + 255) / 256 * 256;
   const BD ids = bd(side.ids), lp = bd(side.logprobs), mask = bd(side.mask);
-  keys_kernel<<<ex.grid_for(count, kBlock), kBlock, 0, ex.stream>>>(ids, lp, mask, rows, kk, v, keys_in, vals_in,
-                                                                    bd(out));
+  keys_kernel<<<ex.grid_for(count, kBlock), kBlock, 0, ex.stream>>>(ids, lp, mask, rows, kk, v, keys_in,
+                                                                    vals_in, bd(out));
   RT_CUDA_LAUNCH_CHECK("keys_kernel");
   int end_bit = 1;
   while (end_bit < 31 && (int64_t(1) << end_bit) <= v) ++end_bit;  // keys are in [0, v]
   RT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, runs.keys, vals_in, runs.vals,
                                                 int(count), 0, end_bit, ex.stream));
   RT_CUDA_CHECK(cudaMemsetAsync(runs.first, 0xff, size_t(v) * sizeof(int), ex.stream));  // -1: no slot
-  runs_kernel<<<ex.grid_for(count, kBlock), kBlock, 0, ex.stream>>>(runs.keys, count, v, runs.first, runs.last);
+  runs_kernel<<<ex.grid_for(count, kBlock), kBlock, 0, ex.stream>>>(runs.keys, count, v, runs.first,
+                                                                    runs.last);
   RT_CUDA_LAUNCH_CHECK("runs_kernel");
   runs.ids = side.ids.data;
   runs.rows = rows;
@@ -417,7 +412,8 @@ void gather_topk_logits(CudaExec& ex, const Block& hidden, const Block& w, const
   const size_t smem = size_t(kGatherWarps) * size_t(h) * size_t(es);
   if (vec && smem <= 64 * 1024) {
     build_runs(ex, side, hidden.rows, out.cols, v, runs, out);
-    const unsigned grid = unsigned(std::min<int64_t>((v + kGatherWarps - 1) / kGatherWarps, int64_t(ex.sm_count) * 16));
+    const unsigned grid =
+        unsigned(std::min<int64_t>((v + kGatherWarps - 1) / kGatherWarps, int64_t(ex.sm_count) * 16));
     auto launch = [&](auto kernel) {
       if (smem > 48 * 1024)
         RT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -454,8 +450,8 @@ void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const
   const int64_t h = hidden.cols;
   if (!dhidden.empty()) {
     const unsigned grid = unsigned(std::min<int64_t>(g.rows, int64_t(ex.sm_count) * 16));
-    const bool vec = h % 8 == 0 && aligned16(dhidden) && dhidden.col_stride == sizeof(float) && aligned16(w) &&
-                     w.col_stride == dtype_size(w.dtype);
+    const bool vec = h % 8 == 0 && aligned16(dhidden) && dhidden.col_stride == sizeof(float) &&
+                     aligned16(w) && w.col_stride == dtype_size(w.dtype);
     if (vec && w.dtype == DType::BF16)
       dhidden_vec_kernel<__nv_bfloat16>
           <<<grid, kBlock, 0, ex.stream>>>(gd, bd(w), ids, lp, mask, bd(dhidden), v, accumulate_dhidden);
@@ -477,14 +473,14 @@ void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const
   if (vec) {
     const unsigned grid = unsigned(std::min<int64_t>(v, int64_t(ex.sm_count) * 8));
     if (hidden.dtype == DType::BF16)
-      dw_runs_kernel<__nv_bfloat16>
-          <<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd, bd(hidden), bd(dw), bd(dbias));
+      dw_runs_kernel<__nv_bfloat16><<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd,
+                                                                    bd(hidden), bd(dw), bd(dbias));
     else if (hidden.dtype == DType::F16)
-      dw_runs_kernel<__half>
-          <<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd, bd(hidden), bd(dw), bd(dbias));
+      dw_runs_kernel<__half><<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd,
+                                                             bd(hidden), bd(dw), bd(dbias));
     else
-      dw_runs_kernel<float>
-          <<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd, bd(hidden), bd(dw), bd(dbias));
+      dw_runs_kernel<float><<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd,
+                                                            bd(hidden), bd(dw), bd(dbias));
   } else {
     const unsigned grid = unsigned(ex.grid_for(runs.count * 32, kBlock));
     dw_kernel<<<grid, kBlock, 0, ex.stream>>>(runs.keys, runs.vals, runs.count, v, gd, bd(hidden), bd(dw),

@@ -15,8 +15,8 @@
 namespace retort::cuda::distk {
 
 using rowk::dispatch;
-using rowk::vec_ok;
 using rowk::grad_vec_ok;
+using rowk::vec_ok;
 using rowk::vec_rows_ok;
 constexpr int kThreads = 512;
 constexpr float kLog2e = rowk::kLog2e;

@@ -35,8 +35,8 @@ struct DistillFlags {
 // values from column j0 (16-byte loads of both rows, after a scalar head up to the student row's alignment)
 // or cnt = 1 (the head, the tail, or every value when !vec).
 template <typename T, typename F>
-__device__ __forceinline__ void for_pair(const T* z, const char* w, DType wt, int64_t wsize, int64_t n, bool vec,
-                                         F&& f) {
+__device__ __forceinline__ void for_pair(const T* z, const char* w, DType wt, int64_t wsize, int64_t n,
+                                         bool vec, F&& f) {
   const int64_t step = blockDim.x;
   auto one = [&](int64_t j) {
     float a[8], c[8];
@@ -193,15 +193,10 @@ bool distill_force_1024() {
   }();
   return v;
 }
-int64_t cluster_smem(int threads) { return threads == 1024 ? 200 * 1024 : 108 * 1024; }
-// Portable clusters have at most 8 CTAs; H100 allows 16 (RETORT_DISTILL_MAXCS=16).
-int max_cluster_ctas() {
-  static const int v = [] {
-    const char* e = std::getenv("RETORT_DISTILL_MAXCS");
-    return e && std::atoi(e) == 16 ? 16 : 8;
-  }();
-  return v;
+int64_t cluster_smem(int threads) {
+  return threads == 1024 ? 200 * 1024 : 108 * 1024;
 }
+constexpr int kMaxClusterCtas = 8;  // the portable cluster size
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -515,11 +510,10 @@ ClusterPlan cluster_plan(const RowBlock& b, const DistillRows& o, size_t elsize)
     return e ? std::atoi(e) : 0;
   }();
   // The fewest CTAs whose segments (student + teacher, two buffers) fit; one buffer when two never do.
-  const int maxcs = max_cluster_ctas();
   for (int threads : {512, 1024}) {
     if (threads == 512 && distill_force_1024()) continue;
     for (int nbuf = kMaxBufs; nbuf >= 1 && p.cs == 0; --nbuf)
-      for (int cs = want > 0 ? std::min(want, maxcs) : 1; cs <= maxcs; ++cs) {
+      for (int cs = want > 0 ? std::min(want, kMaxClusterCtas) : 1; cs <= kMaxClusterCtas; ++cs) {
         const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
         if (int64_t(nbuf) * 2 * seg * int64_t(elsize) <= cluster_smem(threads)) {
           p = ClusterPlan{cs, nbuf, threads, seg};
@@ -564,10 +558,12 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
       return;
     else {
       const bool half = cp.threads == 512;
-      auto kernel = o.beta == 0.0f ? (half ? distill_cluster_kernel<T, G, 0, 512> : distill_cluster_kernel<T, G, 0, 1024>)
-                    : o.beta == 1.0f
-                        ? (half ? distill_cluster_kernel<T, G, 1, 512> : distill_cluster_kernel<T, G, 1, 1024>)
-                        : (half ? distill_cluster_kernel<T, G, 2, 512> : distill_cluster_kernel<T, G, 2, 1024>);
+      auto kernel =
+          o.beta == 0.0f
+              ? (half ? distill_cluster_kernel<T, G, 0, 512> : distill_cluster_kernel<T, G, 0, 1024>)
+          : o.beta == 1.0f
+              ? (half ? distill_cluster_kernel<T, G, 1, 512> : distill_cluster_kernel<T, G, 1, 1024>)
+              : (half ? distill_cluster_kernel<T, G, 2, 512> : distill_cluster_kernel<T, G, 2, 1024>);
       const size_t smem = size_t(cp.nbuf) * 2 * size_t(cp.seg) * sizeof(T);
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeClusterDimension;

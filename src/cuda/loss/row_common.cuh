@@ -332,11 +332,6 @@ int max_active_clusters(Kernel kernel, const cudaLaunchConfig_t& cfg, int cluste
   if (it == known.end()) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cfg.dynamicSmemBytes));
     if (e != cudaSuccess) RT_FAIL("cuda: cudaFuncSetAttribute(", what, ") failed: ", cudaGetErrorString(e));
-    if (cluster_size > 8) {  // beyond the portable size (H100: up to 16)
-      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-      if (e != cudaSuccess) RT_FAIL("cuda: cudaFuncSetAttribute(", what, ", non-portable cluster size) failed: ",
-                                    cudaGetErrorString(e));
-    }
     int clusters = 0;
     e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
     if (e != cudaSuccess)

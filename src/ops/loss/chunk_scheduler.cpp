@@ -277,7 +277,8 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
     if (!p.row_upstream.empty()) ex.scale_rows(logits, p.row_upstream.sub_rows(r0, c));
     // The pad columns of the gradient are the GEMM's zeros (the row loss writes only V columns).
     if (!p.dhidden.empty())
-      ex.gemm(logits_g, false, weight_g, false, p.dhidden.sub_rows(r0, c), 1.0f, p.accumulate_dhidden ? 1.0f : 0.0f);
+      ex.gemm(logits_g, false, weight_g, false, p.dhidden.sub_rows(r0, c), 1.0f,
+              p.accumulate_dhidden ? 1.0f : 0.0f);
     if (!p.dweight.empty())
       ex.gemm(logits, true, hc, false, p.dweight, 1.0f, first && !p.accumulate_dweight ? 0.0f : 1.0f);
     if (!p.dbias.empty()) ex.column_sums(logits, p.dbias, !first || p.accumulate_dbias);
