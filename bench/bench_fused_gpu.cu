@@ -4,8 +4,9 @@
 //   to 128), plus the teacher's logits [N, Vp] = th·Wtᵀ for online distillation —
 // then retort's fused op forward + backward (the graph built once and computed repeatedly), both timed with
 // CUDA events on the backend's stream, alternately (floor, retort, floor, ...: the H100 caps its power and
-// its clocks follow, so both see the same conditions), medians after warmup runs. Also the peak device memory the
-// fused step allocates beyond its graph's own buffers (the allocator's peak minus what was in use before).
+// its clocks follow, so both see the same conditions), medians after warmup runs. Also the peak device memory
+// the fused step allocates beyond its graph's own buffers (the allocator's peak minus what was in use
+// before).
 // --logits bf16 keeps the fused ops' chunk logits in bf16 (FusedLinearOptions::logits_dtype) for every case
 // with a logits block; the floor is the same either way.
 //
@@ -288,7 +289,8 @@ Result retort_ms(const Case& c, Backend& be, size_t budget, DType logits_dtype, 
     be.synchronize();
     const CudaMemoryStats before = cuda_memory_stats(be);
     cuda_reset_peak(be);
-    std::tie(r.floor_ms, r.ms) = time_pair_ms(s, warmup, reps, [&] { floor.run(); }, [&] { g.compute(); });
+    std::tie(r.floor_ms, r.ms) = time_pair_ms(
+        s, warmup, reps, [&] { floor.run(); }, [&] { g.compute(); });
     be.synchronize();  // reports a device-side error, if any
     const CudaMemoryStats after = cuda_memory_stats(be);
     r.peak_mib = double(after.peak_bytes - before.bytes_in_use) / double(1 << 20);
@@ -333,7 +335,8 @@ int main(int argc, char** argv) {
           "  --logits D      the chunk logits' dtype in the fused ops (default f32; bf16: half the bytes "
           "per\n"
           "                  row, 16-bit logits gradient in place)\n"
-          "  --reps R        timed repetitions of each, alternating, medians reported (default 10, at least 5)\n"
+          "  --reps R        timed repetitions of each, alternating, medians reported (default 10, at least "
+          "5)\n"
           "  --only NAME     only the cases whose name contains NAME (e.g. 'K-sparse', for a profiler)\n",
           argv[0]);
       return a == "--help" ? 0 : 2;
