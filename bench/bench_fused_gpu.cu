@@ -289,8 +289,14 @@ Result retort_ms(const Case& c, Backend& be, size_t budget, DType logits_dtype, 
     be.synchronize();
     const CudaMemoryStats before = cuda_memory_stats(be);
     cuda_reset_peak(be);
+    // One training step's gradients: zero_grad() then compute(), so the weight gradient is written fresh as
+    // by the floor's beta = 0 GEMM (the fused op overwrites its accumulator; no clearing pass).
     std::tie(r.floor_ms, r.ms) = time_pair_ms(
-        s, warmup, reps, [&] { floor.run(); }, [&] { g.compute(); });
+        s, warmup, reps, [&] { floor.run(); },
+        [&] {
+          g.zero_grad();
+          g.compute();
+        });
     be.synchronize();  // reports a device-side error, if any
     const CudaMemoryStats after = cuda_memory_stats(be);
     r.peak_mib = double(after.peak_bytes - before.bytes_in_use) / double(1 << 20);

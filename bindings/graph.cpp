@@ -161,7 +161,9 @@ void bind_graph(pyb::module_& m) {
       .def("grad", &GraphBox::grad, pyb::arg("t"),
            "The gradient of t after compute(), or None when it has none (t is not a parameter and no "
            "parameter's gradient flows through it). A parameter's gradient is its f32 accumulator.")
-      .def("zero_grad", &GraphBox::zero_grad, "Zeroes every parameter gradient accumulator.")
+      .def("zero_grad", &GraphBox::zero_grad,
+           "Zeroes every parameter gradient accumulator (lazily: the next compute() overwrites instead of "
+           "adding; grad() reads zeros before that).")
       .def_property_readonly("params", &GraphBox::params,
                              "The parameters that reach the loss, in the order backward() found them.")
       .def_property_readonly(

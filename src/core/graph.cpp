@@ -50,7 +50,14 @@ void Graph::forward(Tensor* root) {
 
 Tensor* Graph::grad(const Tensor* t) const {
   auto it = grads_.find(t);
-  return it == grads_.end() ? nullptr : it->second;
+  if (it == grads_.end()) return nullptr;
+  if (zero_pending_ && t->is_leaf()) clear_pending_zero();
+  return it->second;
+}
+
+void Graph::clear_pending_zero() const {
+  for (Tensor* acc : accumulators_) acc->backend().fill_zero(acc->data, acc->nbytes());
+  zero_pending_ = false;
 }
 
 void Graph::backward(Tensor* loss) {
@@ -146,15 +153,17 @@ void Graph::backward(Tensor* loss) {
     forward(upd);
     grads_[p] = acc;
     accumulators_.push_back(acc);
+    in_place_.push_back(in_place ? gr : nullptr);
   }
   for (auto& [t, gr] : g)
     if (!t->is_leaf()) grads_[t] = gr;
   has_backward_ = true;
+  zero_pending_ = !accumulators_.empty();  // the first run writes the accumulators
   plan_.reset();
 }
 
 void Graph::zero_grad() {
-  for (Tensor* acc : accumulators_) acc->backend().fill_zero(acc->data, acc->nbytes());
+  zero_pending_ = !accumulators_.empty();
 }
 
 const Plan& Graph::plan() {
@@ -174,13 +183,38 @@ void Graph::compute() {
     if (n->op == Op::Accumulate) n->data = n->src[0]->data;
     if (n->op == Op::AuxOutput && n->view_src) n->data = n->view_src->data;  // an accumulator (backward)
   }
-  for (Tensor* n : nodes_) {
-    for (Tensor* s : n->src)
-      RT_CHECK(!s || s->data, "graph.compute: ", op_name(n->op), " reads ", s->describe(),
-               " which has no storage (is it on another context's backend?)");
-    if (n->op == Op::View || n->op == Op::AuxOutput) continue;
-    be.run(n);
+  // A pending zero_grad(): the in-place writers overwrite their accumulator in this run; the others are
+  // cleared now. The flags come off however the run ends; if it throws, the zero_grad() stays pending.
+  const bool fresh = zero_pending_;
+  // With poison on, an overwritten accumulator starts as NaN too, so an element its writer misses shows.
+  if (fresh)
+    for (size_t i = 0; i < accumulators_.size(); ++i) {
+      Tensor* acc = accumulators_[i];
+      if (in_place_[i]) {
+        in_place_[i]->flags |= kFresh;
+        if (poison_) be.fill_bytes(acc->data, 0xff, acc->nbytes());
+      } else {
+        be.fill_zero(acc->data, acc->nbytes());
+      }
+    }
+  auto unmark = [&] {
+    for (Tensor* t : in_place_)
+      if (t) t->flags &= ~uint32_t(kFresh);
+  };
+  try {
+    for (Tensor* n : nodes_) {
+      for (Tensor* s : n->src)
+        RT_CHECK(!s || s->data, "graph.compute: ", op_name(n->op), " reads ", s->describe(),
+                 " which has no storage (is it on another context's backend?)");
+      if (n->op == Op::View || n->op == Op::AuxOutput) continue;
+      be.run(n);
+    }
+  } catch (...) {
+    unmark();
+    throw;
   }
+  unmark();
+  zero_pending_ = false;
 }
 
 }  // namespace retort

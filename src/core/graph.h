@@ -21,9 +21,13 @@ class Graph {
   // f32 accumulators (grad()) each run; call zero_grad() to reset them. Throws retort::Error if loss is null,
   // not a single float element, not in this graph, or no parameter reaches it.
   void backward(Tensor* loss);
-  // The gradient of t: the accumulator for a parameter, the gradient node otherwise; nullptr if none.
+  // The gradient of t: the accumulator for a parameter, the gradient node otherwise; nullptr if none. A
+  // zero_grad() still pending is carried out first, so the accumulator reads as zero.
   Tensor* grad(const Tensor* t) const;
-  // Zeroes every parameter gradient accumulator.
+  // Zeroes every parameter gradient accumulator. Lazily: the next compute() has the ops that add straight
+  // into an accumulator overwrite it instead (no clearing pass, no read of the old values) and clears only
+  // the others; grad() clears them all if it comes first. A compute() that throws leaves the zero_grad()
+  // pending.
   void zero_grad();
   // Parameters that reach the loss, in the order backward() found them.
   const std::vector<Tensor*>& params() const { return params_; }
@@ -45,6 +49,9 @@ class Graph {
   std::unordered_map<const Tensor*, Tensor*> grads_;
   std::vector<Tensor*> params_;
   std::vector<Tensor*> accumulators_;
+  std::vector<Tensor*> in_place_;  // per accumulator: the op output that adds into it, or null (Accumulate)
+  mutable bool zero_pending_ = false;
+  void clear_pending_zero() const;
   bool has_backward_ = false;
   bool poison_ = false;
   std::unique_ptr<Plan> plan_;

@@ -1,5 +1,6 @@
-// The tensor record: dtype, up to 4 dims in ggml order (ne[0] innermost), byte strides, and for graph nodes the
-// op, its parameters and sources. Storage is a backend buffer (leaves) or a slot the planner assigns (nodes).
+// The tensor record: dtype, up to 4 dims in ggml order (ne[0] innermost), byte strides, and for graph nodes
+// the op, its parameters and sources. Storage is a backend buffer (leaves) or a slot the planner assigns
+// (nodes).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -29,6 +30,10 @@ enum TensorFlags : uint32_t {
   kInput = 1u << 1,   // filled by the caller before each run
   kOutput = 1u << 2,  // read by the caller after a run: the planner never reuses its memory
   kLoss = 1u << 3,    // the graph's loss (set by backward)
+  // On a gradient output that an op adds straight into a parameter's accumulator (OpInfo::accumulate_aux):
+  // set by Graph::compute for the first run after zero_grad(), when the accumulator is logically zero but was
+  // not cleared, so the op must overwrite every element instead of adding.
+  kFresh = 1u << 4,
 };
 
 struct Tensor {
@@ -48,8 +53,8 @@ struct Tensor {
   Tensor* view_src = nullptr;
   size_t view_offs = 0;
 
-  void* data = nullptr;             // host or device address, set for leaves at creation, for nodes at run
-  std::shared_ptr<Buffer> buffer;   // owning storage of a leaf
+  void* data = nullptr;            // host or device address, set for leaves at creation, for nodes at run
+  std::shared_ptr<Buffer> buffer;  // owning storage of a leaf
   Context* ctx = nullptr;
   std::string name;
 

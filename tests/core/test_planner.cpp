@@ -419,6 +419,9 @@ void random_graph_case(int seed, bool with_backward) {
   std::vector<std::vector<float>> planned;
   for (Tensor* t : watched) planned.push_back(get_data(t));
   g.zero_grad();
+  // run_unplanned runs the nodes itself, not through compute(): grad() carries out the lazy zero_grad()
+  // first.
+  for (Tensor* p : g.params()) g.grad(p);
   std::vector<std::shared_ptr<Buffer>> keep;
   run_unplanned(g, keep);
   for (size_t i = 0; i < watched.size(); ++i) {

@@ -392,9 +392,8 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   }
 
   void scatter_grads(const Block& g, const Block& hidden, const Block& w, const loss::TopKSide& side,
-                     const Block& dhidden, const Block& dw, const Block& dbias,
-                     bool accumulate_dhidden) override {
-    fused::scatter_topk_grads(ex_, g, hidden, w, side, dhidden, dw, dbias, accumulate_dhidden, runs_);
+                     const loss::SparseGrads& out) override {
+    fused::scatter_topk_grads(ex_, g, hidden, w, side, out, runs_);
   }
 
  private:

@@ -63,10 +63,10 @@ struct SparseRuns {
 // (runs made into `runs`), each weight row read once; the dot products have the same bits either way.
 void gather_topk_logits(CudaExec& ex, const Block& hidden, const Block& w, const Block& bias,
                         const loss::TopKSide& side, const Block& out, SparseRuns& runs);
-// dhidden[r, :] (+)= Σ_k g[r, k]·w[id_rk, :] (slots in order); dw[id, :] += g·hidden[r, :] and dbias[0, id]
-// += g per id in row order (the runs of the gather, or a new sort), skipping g = 0.
+// dhidden[r, :] (+)= Σ_k g[r, k]·w[id_rk, :] (slots in order); dw[id, :] (+)= Σ g·hidden[r, :] and
+// dbias[0, id] (+)= Σ g per id in row order (the runs of the gather, or a new sort), skipping g = 0; a
+// gradient not accumulated is written whole (0 where no slot points). See ChunkExecutor::scatter_grads.
 void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const Block& w,
-                        const loss::TopKSide& side, const Block& dhidden, const Block& dw, const Block& dbias,
-                        bool accumulate_dhidden, SparseRuns& runs);
+                        const loss::TopKSide& side, const loss::SparseGrads& out, SparseRuns& runs);
 
 }  // namespace retort::cuda::fused

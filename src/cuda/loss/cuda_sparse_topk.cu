@@ -256,27 +256,38 @@ __global__ void runs_kernel(const int* keys, int64_t count, int64_t v, int* firs
 // shared memory, then each thread adds them to its 8 columns in sorted order, four hidden-row loads in
 // flight. Same additions in the same order as dw_kernel (one fma per update per element), so the same bits.
 // x is T with dense 16-byte-aligned rows, dW dense f32 16-byte-aligned rows, H % 8 == 0.
+// overwrite_dw / overwrite_dbias: start from 0 instead of the stored row (the kernel then also writes the
+// zero rows of ids without updates), so an overwritten dW is written once and never read.
 template <typename T>
 __global__ void __launch_bounds__(kBlock, 4)
-    dw_runs_kernel(const int* first, const int* last, const int* vals, int64_t v, BD g, BD x, BD dw,
-                   BD dbias) {
+    dw_runs_kernel(const int* first, const int* last, const int* vals, int64_t v, BD g, BD x, BD dw, BD dbias,
+                   bool overwrite_dw, bool overwrite_dbias) {
   __shared__ int s_r[kBlock];
   __shared__ float s_g[kBlock];
   const int kk = int(g.cols);
   const int64_t groups = dw.data ? dw.cols / 8 : 0;
   for (int64_t id = blockIdx.x; id < v; id += gridDim.x) {
     const int i0 = first[id];
-    if (i0 < 0) continue;  // uniform over the block
-    const int i1 = last[id];
     float* drow = dw.data ? reinterpret_cast<float*>(el(dw, id, 0)) : nullptr;
+    if (i0 < 0) {  // uniform over the block
+      if (overwrite_dw && drow) {
+        const float zeros[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t c8 = threadIdx.x; c8 < groups; c8 += blockDim.x) store8(drow + c8 * 8, zeros);
+      }
+      if (overwrite_dbias && dbias.data && threadIdx.x == 0)
+        *reinterpret_cast<float*>(el(dbias, 0, id)) = 0.0f;
+      continue;
+    }
+    const int i1 = last[id];
     float bsum = 0.0f;
-    if (dbias.data && threadIdx.x == 0) bsum = *reinterpret_cast<const float*>(el(dbias, 0, id));
+    if (dbias.data && threadIdx.x == 0 && !overwrite_dbias)
+      bsum = *reinterpret_cast<const float*>(el(dbias, 0, id));
     // dbias rides on the first column tile's staging (every update is staged once per tile).
     for (int64_t c0 = 0; c0 < (groups > 0 ? groups : 1); c0 += blockDim.x) {
       const int64_t c8 = c0 + threadIdx.x;
       const bool on = c8 < groups;
-      float acc[8];
-      if (on) load8(drow + c8 * 8, acc);
+      float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+      if (on && !overwrite_dw) load8(drow + c8 * 8, acc);
       for (int q0 = i0; q0 < i1; q0 += kBlock) {
         const int n = min(kBlock, i1 - q0);
         __syncthreads();  // the previous tile is no longer read
@@ -442,9 +453,14 @@ void gather_topk_logits(CudaExec& ex, const Block& hidden, const Block& w, const
 }
 
 void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const Block& w,
-                        const loss::TopKSide& side, const Block& dhidden, const Block& dw, const Block& dbias,
-                        bool accumulate_dhidden, SparseRuns& runs) {
-  if (g.rows == 0) return;
+                        const loss::TopKSide& side, const loss::SparseGrads& out, SparseRuns& runs) {
+  const Block &dhidden = out.dhidden, &dw = out.dweight, &dbias = out.dbias;
+  const bool accumulate_dhidden = out.accumulate_dhidden;
+  if (g.rows == 0) {
+    if (!dw.empty() && !out.accumulate_dweight) zero(ex, dw);
+    if (!dbias.empty() && !out.accumulate_dbias) zero(ex, dbias);
+    return;
+  }
   const int64_t v = w.rows;
   const BD gd = bd(g), ids = bd(side.ids), lp = bd(side.logprobs), mask = bd(side.mask);
   const int64_t h = hidden.cols;
@@ -471,17 +487,22 @@ void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const
   const bool vec = (dw.empty() || (aligned16(dw) && dw.col_stride == sizeof(float) && dw.cols % 8 == 0)) &&
                    aligned16(hidden) && hidden.col_stride == dtype_size(hidden.dtype) && h % 8 == 0;
   if (vec) {
+    // Overwriting: the kernel writes every row (zeros where no slot points), so dW is written once and
+    // never read.
     const unsigned grid = unsigned(std::min<int64_t>(v, int64_t(ex.sm_count) * 8));
+    const bool ow = !out.accumulate_dweight, ob = !out.accumulate_dbias;
     if (hidden.dtype == DType::BF16)
       dw_runs_kernel<__nv_bfloat16><<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd,
-                                                                    bd(hidden), bd(dw), bd(dbias));
+                                                                    bd(hidden), bd(dw), bd(dbias), ow, ob);
     else if (hidden.dtype == DType::F16)
       dw_runs_kernel<__half><<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd,
-                                                             bd(hidden), bd(dw), bd(dbias));
+                                                             bd(hidden), bd(dw), bd(dbias), ow, ob);
     else
       dw_runs_kernel<float><<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd,
-                                                            bd(hidden), bd(dw), bd(dbias));
+                                                            bd(hidden), bd(dw), bd(dbias), ow, ob);
   } else {
+    if (!dw.empty() && !out.accumulate_dweight) zero(ex, dw);
+    if (!dbias.empty() && !out.accumulate_dbias) zero(ex, dbias);
     const unsigned grid = unsigned(ex.grid_for(runs.count * 32, kBlock));
     dw_kernel<<<grid, kBlock, 0, ex.stream>>>(runs.keys, runs.vals, runs.count, v, gd, bd(hidden), bd(dw),
                                               bd(dbias));

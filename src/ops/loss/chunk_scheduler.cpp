@@ -229,13 +229,6 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
   all.lse = p.lse;
   all.grad_scale = p.grad_scale * inv;
 
-  // The K-sparse path accumulates dW and dbias slot by slot, so they start at zero; the dense path
-  // overwrites them with the first chunk's GEMM and column sums instead.
-  if (plan.sparse && grad) {
-    if (!p.dweight.empty() && !p.accumulate_dweight) ex.zero(p.dweight);
-    if (!p.dbias.empty() && !p.accumulate_dbias) ex.zero(p.dbias);
-  }
-
   for (int64_t r0 = 0; r0 < n; r0 += c_max) {
     const int64_t c = std::min(c_max, n - r0);
     const bool first = r0 == 0;
@@ -253,8 +246,15 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
       ex.row_loss(gathered, g, out);
       if (!grad) continue;
       if (!p.row_upstream.empty()) ex.scale_rows(g, p.row_upstream.sub_rows(r0, c));
-      ex.scatter_grads(g, hc, p.weight, spec.topk, p.dhidden.sub_rows(r0, c), p.dweight, p.dbias,
-                       p.accumulate_dhidden);
+      // The first chunk overwrites dW and dbias (zero where no slot points) unless they are accumulators.
+      SparseGrads sg;
+      sg.dhidden = p.dhidden.sub_rows(r0, c);
+      sg.dweight = p.dweight;
+      sg.dbias = p.dbias;
+      sg.accumulate_dhidden = p.accumulate_dhidden;
+      sg.accumulate_dweight = !first || p.accumulate_dweight;
+      sg.accumulate_dbias = !first || p.accumulate_dbias;
+      ex.scatter_grads(g, hc, p.weight, spec.topk, sg);
       continue;
     }
 

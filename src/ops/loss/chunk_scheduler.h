@@ -75,6 +75,13 @@ struct LossSpec {
   LossSpec sub_rows(int64_t r0, int64_t n) const;
 };
 
+// Where the K-sparse top-K path's gradients go (ChunkExecutor::scatter_grads): f32 dhidden [rows, H],
+// dweight [V, H], dbias [1, V]; an empty block is not wanted. accumulate_*: add into it; otherwise overwrite.
+struct SparseGrads {
+  Block dhidden, dweight, dbias;
+  bool accumulate_dhidden = false, accumulate_dweight = false, accumulate_dbias = false;
+};
+
 // What a backend provides. All Blocks and pointers address executor memory (host memory on the CPU, device
 // memory on a GPU); calls are issued in order and may run asynchronously on a device, except validate().
 // f32 blocks the scheduler allocates are row-major with a unit column stride; input blocks keep the
@@ -159,12 +166,11 @@ class ChunkExecutor {
   virtual void gather_logits(const Block& hidden, const Block& w, const Block& bias, const TopKSide& side,
                              const Block& out) = 0;
   // From g f32 [rows, K] (d loss / d gathered logit; 0 on padding slots), over the valid slots of side:
-  // dhidden[r, :] = Σ_k g[r, k]·w[id_rk, :] (overwritten); dw[id, :] += g[r, k]·hidden[r, :] and
-  // dbias[0, id] += g[r, k], accumulated per id in row order, so the result is deterministic and does not
-  // depend on the chunking. Empty blocks are not wanted.
+  // dhidden[r, :] (+)= Σ_k g[r, k]·w[id_rk, :]; dw[id, :] (+)= Σ g[r, k]·hidden[r, :] and dbias[0, id] (+)=
+  // Σ g[r, k], added per id in row order, so the result is deterministic and does not depend on the
+  // chunking. Without accumulate_*, every element of that gradient is written (0 where no slot points).
   virtual void scatter_grads(const Block& g, const Block& hidden, const Block& w, const TopKSide& side,
-                             const Block& dhidden, const Block& dw, const Block& dbias,
-                             bool accumulate_dhidden) = 0;
+                             const SparseGrads& out) = 0;
 };
 
 // The CPU executor (cpu_chunk_exec.cpp): the packed CPU GEMM and the CPU row kernels, on pool's threads.

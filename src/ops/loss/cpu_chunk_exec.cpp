@@ -306,9 +306,12 @@ class CpuChunkExecutor final : public ChunkExecutor {
   }
 
   void scatter_grads(const Block& g, const Block& hidden, const Block& w, const TopKSide& side,
-                     const Block& dhidden, const Block& dw, const Block& dbias,
-                     bool accumulate_dhidden) override {
+                     const SparseGrads& out) override {
     const int64_t rows = g.rows, kk = g.cols, h = hidden.cols;
+    const Block &dhidden = out.dhidden, &dw = out.dweight, &dbias = out.dbias;
+    const bool accumulate_dhidden = out.accumulate_dhidden;
+    if (!dw.empty() && !out.accumulate_dweight) zero(dw);
+    if (!dbias.empty() && !out.accumulate_dbias) zero(dbias);
     if (!dhidden.empty()) {
       pool_.parallel_for(rows, [&](int64_t r0, int64_t r1) {
         std::vector<float> wr(static_cast<size_t>(h));

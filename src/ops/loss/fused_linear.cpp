@@ -302,9 +302,14 @@ loss::FusedLinearProblem inputs_of(const Tensor* node) {
 void wire_grads(const Tensor* node, loss::FusedLinearProblem& p) {
   const int64_t bits = node->ip[kIpGrad];
   auto dense = [](const Tensor* t) { return loss::Block::dense(t->data, DType::F32, t->ne[1], t->ne[0]); };
-  p.accumulate_dhidden = (node->ip[kIpAccum] & 1) != 0;
-  p.accumulate_dweight = (node->ip[kIpAccum] & 2) != 0;
-  p.accumulate_dbias = (node->ip[kIpAccum] & 4) != 0;
+  // An accumulator is added into, unless the graph says this run is the first after zero_grad() (kFresh).
+  auto adds = [&](int i) {
+    const Tensor* a = node->aux[size_t(1 + i)];
+    return (node->ip[kIpAccum] & (int64_t(1) << i)) != 0 && !(a && a->has(kFresh));
+  };
+  p.accumulate_dhidden = adds(0);
+  p.accumulate_dweight = adds(1);
+  p.accumulate_dbias = adds(2);
   if ((bits & 1) && node->aux[1]) p.dhidden = dense(node->aux[1]);
   if ((bits & 2) && node->aux[2]) p.dweight = dense(node->aux[2]);
   if ((bits & 4) && node->aux[3])
