@@ -295,6 +295,16 @@ TEST_F(CudaFused, TopKSparse) {
   odd.r.beta = 0.7;
   odd.h = 5;
   EXPECT_TRUE(check_cuda(topk_case("cfltopk_sparse_h5", odd)));
+  // H = 2056: the dW kernel's column tiles (2048 columns per tile for 16-bit rows, 1024 for f32) and a
+  // partial last tile.
+  for (DType dt : {DType::F32, DType::BF16}) {
+    TopKCfg wide;
+    wide.r.normalize = true;
+    wide.r.beta = 0.5;
+    wide.dt = dt;
+    wide.h = 2056;
+    EXPECT_TRUE(check_cuda(topk_case(std::string("cfltopk_sparse_wide_") + dtype_name(dt), wide)));
+  }
 }
 
 TEST_F(CudaFused, TopKSparseIsBitwiseChunkIndependent) {

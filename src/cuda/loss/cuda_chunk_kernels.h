@@ -53,6 +53,9 @@ struct SparseRuns {
   int* vals = nullptr;  // r·K + k at each sorted position
   int* first = nullptr;
   int* last = nullptr;
+  // (r, g bits) per sorted position, written by the scatter once the gradient is known (over the sort's
+  // input keys and values, which are dead by then): count pairs.
+  int* packed = nullptr;
   bool for_chunk(const loss::TopKSide& side, int64_t r, int64_t kk, int64_t vv) const {
     return buf && ids == side.ids.data && rows == r && k == kk && v == vv;
   }

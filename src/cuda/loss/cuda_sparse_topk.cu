@@ -1,15 +1,16 @@
 // The K-sparse top-K path of the CUDA ChunkExecutor (see cuda_chunk_kernels.h): the student logits at the
 // teacher's K ids as K dot products per row, and the gradients as K-sparse updates, all deterministic.
 //
-//   gather:   one block per row, one warp per slot; the dot product is a fixed per-lane order plus a
-//   butterfly,
-//             so a logit has the same bits whatever the chunking.
+//   gather:   by id (the sorted runs below): one warp per id, its weight row in shared memory, one dot
+//             product per slot of the id; unvectorized layouts: one block per row, one warp per slot. Either
+//             way a dot product is a fixed per-lane order plus a butterfly, so a logit has the same bits
+//             whatever the chunking.
 //   dhidden:  one block per row, 8 columns per thread, the slots of the row (staged in shared memory, 256
 //             at a time) added in slot order — the CPU executor's order.
 //   dW, dbias: every valid slot becomes (key = id, value = r·K + k); a stable radix sort (CUB) groups them by
-//             id with rows (then slots) in order, and one block per distinct id (ids in order) adds its
-//             updates in that order. No atomics: dW does not depend on the grid, and across chunks it
-//             accumulates in row order.
+//             id with rows (then slots) in order, and one warp per id (ids in order) adds its updates in
+//             that order. No atomics: dW does not depend on the grid, and across chunks it accumulates in
+//             row order.
 // A slot whose id is out of range is padding here (validate() has already recorded the error).
 #include <cub/device/device_radix_sort.cuh>
 
@@ -55,31 +56,77 @@ __device__ __forceinline__ void load8(const __half* p, float f[8]) {
   }
 }
 
+// Streaming stores (st.global.cs): the f32 gradient rows are written once and not read again by this
+// pass, so they should not push the chunk's hidden rows (re-read from L2 by the dW update) out of L2.
 __device__ __forceinline__ void store8(float* p, const float f[8]) {
-  reinterpret_cast<float4*>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
-  reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+  __stcs(reinterpret_cast<float4*>(p), make_float4(f[0], f[1], f[2], f[3]));
+  __stcs(reinterpret_cast<float4*>(p) + 1, make_float4(f[4], f[5], f[6], f[7]));
+}
+
+// Eight consecutive elements as loaded (16 bytes of a 16-bit type, 32 of f32), widened to f32 by cvt8 only
+// where they are used: fewer registers while a row's loads are in flight.
+template <typename T>
+struct Raw8 {
+  uint4 u;
+};
+template <>
+struct Raw8<float> {
+  float4 a, b;
+};
+template <typename T>
+__device__ __forceinline__ Raw8<T> load_raw8(const T* p) {
+  return Raw8<T>{*reinterpret_cast<const uint4*>(p)};
+}
+template <>
+__device__ __forceinline__ Raw8<float> load_raw8(const float* p) {
+  return Raw8<float>{reinterpret_cast<const float4*>(p)[0], reinterpret_cast<const float4*>(p)[1]};
+}
+// Widened from the register words (no address taken, so the raw values stay in registers): bf16 is the
+// upper half of an f32.
+__device__ __forceinline__ void cvt8(const Raw8<__nv_bfloat16>& r, float f[8]) {
+  const unsigned w[4] = {r.u.x, r.u.y, r.u.z, r.u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void cvt8(const Raw8<__half>& r, float f[8]) {
+  const unsigned w[4] = {r.u.x, r.u.y, r.u.z, r.u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] & 0xffffu)));
+    f[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] >> 16)));
+  }
+}
+__device__ __forceinline__ void cvt8(const Raw8<float>& r, float f[8]) {
+  f[0] = r.a.x, f[1] = r.a.y, f[2] = r.a.z, f[3] = r.a.w, f[4] = r.b.x, f[5] = r.b.y, f[6] = r.b.z,
+  f[7] = r.b.w;
 }
 
 // acc += g_q · row_q[col .. col + 8) for the staged updates q < n, in order, one fma per element each (an
-// update whose row is null or whose g is 0 is skipped); four rows' loads in flight before their fmas.
+// update whose row is null or whose g is 0 is skipped); eight rows' loads in flight before their fmas.
 // row_at(q) gives update q's row of T (16-byte aligned at col).
 template <typename T, typename RowAt>
 __device__ __forceinline__ void add_staged(float (&acc)[8], int n, const float* g, RowAt row_at,
                                            int64_t col) {
+  constexpr int kDepth = 8;
   int q = 0;
-  for (; q + 4 <= n; q += 4) {
-    const T* rows[4];
-    float xv[4][8];
+  for (; q + kDepth <= n; q += kDepth) {
+    const T* rows[kDepth];
+    Raw8<T> raw[kDepth];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kDepth; ++u) {
       rows[u] = g[q + u] != 0.0f ? row_at(q + u) : nullptr;
-      if (rows[u]) load8(rows[u] + col, xv[u]);
+      if (rows[u]) raw[u] = load_raw8(rows[u] + col);
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+    for (int u = 0; u < kDepth; ++u)
       if (rows[u]) {
+        float xv[8];
+        cvt8(raw[u], xv);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] = fmaf(g[q + u], xv[u][i], acc[i]);
+        for (int i = 0; i < 8; ++i) acc[i] = fmaf(g[q + u], xv[i], acc[i]);
       }
   }
   for (; q < n; ++q) {
@@ -252,61 +299,89 @@ __global__ void runs_kernel(const int* keys, int64_t count, int64_t v, int* firs
   }
 }
 
-// dW and dbias, one block per id (ids visited in order, so dW rows stream): the id's updates are staged in
-// shared memory, then each thread adds them to its 8 columns in sorted order, four hidden-row loads in
-// flight. Same additions in the same order as dw_kernel (one fma per update per element), so the same bits.
-// x is T with dense 16-byte-aligned rows, dW dense f32 16-byte-aligned rows, H % 8 == 0.
-// overwrite_dw / overwrite_dbias: start from 0 instead of the stored row (the kernel then also writes the
-// zero rows of ids without updates), so an overwritten dW is written once and never read.
-template <typename T>
-__global__ void __launch_bounds__(kBlock, 4)
-    dw_runs_kernel(const int* first, const int* last, const int* vals, int64_t v, BD g, BD x, BD dw, BD dbias,
-                   bool overwrite_dw, bool overwrite_dbias) {
-  __shared__ int s_r[kBlock];
-  __shared__ float s_g[kBlock];
+// packed[q] = (r, bits of g[r, k]) for the slot e = r·K + k at sorted position q.
+__global__ void pack_kernel(const int* vals, int64_t count, BD g, int2* packed) {
   const int kk = int(g.cols);
+  RT_GRID_LOOP(q, count) {
+    const int e = vals[q], r = e / kk;
+    packed[q] = make_int2(r, __float_as_int(*reinterpret_cast<const float*>(el(g, r, e % kk))));
+  }
+}
+
+// dW and dbias, one warp per id (ids in order, so dW rows stream): each lane owns kG groups of 8 columns of
+// a 256·kG-column tile, the id's (r, g) pairs (packed) are read 32 at a time and broadcast by shuffles, and
+// each update's hidden row is loaded whole (kG 16-byte loads per lane) before its fmas: many ids in flight
+// per SM, no block barriers. The additions are dw_kernel's (one fma per update per element, updates in
+// sorted order, g = 0 skipped; dbias summed by lane 0 in the same order): the same bits.
+// overwrite_dw / overwrite_dbias: start from 0 instead of the stored row, and write the zero rows of ids
+// without updates too, so an overwritten dW is written once and never read. x is T with dense 16-byte-
+// aligned rows, dW dense f32 16-byte-aligned rows, H % 8 == 0.
+template <typename T, int kG>
+__global__ void __launch_bounds__(256, 2)
+    dw_warp_kernel(const int* first, const int* last, const int2* packed, int64_t v, BD x, BD dw, BD dbias,
+                   bool overwrite_dw, bool overwrite_dbias) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
   const int64_t groups = dw.data ? dw.cols / 8 : 0;
-  for (int64_t id = blockIdx.x; id < v; id += gridDim.x) {
+  constexpr int64_t kTile = 32 * kG;  // column groups per tile
+  for (int64_t id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; id < v; id += warps) {
     const int i0 = first[id];
     float* drow = dw.data ? reinterpret_cast<float*>(el(dw, id, 0)) : nullptr;
-    if (i0 < 0) {  // uniform over the block
+    if (i0 < 0) {  // uniform over the warp
       if (overwrite_dw && drow) {
         const float zeros[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        for (int64_t c8 = threadIdx.x; c8 < groups; c8 += blockDim.x) store8(drow + c8 * 8, zeros);
+        for (int64_t c8 = lane; c8 < groups; c8 += 32) store8(drow + c8 * 8, zeros);
       }
-      if (overwrite_dbias && dbias.data && threadIdx.x == 0)
-        *reinterpret_cast<float*>(el(dbias, 0, id)) = 0.0f;
+      if (overwrite_dbias && dbias.data && lane == 0) *reinterpret_cast<float*>(el(dbias, 0, id)) = 0.0f;
       continue;
     }
     const int i1 = last[id];
-    float bsum = 0.0f;
-    if (dbias.data && threadIdx.x == 0 && !overwrite_dbias)
-      bsum = *reinterpret_cast<const float*>(el(dbias, 0, id));
-    // dbias rides on the first column tile's staging (every update is staged once per tile).
-    for (int64_t c0 = 0; c0 < (groups > 0 ? groups : 1); c0 += blockDim.x) {
-      const int64_t c8 = c0 + threadIdx.x;
-      const bool on = c8 < groups;
-      float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-      if (on && !overwrite_dw) load8(drow + c8 * 8, acc);
-      for (int q0 = i0; q0 < i1; q0 += kBlock) {
-        const int n = min(kBlock, i1 - q0);
-        __syncthreads();  // the previous tile is no longer read
-        if (int(threadIdx.x) < n) {
-          const int e = vals[q0 + threadIdx.x], r = e / kk;
-          s_r[threadIdx.x] = r;
-          s_g[threadIdx.x] = *reinterpret_cast<const float*>(el(g, r, e % kk));
-        }
-        __syncthreads();
-        if (c0 == 0 && dbias.data && threadIdx.x == 0)
-          for (int q = 0; q < n; ++q)
-            if (s_g[q] != 0.0f) bsum += s_g[q];
-        if (!on) continue;
-        add_staged<T>(  // a zero update is skipped, as on the CPU
-            acc, n, s_g, [&](int q) { return reinterpret_cast<const T*>(el(x, s_r[q], 0)); }, c8 * 8);
+    for (int64_t t0 = 0; t0 < (groups > 0 ? groups : 1); t0 += kTile) {
+      float acc[kG][8];
+#pragma unroll
+      for (int j = 0; j < kG; ++j) {
+        const int64_t c8 = t0 + lane + 32 * j;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[j][i] = 0.0f;
+        if (c8 < groups && !overwrite_dw) load8(drow + c8 * 8, acc[j]);
       }
-      if (on) store8(drow + c8 * 8, acc);
+      const bool bias_here = t0 == 0 && dbias.data && lane == 0;
+      float bsum = bias_here && !overwrite_dbias ? *reinterpret_cast<const float*>(el(dbias, 0, id)) : 0.0f;
+      for (int q0 = i0; q0 < i1; q0 += 32) {
+        const int n = min(32, i1 - q0);
+        const int2 mine = lane < n ? packed[q0 + lane] : make_int2(0, 0);
+        for (int u = 0; u < n; ++u) {
+          const int r = __shfl_sync(0xffffffffu, mine.x, u);
+          const float gv = __int_as_float(__shfl_sync(0xffffffffu, mine.y, u));
+          if (gv == 0.0f) continue;  // uniform
+          if (bias_here) bsum += gv;
+          if (groups == 0) continue;
+          const T* xr = reinterpret_cast<const T*>(el(x, r, 0));
+          Raw8<T> raw[kG];
+#pragma unroll
+          for (int j = 0; j < kG; ++j) {
+            const int64_t c8 = t0 + lane + 32 * j;
+            if (c8 < groups) raw[j] = load_raw8(xr + c8 * 8);
+          }
+#pragma unroll
+          for (int j = 0; j < kG; ++j) {
+            const int64_t c8 = t0 + lane + 32 * j;
+            if (c8 < groups) {
+              float xv[8];
+              cvt8(raw[j], xv);
+#pragma unroll
+              for (int i = 0; i < 8; ++i) acc[j][i] = fmaf(gv, xv[i], acc[j][i]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kG; ++j) {
+        const int64_t c8 = t0 + lane + 32 * j;
+        if (c8 < groups) store8(drow + c8 * 8, acc[j]);
+      }
+      if (bias_here) *reinterpret_cast<float*>(el(dbias, 0, id)) = bsum;
     }
-    if (dbias.data && threadIdx.x == 0) *reinterpret_cast<float*>(el(dbias, 0, id)) = bsum;
   }
 }
 
@@ -330,24 +405,39 @@ __global__ void __launch_bounds__(kGatherWarps * 32)
     const int i1 = last[id];
     const uint4* src = reinterpret_cast<const uint4*>(el(w, id, 0));
     uint4* dst = reinterpret_cast<uint4*>(ws);
-    for (int64_t j = lane; j < h * int64_t(sizeof(T)) / 16; j += 32) dst[j] = src[j];
+    // The weight row is read once here (ld.global.cs, evict first): the hidden rows stay in L2.
+    for (int64_t j = lane; j < h * int64_t(sizeof(T)) / 16; j += 32) dst[j] = __ldcs(src + j);
     __syncwarp();
     const float b = bias.data ? load_f(el(bias, 0, id), bias.dtype) : 0.0f;
-    for (int q = i0; q < i1; ++q) {
-      const int e = vals[q];
-      const int64_t r = e / kk, k = e % kk;
-      const T* xr = reinterpret_cast<const T*>(el(x, r, 0));
-      float s = 0.0f;
-#pragma unroll 4
-      for (int64_t j = int64_t(lane) * 8; j < h; j += 32 * 8) {
-        float a[8], c[8];
-        load8(xr + j, a);
-        load8(ws + j, c);
+    // The id's slots 32 at a time, one per lane, broadcast by shuffles; each hidden row's loads (up to
+    // kU per lane) are all in flight before the fmas, which keep gather_kernel's order.
+    constexpr int kU = 8;
+    for (int q0 = i0; q0 < i1; q0 += 32) {
+      const int n = min(32, i1 - q0);
+      const int mine = lane < n ? vals[q0 + lane] : 0;
+      for (int u = 0; u < n; ++u) {
+        const int e = __shfl_sync(0xffffffffu, mine, u);
+        const int64_t r = e / kk, k = e % kk;
+        const T* xr = reinterpret_cast<const T*>(el(x, r, 0));
+        float s = 0.0f;
+        for (int64_t j0 = int64_t(lane) * 8; j0 < h; j0 += 32 * 8 * kU) {
+          Raw8<T> raw[kU] = {};
 #pragma unroll
-        for (int i = 0; i < 8; ++i) s = fmaf(a[i], c[i], s);
+          for (int t = 0; t < kU; ++t)
+            if (j0 + t * 256 < h) raw[t] = load_raw8(xr + j0 + t * 256);
+#pragma unroll
+          for (int t = 0; t < kU; ++t)
+            if (j0 + t * 256 < h) {
+              float a[8], c[8];
+              cvt8(raw[t], a);
+              load8(ws + j0 + t * 256, c);
+#pragma unroll
+              for (int i = 0; i < 8; ++i) s = fmaf(a[i], c[i], s);
+            }
+        }
+        s = warp_reduce(s, SumOp{});
+        if (lane == 0) *reinterpret_cast<float*>(el(out, r, k)) = s + b;
       }
-      s = warp_reduce(s, SumOp{});
-      if (lane == 0) *reinterpret_cast<float*>(el(out, r, k)) = s + b;
     }
     __syncwarp();  // the slice is rewritten for the warp's next id
   }
@@ -389,6 +479,7 @@ void build_runs(CudaExec& ex, const loss::TopKSide& side, int64_t rows, int64_t 
   runs.vals = runs.keys + count;
   runs.first = runs.vals + count;
   runs.last = runs.first + v;
+  runs.packed = keys_in;  // 2·count ints at the buffer's start: 8-byte aligned
   void* temp = reinterpret_cast<char*>(runs.buf->data()) + (ints * sizeof(int) + 255) / 256 * 256;
   const BD ids = bd(side.ids), lp = bd(side.logprobs), mask = bd(side.mask);
   keys_kernel<<<ex.grid_for(count, kBlock), kBlock, 0, ex.stream>>>(ids, lp, mask, rows, kk, v, keys_in,
@@ -452,6 +543,48 @@ void gather_topk_logits(CudaExec& ex, const Block& hidden, const Block& w, const
   }
 }
 
+namespace {
+
+// dW and dbias of one chunk (see scatter_topk_grads).
+void scatter_dw(CudaExec& ex, const Block& g, const Block& hidden, int64_t v, const loss::SparseGrads& out,
+                SparseRuns& runs, const loss::TopKSide& side) {
+  const Block &dw = out.dweight, &dbias = out.dbias;
+  const int64_t h = hidden.cols;
+  const BD gd = bd(g);
+  if (!runs.for_chunk(side, g.rows, g.cols, v)) build_runs(ex, side, g.rows, g.cols, v, runs, Block{});
+  const bool vec = (dw.empty() || (aligned16(dw) && dw.col_stride == sizeof(float) && dw.cols % 8 == 0)) &&
+                   aligned16(hidden) && hidden.col_stride == dtype_size(hidden.dtype) && h % 8 == 0;
+  if (vec) {
+    // Overwriting: the kernel writes every row (zeros where no slot points), so dW is written once and
+    // never read.
+    const bool ow = !out.accumulate_dweight, ob = !out.accumulate_dbias;
+    const int64_t count = runs.count;
+    auto* packed = reinterpret_cast<int2*>(runs.packed);
+    pack_kernel<<<ex.grid_for(count, kBlock), kBlock, 0, ex.stream>>>(runs.vals, count, gd, packed);
+    RT_CUDA_LAUNCH_CHECK("pack_kernel");
+    const unsigned grid = unsigned(std::min<int64_t>((v + 7) / 8, int64_t(ex.sm_count) * 8));
+    if (hidden.dtype == DType::BF16)
+      dw_warp_kernel<__nv_bfloat16, 8><<<grid, 256, 0, ex.stream>>>(runs.first, runs.last, packed, v,
+                                                                    bd(hidden), bd(dw), bd(dbias), ow, ob);
+    else if (hidden.dtype == DType::F16)
+      dw_warp_kernel<__half, 8><<<grid, 256, 0, ex.stream>>>(runs.first, runs.last, packed, v, bd(hidden),
+                                                             bd(dw), bd(dbias), ow, ob);
+    else
+      dw_warp_kernel<float, 4><<<grid, 256, 0, ex.stream>>>(runs.first, runs.last, packed, v, bd(hidden),
+                                                            bd(dw), bd(dbias), ow, ob);
+    RT_CUDA_LAUNCH_CHECK("dw_warp_kernel");
+  } else {
+    if (!dw.empty() && !out.accumulate_dweight) zero(ex, dw);
+    if (!dbias.empty() && !out.accumulate_dbias) zero(ex, dbias);
+    const unsigned grid = unsigned(ex.grid_for(runs.count * 32, kBlock));
+    dw_kernel<<<grid, kBlock, 0, ex.stream>>>(runs.keys, runs.vals, runs.count, v, gd, bd(hidden), bd(dw),
+                                              bd(dbias));
+  }
+  RT_CUDA_LAUNCH_CHECK("dw_kernel");
+}
+
+}  // namespace
+
 void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const Block& w,
                         const loss::TopKSide& side, const loss::SparseGrads& out, SparseRuns& runs) {
   const Block &dhidden = out.dhidden, &dw = out.dweight, &dbias = out.dbias;
@@ -464,6 +597,9 @@ void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const
   const int64_t v = w.rows;
   const BD gd = bd(g), ids = bd(side.ids), lp = bd(side.logprobs), mask = bd(side.mask);
   const int64_t h = hidden.cols;
+  // dW first, while the gather has just brought the chunk's hidden rows into L2 (the dhidden pass streams
+  // 64 weight rows per token through it).
+  if (!dw.empty() || !dbias.empty()) scatter_dw(ex, g, hidden, v, out, runs, side);
   if (!dhidden.empty()) {
     const unsigned grid = unsigned(std::min<int64_t>(g.rows, int64_t(ex.sm_count) * 16));
     const bool vec = h % 8 == 0 && aligned16(dhidden) && dhidden.col_stride == sizeof(float) &&
@@ -482,32 +618,6 @@ void scatter_topk_grads(CudaExec& ex, const Block& g, const Block& hidden, const
                                                         accumulate_dhidden);
     RT_CUDA_LAUNCH_CHECK("dhidden_kernel");
   }
-  if (dw.empty() && dbias.empty()) return;
-  if (!runs.for_chunk(side, g.rows, g.cols, v)) build_runs(ex, side, g.rows, g.cols, v, runs, Block{});
-  const bool vec = (dw.empty() || (aligned16(dw) && dw.col_stride == sizeof(float) && dw.cols % 8 == 0)) &&
-                   aligned16(hidden) && hidden.col_stride == dtype_size(hidden.dtype) && h % 8 == 0;
-  if (vec) {
-    // Overwriting: the kernel writes every row (zeros where no slot points), so dW is written once and
-    // never read.
-    const unsigned grid = unsigned(std::min<int64_t>(v, int64_t(ex.sm_count) * 8));
-    const bool ow = !out.accumulate_dweight, ob = !out.accumulate_dbias;
-    if (hidden.dtype == DType::BF16)
-      dw_runs_kernel<__nv_bfloat16><<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd,
-                                                                    bd(hidden), bd(dw), bd(dbias), ow, ob);
-    else if (hidden.dtype == DType::F16)
-      dw_runs_kernel<__half><<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd,
-                                                             bd(hidden), bd(dw), bd(dbias), ow, ob);
-    else
-      dw_runs_kernel<float><<<grid, kBlock, 0, ex.stream>>>(runs.first, runs.last, runs.vals, v, gd,
-                                                            bd(hidden), bd(dw), bd(dbias), ow, ob);
-  } else {
-    if (!dw.empty() && !out.accumulate_dweight) zero(ex, dw);
-    if (!dbias.empty() && !out.accumulate_dbias) zero(ex, dbias);
-    const unsigned grid = unsigned(ex.grid_for(runs.count * 32, kBlock));
-    dw_kernel<<<grid, kBlock, 0, ex.stream>>>(runs.keys, runs.vals, runs.count, v, gd, bd(hidden), bd(dw),
-                                              bd(dbias));
-  }
-  RT_CUDA_LAUNCH_CHECK("dw_kernel");
 }
 
 }  // namespace retort::cuda::fused
