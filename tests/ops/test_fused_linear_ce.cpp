@@ -231,6 +231,32 @@ TEST(FusedLinearCE, BudgetSetsChunkRows) {
   EXPECT_EQ(loss::plan_chunks(p).chunk_rows, 3);
 }
 
+// Chunk rows from the budget: the fewest chunks the budget allows, of even size, in multiples of 128 rows
+// where that still fits (the GEMM tiles); an explicit chunk_rows is kept as given.
+TEST(FusedLinearCE, BudgetChunksAreEvenAndAligned) {
+  float dummy = 0;
+  loss::FusedLinearProblem p;
+  p.weight = loss::Block::dense(&dummy, DType::BF16, 128256, 8);  // Vp = V: 256,512 bytes per bf16 row
+  p.dhidden = loss::Block::dense(&dummy, DType::F32, 8192, 8);
+  p.logits_dtype = DType::BF16;
+  auto rows = [&](int64_t n, size_t budget) {
+    p.hidden = loss::Block::dense(&dummy, DType::BF16, n, 8);
+    p.memory_budget = budget;
+    return loss::plan_chunks(p, false, 2, true).chunk_rows;
+  };
+  const size_t row = 128256 * 2;
+  EXPECT_EQ(rows(8192, 512u << 20), 2048);   // 2,093 rows fit: 4 chunks of 2,048
+  EXPECT_EQ(rows(8192, 1024u << 20), 4096);  // 4,186 fit: 2 chunks
+  EXPECT_EQ(rows(8192, 2048u << 20), 8192);  // all rows fit: one chunk
+  EXPECT_EQ(rows(1000, 300 * row), 256);     // 4 chunks of 250, rounded up to 256 (<= 300)
+  EXPECT_EQ(rows(1000, 130 * row), 128);     // 8 chunks of 125 -> 128
+  EXPECT_EQ(rows(1000, 200 * row), 200);     // 5 chunks of 200; 256 would not fit
+  EXPECT_EQ(rows(1000, 210 * row), 200);     // still 5 chunks, evened out
+  EXPECT_EQ(rows(1000, 90 * row), 84);       // 12 chunks of 84: below 128, not rounded
+  p.chunk_rows = 2093;
+  EXPECT_EQ(rows(8192, 512u << 20), 2093);  // as given
+}
+
 TEST(FusedLinearCE, Gpt2Vocabulary) {
   // V = 50,257 is not a multiple of any block size; rows are padded to 50,304 in scratch. 5 rows in chunks
   // of 2 against the float64 reference, gradients against the unfused graph.
@@ -368,7 +394,8 @@ TEST(FusedLinearCE, LogitsDtypeIsF32OnTheCpu) {
   EXPECT_EQ(loss::plan_chunks(p, false, 2, true).logits_dtype, DType::F32);
   p.logits_dtype = DType::BF16;
   EXPECT_EQ(loss::plan_chunks(p, false, 2, false).chunk_rows, 4);  // the executor says no: f32
-  EXPECT_EQ(loss::plan_chunks(p, false, 2, true).chunk_rows, 12);  // 2 bytes per logit, no copy
+  // 2 bytes per logit, no copy: 12 rows fit, 40 rows make 4 chunks, evened out to 10 rows.
+  EXPECT_EQ(loss::plan_chunks(p, false, 2, true).chunk_rows, 10);
   EXPECT_EQ(loss::plan_chunks(p, false, 2, true).logits_dtype, DType::BF16);
   p.teacher_hidden = p.hidden;
   p.teacher_weight = p.weight;

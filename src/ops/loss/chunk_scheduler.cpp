@@ -148,6 +148,16 @@ ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shad
   }
   const size_t budget = p.memory_budget - pad_bytes;
   int64_t rows = p.chunk_rows > 0 ? p.chunk_rows : int64_t(std::max<size_t>(1, budget / budget_per_row));
+  if (p.chunk_rows <= 0 && rows < n) {
+    // As few chunks as the budget allows, of even size (no short tail chunk), rounded up to a multiple of
+    // kRowAlign rows when that still fits: the GEMMs' row tiles are then full, and a [C, H] dhidden output
+    // does not spill a few tiles into one more wave (2,093 rows of H = 2,048 make 136 tiles of 128 x 256
+    // on 132 SMs; 2,048 rows make 128).
+    const int64_t chunks = (n + rows - 1) / rows;
+    const int64_t even = (n + chunks - 1) / chunks;
+    const int64_t aligned = (even + kRowAlign - 1) / kRowAlign * kRowAlign;
+    rows = aligned <= rows ? aligned : even;
+  }
   plan.chunk_rows = std::clamp<int64_t>(rows, 1, n);
   const size_t chunk_bytes = align_up(size_t(plan.chunk_rows) * per_row);
   plan.scratch_bytes = chunk_bytes + size_t(row_buffers(p).count()) * align_up(size_t(n) * sizeof(float));

@@ -49,6 +49,8 @@ inline constexpr size_t kDefaultFusedBudget = kFusedLinearDefaultBudget;
 // Logit rows in scratch are padded to a multiple of this many entries (alignment of every row; the GEMMs
 // still compute exactly V columns).
 inline constexpr int64_t kVocabPad = 128;
+// Chunk rows from the memory budget are rounded to a multiple of this when the budget allows (GEMM tiles).
+inline constexpr int64_t kRowAlign = 128;
 
 enum class LossKind { CrossEntropy, TopK, Distill, Entropy, SelectiveLogSoftmax };
 const char* loss_kind_name(LossKind k);
@@ -221,11 +223,12 @@ struct FusedLinearProblem {
 
 // How a problem will run.
 struct ChunkPlan {
-  int64_t chunk_rows = 0;           // rows per chunk (the last chunk may be shorter)
-  int64_t padded_vocab = 0;         // Vp: row length of the logits scratch, in floats
-  bool sparse = false;              // the K-sparse top-K path
-  size_t scratch_bytes = 0;         // everything the scheduler asks the executor for
-  bool pad_weights = false;         // W (and the teacher's) copied into zero-padded [Vp, H] scratch
+  int64_t chunk_rows = 0;    // rows per chunk (the last chunk may be shorter); from the budget: the fewest
+                             // chunks it allows, evened out, rounded up to kRowAlign rows where that fits
+  int64_t padded_vocab = 0;  // Vp: row length of the logits scratch, in floats
+  bool sparse = false;       // the K-sparse top-K path
+  size_t scratch_bytes = 0;  // everything the scheduler asks the executor for
+  bool pad_weights = false;  // W (and the teacher's) copied into zero-padded [Vp, H] scratch
   DType logits_dtype = DType::F32;  // of the logits blocks (student and online teacher)
 };
 // pad_weights: the executor's pads_vocab() (only honoured when Vp > V, the padded rows can be zeroed as whole
