@@ -368,7 +368,8 @@ int main(int argc, char** argv) {
           "                  row, 16-bit logits gradient in place)\n"
           "  --reps R        timed repetitions of each, alternating, medians reported (default 10, at least "
           "5)\n"
-          "  --only NAME     only the cases whose name contains NAME (e.g. 'K-sparse', for a profiler)\n",
+          "  --only NAME     only the case named NAME, or those whose name contains NAME (e.g. 'K-sparse', "
+          "for a profiler)\n",
           argv[0]);
       return a == "--help" ? 0 : 2;
     }
@@ -404,8 +405,10 @@ int main(int argc, char** argv) {
     Result r;
   };
   std::vector<Row> rows;
+  // --only NAME: that case if a case has exactly this name, else the cases whose name contains it.
+  const bool exact = std::any_of(cases.begin(), cases.end(), [&](const Case& x) { return x.name == only; });
   for (const Case& c : cases) {
-    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+    if (!only.empty() && (exact ? c.name != only : c.name.find(only) == std::string::npos)) continue;
     std::printf("%s: N=%lld H=%lld V=%lld%s\n", c.name.c_str(), (long long)c.n, (long long)c.h,
                 (long long)c.v, c.ht ? (" Ht=" + std::to_string(c.ht)).c_str() : "");
     Row row{c, 0.0, Result{}};

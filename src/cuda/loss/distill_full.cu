@@ -242,6 +242,47 @@ __device__ __forceinline__ float div_term2(float beta, float lp2, float lq2, flo
   }
 }
 
+// div_term2<2> that also returns t = log2 q − log2 m in t (the same operations in the same order, so the
+// same values).
+__device__ __forceinline__ float jsd_term2(float beta, float lp2, float lq2, float& d, float& q, float& t) {
+  q = rowk::fast_exp2(lq2);
+  const float p = rowk::fast_exp2(lp2), omb = 1.0f - beta;
+  const float lm2 = fast_log2(fmaxf(fmaf(beta, p, omb * q), 1.2e-38f));
+  t = lq2 - lm2;
+  const float tq = q * t;
+  d = fmaf(beta * p, lp2 - lm2, fmaf(omb, tq, d));
+  return omb * tq * rowk::kLn2;
+}
+
+// Pass 2 keeps t in the teacher's slots (f32 rows: as is; 16-bit rows: as f16, |t| clamped to 65000 so that
+// q·t stays finite where q underflows to 0) for pass 3 to read back.
+__device__ __forceinline__ void keep_t(float* slot, const float (&t)[8]) {  // shared memory: plain stores
+  reinterpret_cast<float4*>(slot)[0] = make_float4(t[0], t[1], t[2], t[3]);
+  reinterpret_cast<float4*>(slot)[1] = make_float4(t[4], t[5], t[6], t[7]);
+}
+template <typename T>
+__device__ __forceinline__ void keep_t(T* slot, const float (&t)[8]) {
+  unsigned short h[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    h[i] = __half_as_ushort(__float2half_rn(fminf(fmaxf(t[i], -65000.0f), 65000.0f)));
+  *reinterpret_cast<uint4*>(slot) = make_uint4(h[0] | (unsigned(h[1]) << 16), h[2] | (unsigned(h[3]) << 16),
+                                               h[4] | (unsigned(h[5]) << 16), h[6] | (unsigned(h[7]) << 16));
+}
+__device__ __forceinline__ void load_t(const float* slot, float (&t)[8]) {
+  rowk::load8<false>(slot, t);
+}
+template <typename T>
+__device__ __forceinline__ void load_t(const T* slot, float (&t)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(slot);
+  const unsigned wd[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(wd[i] & 0xffffu)));
+    t[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(wd[i] >> 16)));
+  }
+}
+
 template <typename T, typename G, int kMode, int kCT>
 __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
     distill_cluster_kernel(RowBlock b, DistillRows o, ErrorSink err, DistillFlags f, int64_t seg, int nbuf,
@@ -258,6 +299,9 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
   __shared__ RowSums dmerged;
   namespace cg = cooperative_groups;
   cg::cluster_group cl = cg::this_cluster();
+  // JSD keeps pass 2's t for pass 3: exactly with f32 rows; with 16-bit rows only when the gradient is 16-bit
+  // too (t in f16 is then well within the gradient's own rounding).
+  constexpr bool kKeepT = std::is_same_v<T, float> || sizeof(G) == 2;
   const int cs = int(cl.num_blocks()), rank = int(cl.block_rank());
   const int64_t v = b.V, c0 = int64_t(rank) * seg,
                 n = std::max<int64_t>(0, std::min<int64_t>(v, c0 + seg) - c0);
@@ -315,7 +359,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
       phases ^= 1u << cur;
     }
     const T* zs = base + 2 * int64_t(cur) * seg;
-    const T* ws = zs + seg;
+    T* const ws = base + 2 * int64_t(cur) * seg + seg;
     G* grow = want_grad ? static_cast<G*>(b.grad) + r * b.grad_stride + c0 : nullptr;
     // The label is the same for every CTA of the cluster, so every branch below is uniform across it.
     const RowLabel lab = row_label(o.labels, r, o.ignore_index, v, err);
@@ -416,6 +460,8 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
       }
     };
     // Pass 2: the divergence (and, for forward KL, whose gradient needs no row-wide sum, the gradient).
+    // JSD with kKeepT: the teacher's slot of each entry then holds t = log2 q − log2 m for pass 3, which so
+    // needs one exp2 per entry instead of two and a log2.
     float dpart = 0.0f, gpart = 0.0f;
     for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
       float z[8], w[8], g[8];
@@ -425,10 +471,17 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
       for (int i = 0; i < 8; ++i) {
         float lq2, lp2, q;
         logs2(z[i], w[i], lq2, lp2);
-        const float gj = div_term2<kMode>(beta, lp2, lq2, dpart, q);
-        if constexpr (kMode != 0) gpart += gj;
-        if constexpr (kMode == 0) g[i] = fmaf(cs_soft, q + gj, hard_grad.at(z[i]));
+        if constexpr (kMode == 2 && kKeepT) {
+          const float gj = jsd_term2(beta, lp2, lq2, dpart, q, w[i]);  // w[i] becomes t
+          gpart += gj;
+        } else {
+          const float gj = div_term2<kMode>(beta, lp2, lq2, dpart, q);
+          if constexpr (kMode != 0) gpart += gj;
+          if constexpr (kMode == 0) g[i] = fmaf(cs_soft, q + gj, hard_grad.at(z[i]));
+        }
       }
+      if constexpr (kMode == 2 && kKeepT)
+        if (want_grad) keep_t(ws + k * 8, w);
       if constexpr (kMode == 0)
         if (want_grad) store(k, g);
     }
@@ -463,12 +516,22 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
       for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
         float z[8], w[8], g[8];
         rowk::load8<false>(zs + k * 8, z);
-        rowk::load8<false>(ws + k * 8, w);
+        if constexpr (kMode == 2 && kKeepT)
+          load_t(ws + k * 8, w);
+        else
+          rowk::load8<false>(ws + k * 8, w);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          float lq2, lp2, q, unused = 0.0f;
-          logs2(z[i], w[i], lq2, lp2);
-          const float gj = div_term2<kMode>(beta, lp2, lq2, unused, q);
+          float lq2, lp2, q, gj;
+          if constexpr (kMode == 2 && kKeepT) {
+            logs2(z[i], 0.0f, lq2, lp2);  // lp2 unused
+            q = rowk::fast_exp2(lq2);
+            gj = (1.0f - beta) * (q * w[i]) * rowk::kLn2;  // w[i] is t: jsd_term2's return value
+          } else {
+            float unused = 0.0f;
+            logs2(z[i], w[i], lq2, lp2);
+            gj = div_term2<kMode>(beta, lp2, lq2, unused, q);
+          }
           g[i] = fmaf(cs_soft, fmaf(-q, gs, gj), hard_grad.at(z[i]));
         }
         store(k, g);
