@@ -132,14 +132,23 @@ TEST_F(CudaFusedLowLogits, CrossEntropy) {
 }
 
 TEST_F(CudaFusedLowLogits, CrossEntropyGpt2Vocabulary) {
-  // V = 50,257: padded rows (the pad columns of the 16-bit block are the GEMM's zeros), unvectorized row
-  // kernels, 3 chunks, the last short.
+  // V = 50,257: padded rows (the pad columns of the 16-bit block are the GEMM's zeros), 8-wide row kernels
+  // with a scalar tail, 3 chunks, the last short.
   CeCfg cfg;
   cfg.n = 37;
   cfg.h = 16;
   cfg.v = 50257;
   cfg.chunk = 16;
   EXPECT_TRUE(check_low(ce_case("cfll_ce_gpt2", cfg)));
+  // Many rows in one chunk, per-row losses: the gradient overwrites each row in place while (on Hopper) the
+  // row's cluster CTAs run; the loss must use z at the label read before any of those stores.
+  CeCfg many;
+  many.n = 512;
+  many.h = 16;
+  many.v = 50257;
+  many.chunk = 512;
+  many.r.red = Reduction::None;
+  EXPECT_TRUE(check_low(ce_case("cfll_ce_gpt2_rows", many)));
 }
 
 // ---- top-K distillation over the full vocabulary, with a hard loss --------------------------------------

@@ -76,10 +76,11 @@ __device__ __forceinline__ float grad_scale(const RowBlock& b) {
 // ---- row drivers
 // --------------------------------------------------------------------------------------------
 //
-// A policy P describes one loss: begin_row(b, r) loads the row's side data; acc() makes the per-thread pass-1
-// accumulator (an object with apply<N>(j0, x)); fold(acc, on, aux) extracts its statistics (an online-softmax
-// state plus one additive extra); finish(b, r, row, on, aux) writes the row's loss and lse (thread 0 only);
-// and grad<G>(out_row, on, aux, scale) makes the pass-2 functor that writes the gradient.
+// A policy P describes one loss: begin_row(b, r, row) loads the row's side data, and reads from the row what
+// finish() needs (the gradient may overwrite the row once the statistics are merged); acc() makes the
+// per-thread pass-1 accumulator (an object with apply<N>(j0, x)); fold(acc, on, aux) extracts its statistics
+// (an online-softmax state plus one additive extra); finish(b, r, row, on, aux) writes the row's loss and lse
+// (thread 0 only); and grad<G>(out_row, on, aux, scale) makes the pass-2 functor that writes the gradient.
 
 // Two passes per row from global memory; the second read is meant to hit L2. Works on every architecture and
 // for rows of any length.
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(kThreads) rows_l2_kernel(RowBlock b, P p, bool
   __shared__ float fscratch[32];
   for (int64_t r = blockIdx.x; r < b.rows; r += gridDim.x) {
     const T* row = static_cast<const T*>(b.logits) + r * b.stride;
-    p.begin_row(b, r);
+    p.begin_row(b, r, row);
     auto acc = p.acc();
     for_row<kUnroll>(row, b.V, vec, acc);
     Online on;
@@ -198,7 +199,7 @@ __global__ void __launch_bounds__(kCT)
       if (int(threadIdx.x) < tail) buf[n - tail + threadIdx.x] = row[c0 + n - tail + threadIdx.x];
       __syncthreads();
     }
-    p.begin_row(b, r);
+    p.begin_row(b, r, row);  // before the cluster barrier that precedes any gradient store
     auto acc = p.acc();
     for_row<1, false>(buf, n, true, acc, c0);
     Online on;
@@ -250,12 +251,17 @@ struct CePolicy {
   int64_t label;
   bool valid;
   float inv_v;
+  float zy;  // the (softcapped) logit at the label, thread 0 only (see begin_row)
 
   __device__ __forceinline__ float xf(float z) const {
     return o.softcap > 0.0f ? o.softcap * tanhf(z * inv_cap) : z;
   }
 
-  __device__ __forceinline__ void begin_row(const RowBlock& b, int64_t r) {
+  // Thread 0 reads z at the label here, before the barrier that precedes any gradient store: the gradient may
+  // overwrite the logits in place, and another thread (or, on the cluster path, another CTA) may store the
+  // label column's gradient before thread 0 gets to finish().
+  template <typename T>
+  __device__ __forceinline__ void begin_row(const RowBlock& b, int64_t r, const T* row) {
     inv_v = 1.0f / float(b.V);
     label = load_index(o.labels, o.label_dtype == DType::I64, r);
     valid = label != o.ignore_index;
@@ -263,6 +269,7 @@ struct CePolicy {
       if (threadIdx.x == 0 && err) atomicCAS(err, 0, int(r) + 1);
       valid = false;
     }
+    zy = valid && threadIdx.x == 0 ? xf(to_f<T>(row[label])) : 0.0f;
   }
 
   struct Acc {
@@ -295,12 +302,11 @@ struct CePolicy {
   }
 
   template <typename T>
-  __device__ __forceinline__ void finish(const RowBlock& b, int64_t r, const T* row, const Online& on,
+  __device__ __forceinline__ void finish(const RowBlock& b, int64_t r, const T*, const Online& on,
                                          float sumx) const {
     const float lse = on.lse(), eps = o.label_smoothing;
     float loss = 0.0f;
     if (valid) {
-      float zy = xf(to_f<T>(row[label]));
       // (m - z_y) + log s, not lse - z_y: the large max cancels before the small log-sum is added.
       loss = (1.0f - eps) * ((on.m - zy) + logf(on.s)) +
              (eps > 0.0f ? eps * (lse - sumx / float(b.V)) : 0.0f) + o.z_loss * lse * lse;
@@ -370,7 +376,8 @@ struct CePolicy {
 
 struct EntropyPolicy {
   float inv_t;
-  __device__ __forceinline__ void begin_row(const RowBlock&, int64_t) {}
+  template <typename T>
+  __device__ __forceinline__ void begin_row(const RowBlock&, int64_t, const T*) {}
   struct Acc {
     Online on;
     float inv_t;
