@@ -30,9 +30,10 @@ namespace retort {
 inline constexpr size_t kFusedLinearDefaultBudget = size_t(256) << 20;
 
 struct FusedLinearOptions {
-  // Bytes of chunk logits (student, plus teacher when computed online): the chunk has
-  // budget / (es·Vp·(1 or 2)) rows (es = 4 for f32 logits, 2 for 16-bit ones, see logits_dtype), Vp = V
-  // rounded up to 128, at least 1 and at most N (the K-sparse top-K path: budget / (4·K) rows). Not counted:
+  // Bytes of chunk logits (student, plus teacher when computed online): at most budget / (es·Vp·(1 or 2))
+  // rows fit (es = 4 for f32 logits, 2 for 16-bit ones, see logits_dtype; Vp = V rounded up to 128; the
+  // K-sparse top-K path: budget / (4·K)); the chunks are the fewest that allows, evened out and rounded up to
+  // a multiple of 128 rows where that still fits, at least 1 row and at most N. Not counted:
   // the gradients themselves (f32, shaped like hidden, W and bias), per-row vectors, and a backend's own
   // temporaries (on the CPU: GEMM packing buffers, an 8 MiB staging block for dW, and the chunk's hidden rows
   // as f32 on the K-sparse path).
