@@ -273,22 +273,28 @@ TEST_F(CudaFused, TopKDense) {
 }
 
 TEST_F(CudaFused, TopKSparse) {
-  // normalize_topk, w_hard = 0: K dot products per row and K-sparse gradient updates.
-  for (DType dt : {DType::F32, DType::BF16})
-    for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
-      for (int64_t chunk : chunk_sizes(7)) {
-        TopKCfg cfg;
-        cfg.r.normalize = true;
-        cfg.r.beta = 0.3;
-        cfg.r.red = red;
-        cfg.dt = dt;
-        cfg.chunk = chunk;
-        cfg.h = 16;  // vectorized gather for bf16 (H a multiple of 8)
-        // No 16-bit logits gradient on this path (gather and scatter work in f32): the default tolerances
-        // hold for bf16 storage too.
-        EXPECT_TRUE(
-            check_cuda(topk_case(std::string("cfltopk_sparse_") + dtype_name(dt) + red_name(red), cfg)));
-      }
+  // normalize_topk, w_hard = 0: K dot products per row and K-sparse gradient updates. beta = 0 (forward KL)
+  // takes the one-pass kernel (sparse_forward_kl: logits, loss and dhidden as an online softmax-weighted sum
+  // of the weight rows), at T = 1 (the teacher's top-K as given) and T = 2 (renormalized); beta = 0.3 the
+  // gather, the gathered row loss and the scatter.
+  for (double beta : {0.3, 0.0})
+    for (DType dt : {DType::F32, DType::BF16})
+      for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
+        for (int64_t chunk : chunk_sizes(7)) {
+          TopKCfg cfg;
+          cfg.r.normalize = true;
+          cfg.r.beta = beta;
+          cfg.r.t = red == Reduction::Sum ? 2.0 : 1.0;
+          cfg.r.red = red;
+          cfg.dt = dt;
+          cfg.chunk = chunk;
+          cfg.h = 16;  // vectorized gather for bf16 (H a multiple of 8)
+          // No 16-bit logits gradient on this path (gather and scatter work in f32): the default tolerances
+          // hold for bf16 storage too.
+          EXPECT_TRUE(check_cuda(topk_case(
+              std::string("cfltopk_sparse_") + (beta == 0.0 ? "fkl_" : "") + dtype_name(dt) + red_name(red),
+              cfg)));
+        }
   // H = 5: the unvectorized dhidden and dW kernels.
   TopKCfg odd;
   odd.r.normalize = true;
@@ -297,14 +303,16 @@ TEST_F(CudaFused, TopKSparse) {
   EXPECT_TRUE(check_cuda(topk_case("cfltopk_sparse_h5", odd)));
   // H = 2056: the dW kernel's column tiles (2048 columns per tile for 16-bit rows, 1024 for f32) and a
   // partial last tile.
-  for (DType dt : {DType::F32, DType::BF16}) {
-    TopKCfg wide;
-    wide.r.normalize = true;
-    wide.r.beta = 0.5;
-    wide.dt = dt;
-    wide.h = 2056;
-    EXPECT_TRUE(check_cuda(topk_case(std::string("cfltopk_sparse_wide_") + dtype_name(dt), wide)));
-  }
+  for (double beta : {0.5, 0.0})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      TopKCfg wide;
+      wide.r.normalize = true;
+      wide.r.beta = beta;
+      wide.dt = dt;
+      wide.h = 2056;  // the one-pass kernel with 257 column groups (288 threads, the last warp mostly idle)
+      EXPECT_TRUE(check_cuda(topk_case(
+          std::string("cfltopk_sparse_wide_") + (beta == 0.0 ? "fkl_" : "") + dtype_name(dt), wide)));
+    }
 }
 
 TEST_F(CudaFused, TopKSparseIsBitwiseChunkIndependent) {

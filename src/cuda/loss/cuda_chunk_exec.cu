@@ -391,6 +391,18 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     fused::gather_topk_logits(ex_, hidden, w, bias, side, out, runs_);
   }
 
+  bool sparse_fused(const Block& hidden, const Block& w, const Block& bias, const loss::TopKSide& side,
+                    const Block& g, const RowOut& out, const Block& dhidden,
+                    bool accumulate_dhidden) override {
+    fused::SparseKlOut o;
+    o.loss = out.loss;
+    o.soft = out.soft;
+    o.lse = out.lse;
+    o.grad_scale = out.grad_scale;
+    o.grad_scale_dev = mean_on_device_ ? inv_->as<float>() : nullptr;
+    return fused::sparse_forward_kl(ex_, hidden, w, bias, side, g, o, dhidden, accumulate_dhidden);
+  }
+
   void scatter_grads(const Block& g, const Block& hidden, const Block& w, const loss::TopKSide& side,
                      const loss::SparseGrads& out) override {
     fused::scatter_topk_grads(ex_, g, hidden, w, side, out, runs_);

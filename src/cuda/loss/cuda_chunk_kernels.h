@@ -66,6 +66,21 @@ struct SparseRuns {
 // (runs made into `runs`), each weight row read once; the dot products have the same bits either way.
 void gather_topk_logits(CudaExec& ex, const Block& hidden, const Block& w, const Block& bias,
                         const loss::TopKSide& side, const Block& out, SparseRuns& runs);
+// The per-row outputs of sparse_forward_kl (null: not wanted) and the gradient scale (times *grad_scale_dev
+// when given: the mean's 1 / count on the device).
+struct SparseKlOut {
+  float *loss = nullptr, *soft = nullptr, *lse = nullptr;
+  float grad_scale = 1.0f;
+  const float* grad_scale_dev = nullptr;
+};
+// The K-sparse top-K path in one pass when the divergence is forward KL (beta = 0, normalize_topk, w_hard =
+// 0): per row the K logits, the loss, soft part and LSE of the gathered top-K row loss, g [rows, K] (its
+// gradient, for the dW update) and dhidden (+)= Σ_k g_k·w[id_k] as an online softmax-weighted sum of the
+// weight rows, each read once. Returns false (and queues nothing) when the layout or options are not this
+// kernel's: dense 16-byte-aligned rows of one float dtype, H % 8 == 0, H <= 4096, K <= 4096.
+bool sparse_forward_kl(CudaExec& ex, const Block& hidden, const Block& w, const Block& bias,
+                       const loss::TopKSide& side, const Block& g, const SparseKlOut& out,
+                       const Block& dhidden, bool accumulate_dhidden);
 // dhidden[r, :] (+)= Σ_k g[r, k]·w[id_rk, :] (slots in order); dw[id, :] (+)= Σ g·hidden[r, :] and
 // dbias[0, id] (+)= Σ g per id in row order (the runs of the gather, or a new sort), skipping g = 0; a
 // gradient not accumulated is written whole (0 where no slot points). See ChunkExecutor::scatter_grads.

@@ -248,14 +248,6 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
 
     if (plan.sparse) {
       const Block g = f32_rows(logits_buf, c, kk, kk);
-      ex.gather_logits(hc, p.weight, p.bias, spec.topk, g);
-      // The row loss sees the gathered block: slot k is column k, normalized over the valid slots.
-      LossSpec gathered = spec;
-      gathered.topk.ids = Block{};
-      if (grad) out.grad = g;
-      ex.row_loss(gathered, g, out);
-      if (!grad) continue;
-      if (!p.row_upstream.empty()) ex.scale_rows(g, p.row_upstream.sub_rows(r0, c));
       // The first chunk overwrites dW and dbias (zero where no slot points) unless they are accumulators.
       SparseGrads sg;
       sg.dhidden = p.dhidden.sub_rows(r0, c);
@@ -264,6 +256,23 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
       sg.accumulate_dhidden = p.accumulate_dhidden;
       sg.accumulate_dweight = !first || p.accumulate_dweight;
       sg.accumulate_dbias = !first || p.accumulate_dbias;
+      if (grad && p.row_upstream.empty() && !sg.dhidden.empty() && !out.hard) {
+        RowOut fo = out;
+        fo.grad = g;
+        if (ex.sparse_fused(hc, p.weight, p.bias, spec.topk, g, fo, sg.dhidden, sg.accumulate_dhidden)) {
+          sg.dhidden = Block{};
+          if (!sg.dweight.empty() || !sg.dbias.empty()) ex.scatter_grads(g, hc, p.weight, spec.topk, sg);
+          continue;
+        }
+      }
+      ex.gather_logits(hc, p.weight, p.bias, spec.topk, g);
+      // The row loss sees the gathered block: slot k is column k, normalized over the valid slots.
+      LossSpec gathered = spec;
+      gathered.topk.ids = Block{};
+      if (grad) out.grad = g;
+      ex.row_loss(gathered, g, out);
+      if (!grad) continue;
+      if (!p.row_upstream.empty()) ex.scale_rows(g, p.row_upstream.sub_rows(r0, c));
       ex.scatter_grads(g, hc, p.weight, spec.topk, sg);
       continue;
     }

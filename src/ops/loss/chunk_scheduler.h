@@ -173,6 +173,16 @@ class ChunkExecutor {
   // chunking. Without accumulate_*, every element of that gradient is written (0 where no slot points).
   virtual void scatter_grads(const Block& g, const Block& hidden, const Block& w, const TopKSide& side,
                              const SparseGrads& out) = 0;
+  // Optional: gather_logits, the gathered row loss (loss, soft part and LSE into out, its gradient into g)
+  // and the dhidden half of scatter_grads in one pass, when the executor has one for these options and
+  // layouts (the CUDA executor: forward KL). Returns false, having done nothing, otherwise.
+  virtual bool sparse_fused(const Block& hidden, const Block& w, const Block& bias, const TopKSide& side,
+                            const Block& g, const RowOut& out, const Block& dhidden,
+                            bool accumulate_dhidden) {
+    (void)hidden, (void)w, (void)bias, (void)side, (void)g, (void)out, (void)dhidden,
+        (void)accumulate_dhidden;
+    return false;
+  }
 };
 
 // The CPU executor (cpu_chunk_exec.cpp): the packed CPU GEMM and the CPU row kernels, on pool's threads.
