@@ -118,6 +118,31 @@ TEST(CrossEntropyLoss, StridedLogits) {
   EXPECT_TRUE(run_case(t));
 }
 
+// A row longer than a block of the CPU kernels' online pass (2048 entries), rising so that the running
+// maximum changes in every block (the sums are rescaled).
+Vec rising(int64_t v) {
+  Vec x;
+  for (int64_t j = 0; j < v; ++j) x.push_back(0.003 * double(j) - 4.0);
+  return x;
+}
+
+TEST(CrossEntropyLoss, LongRowsAcrossBlocks) {
+  CeRef r;
+  r.eps = 0.1;
+  r.z_loss = 1e-2;
+  r.ignore = -1;
+  const int64_t v = 2600;
+  LossCase c;
+  c.name = "ce_long_rows";
+  c.inputs = {LossInput({1, v}, DType::F32, true, 0, 0, rising(v)),
+              LossInput({1}, DType::I32, false, 0, 0, Vec{2500})};
+  c.build = [r](Context& ctx, const std::vector<Tensor*>& in) {
+    return cross_entropy_loss(ctx, in[0], in[1], opts_of(r)).loss;
+  };
+  c.reference = [r](const std::vector<Ref>& in) { return ce_ref(mat(in[0]), ints(in[1]), r); };
+  EXPECT_TRUE(run_loss_case(c));
+}
+
 TEST(CrossEntropyLoss, SmallAndOddVocabularies) {
   CeRef r;
   r.eps = 0.1;

@@ -111,6 +111,28 @@ TEST(Distill, SmallAndOddVocabularies) {
   }
 }
 
+// A row longer than a block of the CPU kernels' online pass (2048 entries), rising so that the running
+// maximum changes in every block (the sums are rescaled); the teacher random.
+Vec rising(int64_t v) {
+  Vec x;
+  for (int64_t j = 0; j < v; ++j) x.push_back(0.003 * double(j) - 4.0);
+  return x;
+}
+
+TEST(Distill, LongRowsAcrossBlocks) {
+  for (double beta : {0.0, 0.5, 1.0}) {
+    DistillCfg cfg;
+    cfg.r.beta = beta;
+    cfg.r.t = 2;
+    cfg.r.w_hard = 0.5;
+    cfg.n = 1;
+    cfg.v = 2600;
+    LossCase c = distill_case("distill_long_rows_" + std::to_string(int(beta * 10)), cfg);
+    c.inputs[0].values = rising(cfg.v);
+    EXPECT_TRUE(run_loss_case(c));
+  }
+}
+
 TEST(Distill, HugeLogitsStayFinite) {
   for (double beta : {0.0, 0.5, 1.0}) {
     DistillCfg cfg;
@@ -234,7 +256,7 @@ TEST(Entropy, MatchesReference) {
   for (int64_t v = 1; v <= 7; ++v)
     EXPECT_TRUE(
         run_case(to_op_case(entropy_case("entropy_v" + std::to_string(v), 1.5, Reduction::None, 3, v))));
-  // 1000 entries span several blocks of the online pass, with the maximum rising mid-row.
+  // A longer row, maximum anywhere.
   LossCase big = entropy_case("entropy_v1000", 1.0, Reduction::Mean, 2, 1000, DType::F32, -6, 6);
   EXPECT_TRUE(run_case(to_op_case(big)));
   for (DType dt : {DType::BF16, DType::F16})
@@ -242,12 +264,12 @@ TEST(Entropy, MatchesReference) {
         to_op_case(entropy_case(std::string("entropy_") + dtype_name(dt), 2, Reduction::None, 4, 11, dt))));
 }
 
-TEST(Entropy, RisingMaximumAcrossBlocks) {
-  // Increasing logits: the running maximum changes in every block, so the online rescaling is exercised.
-  LossCase c = entropy_case("entropy_rising", 1.0, Reduction::None, 2, 700);
+TEST(Entropy, LongRisingRows) {
+  // Increasing logits over more than two blocks of the CPU kernels' passes.
+  LossCase c = entropy_case("entropy_rising", 1.0, Reduction::None, 2, 2600);
   Vec v;
   for (int r = 0; r < 2; ++r)
-    for (int j = 0; j < 700; ++j) v.push_back(0.01 * j * (r + 1) - 3);
+    for (int j = 0; j < 2600; ++j) v.push_back(0.003 * j * (r + 1) - 3);
   c.inputs[0].values = v;
   EXPECT_TRUE(run_loss_case(c));
 }

@@ -149,6 +149,29 @@ TEST(TopKDistill, OneSlotAndAllSlots) {
     }
 }
 
+// A row longer than a block of the CPU kernels' online pass (2048 entries), rising so that the running
+// maximum changes in every block (the sums are rescaled).
+Vec rising(int64_t v) {
+  Vec x;
+  for (int64_t j = 0; j < v; ++j) x.push_back(0.003 * double(j) - 4.0);
+  return x;
+}
+
+TEST(TopKDistill, LongRowsAcrossBlocks) {
+  // T = 2 with the hard loss: two running sums (at T and at 1), and the dense gradient's two exponentials.
+  for (double t : {1.0, 2.0}) {
+    TopKCfg cfg;
+    cfg.r.t = t;
+    cfg.r.w_hard = 0.5;
+    cfg.n = 1;
+    cfg.v = 2600;
+    cfg.k = 6;
+    LossCase c = topk_case("topk_long_rows_t" + std::to_string(int(t)), cfg);
+    c.inputs[0].values = rising(cfg.v);
+    EXPECT_TRUE(run_loss_case(c));
+  }
+}
+
 TEST(TopKDistill, SmallAndOddVocabularies) {
   for (int64_t v = 1; v <= 7; ++v) {
     TopKCfg cfg;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "../../core/error.h"
@@ -22,16 +23,70 @@ namespace retort::loss {
 
 namespace {
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
+// Scratch blocks an executor frees are kept for the next one: the graph makes an executor per compute, a
+// training loop asks for the same sizes every step, and fresh pages cost a page fault and a kernel zero-fill
+// each (about 5 % of a small fused loss on the CPU). At most kCacheBytes are kept, the most recently freed
+// first; a request takes a kept block of at least its size and at most twice it.
+class ScratchCache {
+ public:
+  static constexpr size_t kCacheBytes = size_t(256) << 20;
+
+  void* take(size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = kept_.size(); i-- > 0;) {
+      const Block b = kept_[i];
+      if (b.size >= size && b.size <= 2 * size) {
+        kept_.erase(kept_.begin() + std::ptrdiff_t(i));
+        held_ -= b.size;
+        return b.p;
+      }
+    }
+    return nullptr;
+  }
+  // Keeps p (of `size` bytes) if it fits under the cap after dropping the oldest blocks, else frees it.
+  void give(void* p, size_t size) {
+    if (size > kCacheBytes) {
+      std::free(p);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    while (held_ + size > kCacheBytes && !kept_.empty()) {
+      std::free(kept_.front().p);
+      held_ -= kept_.front().size;
+      kept_.erase(kept_.begin());
+    }
+    kept_.push_back({p, size});
+    held_ += size;
+  }
+ private:
+  struct Block {
+    void* p;
+    size_t size;
+  };
+  std::mutex mu_;
+  std::vector<Block> kept_;
+  size_t held_ = 0;
 };
-using Memory = std::unique_ptr<void, FreeDeleter>;
+
+// Never destroyed (an executor freed during static destruction still finds it); what it keeps stays
+// reachable until the process ends.
+ScratchCache& scratch_cache() {
+  static ScratchCache* c = new ScratchCache;
+  return *c;
+}
+
+struct CacheDeleter {
+  size_t size = 0;
+  void operator()(void* p) const { scratch_cache().give(p, size); }
+};
+using Memory = std::unique_ptr<void, CacheDeleter>;
 
 Memory alloc_aligned(size_t bytes) {
   const size_t size = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
-  void* p = std::aligned_alloc(256, size);
+  void* p = scratch_cache().take(size);
+  if (!p) p = std::aligned_alloc(256, size);
   if (!p) RT_FAIL("fused linear loss: cannot allocate ", bytes, " bytes of scratch");
-  return Memory(p);
+  return Memory(p, CacheDeleter{size});
 }
 
 // The GEMM operand for op(b): element (r, c) of b, or of bᵀ when trans.

@@ -1,6 +1,9 @@
 // CPU row kernels of the loss backend (the contract is in row_kernels.h). Each worker copies a row to f32
-// scratch once, takes its softmax statistics in one online pass, and writes the gradient row from the
-// scratch, which is why the gradient may alias the logits.
+// scratch once, takes its softmax statistics from the scratch (the maximum, then the exponentials, which are
+// kept for the gradient: one exponential per entry and temperature), and writes the gradient row from the
+// scratch, which is why the gradient may alias the logits. Exponentials, logarithms and row sums go through
+// vec_math (eight lanes with AVX2); the arithmetic between them is plain loops over scratch rows, which the
+// compiler vectorizes.
 #include "row_kernels.h"
 
 #include <algorithm>
@@ -11,6 +14,7 @@
 
 #include "../../core/error.h"
 #include "../../core/thread_pool.h"
+#include "../vec_math.h"
 
 namespace retort::loss {
 
@@ -62,10 +66,6 @@ DistillSide DistillSide::sub_rows(int64_t r0, int64_t n) const {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-// Elements per step of the online pass: one max per block, then one rescale of the running sums at most, so
-// the inner loop is a plain sum of exponentials.
-constexpr int64_t kBlock = 256;
-
 float get_f(const Block& b, int64_t r, int64_t c) {
   return load_f32(b.row(r) + size_t(c) * b.col_stride, b.dtype, 0);
 }
@@ -108,35 +108,20 @@ void zero_row(const Block& b, int64_t r, float* scratch) {
   store_row(b, r, scratch);
 }
 
-// Running softmax statistics of a row x at two temperatures: m = max x, s1 = Σ exp(x − m),
-// st = Σ exp((x − m)·inv_t). s1 is kept only when `both` (a loss needs T = 1 and T at once).
-struct Online {
-  float m = -kInf, s1 = 0.0f, st = 0.0f;
-
-  void add(const float* x, int64_t n, float inv_t, bool both) {
-    for (int64_t b = 0; b < n; b += kBlock) {
-      const int64_t e = std::min(n, b + kBlock);
-      float bm = -kInf;
-      for (int64_t i = b; i < e; ++i) bm = x[i] > bm ? x[i] : bm;  // NaN never wins, and shows in the sum
-      if (bm == -kInf) continue;  // a block of -inf adds nothing (and -inf - -inf would be NaN)
-      if (bm > m) {
-        // Rescale what was summed so far to the new maximum; exp(-inf) = 0 when nothing was.
-        s1 *= std::exp(m - bm);
-        st *= std::exp((m - bm) * inv_t);
-        m = bm;
-      }
-      float a1 = 0.0f, at = 0.0f;
-      for (int64_t i = b; i < e; ++i) {
-        const float d = x[i] - m;
-        at += std::exp(d * inv_t);
-        if (both) a1 += std::exp(d);
-      }
-      s1 += a1;
-      st += at;
-    }
-    if (!both) s1 = st;  // callers without a second temperature read s1 only when inv_t == 1
-  }
+// Softmax statistics of a scratch row x at temperature T: m = max x (NaNs skipped) and s = Σ e_j with
+// e_j = exp((x_j − m)/T) written to e (summed in f64). A row of nothing but −inf has m = −inf, s = 0 and e =
+// 0; a NaN anywhere makes s NaN.
+struct RowStats {
+  float m, s;
 };
+RowStats row_stats(const float* x, int64_t n, float inv_t, float* e) {
+  const float m = vmath::max(x, n);
+  if (m == -kInf) {
+    std::fill(e, e + n, 0.0f);
+    return {m, std::isnan(vmath::sum(x, n)) ? std::numeric_limits<float>::quiet_NaN() : 0.0f};
+  }
+  return {m, float(vmath::exp_affine(x, e, n, m, inv_t, 0.0f, 1.0f, 0.0f))};
+}
 
 float logaddexp(float a, float b) {
   const float hi = std::max(a, b), lo = std::min(a, b);
@@ -220,8 +205,9 @@ void cross_entropy_rows(const Block& logits, const CrossEntropySide& side, const
   const float eps = side.label_smoothing, zl = side.z_loss, cap = side.softcap;
   const bool want_grad = !out.grad.empty();
   parallel_rows(pool, logits.rows, v, [&](int64_t b, int64_t e) {
-    std::vector<float> buf(static_cast<size_t>(v));
-    float* z = buf.data();
+    std::vector<float> buf(2 * static_cast<size_t>(v));
+    float* __restrict z = buf.data();
+    float* __restrict ez = z + v;  // exp(z − m)
     for (int64_t r = b; r < e; ++r) {
       const int64_t y = get_i(side.labels, r, 0);
       const bool ignored = y == side.ignore_index;
@@ -236,9 +222,8 @@ void cross_entropy_rows(const Block& logits, const CrossEntropySide& side, const
       load_row(logits, r, z);
       if (cap > 0)
         for (int64_t j = 0; j < v; ++j) z[j] = cap * std::tanh(z[j] / cap);
-      Online st;
-      st.add(z, v, 1.0f, false);
-      const float log_s = std::log(st.st);
+      const RowStats st = row_stats(z, v, 1.0f, ez);
+      const float log_s = std::log(st.s);
       const float lse = st.m + log_s;
       if (out.lse) out.lse[r] = lse;
       if (ignored) {
@@ -261,11 +246,11 @@ void cross_entropy_rows(const Block& logits, const CrossEntropySide& side, const
       const float a = sc * (1.0f + 2.0f * zl * lse);
       const float c = sc * eps / float(v);
       const float sy = z[y];
-      for (int64_t j = 0; j < v; ++j) {
-        const float s = z[j];
-        float g = a * std::exp((s - st.m) - log_s) - c;
-        if (cap > 0) g *= 1.0f - (s / cap) * (s / cap);
-        z[j] = g;
+      const float as = a / st.s;  // q_j = e_j / s
+      if (cap > 0) {
+        for (int64_t j = 0; j < v; ++j) z[j] = (as * ez[j] - c) * (1.0f - (z[j] / cap) * (z[j] / cap));
+      } else {
+        for (int64_t j = 0; j < v; ++j) z[j] = as * ez[j] - c;
       }
       z[y] -= sc * (1.0f - eps) * (cap > 0 ? 1.0f - (sy / cap) * (sy / cap) : 1.0f);
       store_row(out.grad, r, z);
@@ -307,13 +292,15 @@ void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, Thr
   const bool want_hard = has_labels && (hard_on || out.hard);
   const bool want_grad = !out.grad.empty();
   parallel_rows(pool, logits.rows, v + kk, [&](int64_t b, int64_t e) {
-    std::vector<float> buf(size_t(v) + 4 * size_t(kk));
+    std::vector<float> buf(3 * size_t(v) + 4 * size_t(kk));
     std::vector<int64_t> ids(static_cast<size_t>(kk));
     float* z = buf.data();
     float* xs = z + v;    // student logit at each valid slot
     float* lq = xs + kk;  // student log q per valid slot
     float* lp = lq + kk;  // teacher log p per valid slot
     float* gs = lp + kk;  // dD/d(log q) per valid slot
+    float* et = gs + kk;  // [v] exp((z − m)/T)
+    float* e1 = et + v;   // [v] exp(z − m) when T != 1 and the hard loss is on
     for (int64_t r = b; r < e; ++r) {
       const int64_t y = has_labels ? get_i(side.labels, r, 0) : -1;
       const bool ignored = has_labels && y == side.ignore_index;
@@ -329,10 +316,17 @@ void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, Thr
       // normalize_topk alone only the K gathered logits are read.
       const bool full = !gathered && (!normalize || (want_hard && !ignored) || out.lse);
       const bool both = full && want_hard && !ignored && t != 1.0f;
-      Online st;
+      RowStats st{-kInf, 0.0f};
+      float s1 = 0.0f;  // Σ exp(z − m) (at T = 1), for the hard loss
       if (full || gathered) load_row(logits, r, z);
-      if (full) st.add(z, v, inv_t, both);
-      const float log_st = std::log(st.st), log_s1 = std::log(st.s1);
+      if (full) {
+        st = row_stats(z, v, inv_t, et);
+        s1 = st.s;
+        if (both && st.m != -kInf) {
+          s1 = float(vmath::exp_affine(z, e1, v, st.m, 1.0f, 0.0f, 1.0f, 0.0f));
+        }
+      }
+      const float log_st = std::log(st.s), log_s1 = std::log(s1);
 
       int64_t n = 0;
       for (int64_t k = 0; k < kk; ++k) {
@@ -387,25 +381,25 @@ void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, Thr
       // hard loss's q1_j − [j = y]. The dense part goes first, the K slots are added on top before the store.
       const float cs = side.w_soft != 0.0f ? out.grad_scale * side.w_soft * t : 0.0f;
       const float ch = hard_on ? out.grad_scale * side.w_hard : 0.0f;
+      // The dense part: dense_soft·q_j at T plus ch·q_j at 1 (the same softmax when T = 1), from the
+      // exponentials of the statistics pass.
       const float dense_soft = normalize ? 0.0f : -cs * float(sum_g);
+      float* __restrict g = z;  // the gradient row, over the logits
       if (dense_soft != 0.0f || ch != 0.0f) {
-        for (int64_t j = 0; j < v; ++j) {
-          const float dj = z[j] - st.m;
-          float g = dense_soft != 0.0f ? dense_soft * std::exp(dj * inv_t - log_st) : 0.0f;
-          if (ch != 0.0f) g += ch * std::exp(dj - log_s1);
-          z[j] = g;
-        }
+        const float* __restrict eh = both ? e1 : et;
+        const float a_soft = dense_soft / st.s, a_hard = ch / s1;
+        for (int64_t j = 0; j < v; ++j) g[j] = a_soft * et[j] + a_hard * eh[j];
       } else {
-        std::fill(z, z + v, 0.0f);
+        std::fill(g, g + v, 0.0f);
       }
       if (cs != 0.0f)
         for (int64_t i = 0; i < n; ++i) {
-          float g = cs * gs[i];
-          if (normalize) g -= cs * std::exp(lq[i]) * float(sum_g);
-          z[ids[size_t(i)]] += g;
+          float gi = cs * gs[i];
+          if (normalize) gi -= cs * std::exp(lq[i]) * float(sum_g);
+          g[ids[size_t(i)]] += gi;
         }
-      if (ch != 0.0f) z[y] -= ch;
-      store_row(out.grad, r, z);
+      if (ch != 0.0f) g[y] -= ch;
+      store_row(out.grad, r, g);
     }
   });
 }
@@ -416,6 +410,72 @@ int64_t check_distill(const DistillSide& side, int64_t rows, int64_t v, const st
   return count_valid(side.labels, rows, v, side.ignore_index, what);
 }
 
+namespace {
+
+// The loops of distill_rows, with restrict-qualified arguments and unconditional arithmetic before each
+// select so that the compiler vectorizes them.
+
+// lq = (z − m_z)/T − log Σ_z, lp = (w − m_w)/T − log Σ_w (over w), q = e_z / Σ_z and p = e_w / Σ_w (over
+// the exponentials of the statistics pass).
+void log_probs(const float* __restrict z, float* __restrict lp, float* __restrict q, float* __restrict p,
+               float* __restrict lq, int64_t v, float inv_t, RowStats sz, float log_sz, RowStats sw,
+               float log_sw) {
+  const float mz = sz.m, mw = sw.m, inv_sz = 1.0f / sz.s, inv_sw = 1.0f / sw.s;
+  for (int64_t j = 0; j < v; ++j) {
+    lq[j] = (z[j] - mz) * inv_t - log_sz;
+    lp[j] = (lp[j] - mw) * inv_t - log_sw;
+    q[j] *= inv_sz;
+    p[j] *= inv_sw;
+  }
+}
+
+// The terms of D (into term) and dD/d(log q) (into g; forward KL's is −p, not written). beta = 0 forward
+// KL(P‖Q), 1 reverse KL(Q‖P), else the generalized JSD with M = βP + (1 − β)Q, log m from m itself (m is
+// below the smallest normal float only where p and q are too, and their terms then vanish). A term whose
+// weight is 0 is 0, so 0·log 0 never makes a NaN.
+void divergence_terms(float beta, const float* __restrict lp, const float* __restrict lq,
+                      const float* __restrict p, const float* __restrict q, float* __restrict term,
+                      float* __restrict g, int64_t v) {
+  if (beta == 0.0f) {
+    for (int64_t j = 0; j < v; ++j) {
+      const float tp = p[j] * (lp[j] - lq[j]);
+      term[j] = p[j] > 0.0f ? tp : 0.0f;
+    }
+    return;
+  }
+  if (beta == 1.0f) {
+    for (int64_t j = 0; j < v; ++j) {
+      const float tq = q[j] * (lq[j] - lp[j]);
+      term[j] = q[j] > 0.0f ? tq : 0.0f;
+    }
+    for (int64_t j = 0; j < v; ++j) {
+      const float gj = q[j] * (lq[j] - lp[j] + 1.0f);
+      g[j] = q[j] > 0.0f ? gj : 0.0f;
+    }
+    return;
+  }
+  const float omb = 1.0f - beta;
+  for (int64_t j = 0; j < v; ++j) g[j] = std::max(beta * p[j] + omb * q[j], 1.17549435e-38f);
+  vmath::log(g, v);
+  for (int64_t j = 0; j < v; ++j) {
+    const float lm = g[j];
+    const float tp = beta * p[j] * (lp[j] - lm), tq = omb * q[j] * (lq[j] - lm);
+    const float tp0 = p[j] > 0.0f ? tp : 0.0f, tq0 = q[j] > 0.0f ? tq : 0.0f;
+    term[j] = tp0 + tq0;
+    // d/d(lq) of beta·KL(P‖M) + (1 − beta)·KL(Q‖M) simplifies to (1 − beta)·q·(log q − log m).
+    g[j] = tq0;
+  }
+}
+
+// dz = cs·(sign·g − q·Σg) + ch1·q: the soft gradient (cs = T²·w_soft·scale / T), g = dD/d(log q) with its sum
+// (forward KL: g = p, sign −1, Σg = −1, so q − p), plus, when T = 1, the hard loss's ch1·q.
+void distill_grad(const float* __restrict g, float sign, const float* __restrict q, float* __restrict dz,
+                  int64_t v, float cs, float sum_g, float ch1) {
+  for (int64_t j = 0; j < v; ++j) dz[j] = cs * (sign * g[j] - q[j] * sum_g) + ch1 * q[j];
+}
+
+}  // namespace
+
 void distill_rows(const Block& logits, const DistillSide& side, const RowOut& out, ThreadPool& pool) {
   const int64_t v = logits.cols;
   const float t = side.temperature, inv_t = 1.0f / t, beta = side.beta;
@@ -424,9 +484,16 @@ void distill_rows(const Block& logits, const DistillSide& side, const RowOut& ou
   const bool want_hard = has_labels && (hard_on || out.hard);
   const bool want_grad = !out.grad.empty();
   parallel_rows(pool, logits.rows, 2 * v, [&](int64_t b, int64_t e) {
-    std::vector<float> buf(2 * size_t(v));
-    float* z = buf.data();
-    float* w = z + v;  // teacher row
+    // Rows of v floats: the student logits; the teacher's, then log p; log q; q; p; the divergence terms,
+    // then the gradient; dD/d(log q) (JSD: log m first).
+    std::vector<float> buf(7 * size_t(v));
+    float* __restrict z = buf.data();
+    float* __restrict lp = z + v;
+    float* __restrict lq = lp + v;
+    float* __restrict q = lq + v;
+    float* __restrict p = q + v;
+    float* __restrict term = p + v;
+    float* __restrict gq = term + v;
     for (int64_t r = b; r < e; ++r) {
       const int64_t y = has_labels ? get_i(side.labels, r, 0) : -1;
       const bool ignored = has_labels && y == side.ignore_index;
@@ -438,47 +505,41 @@ void distill_rows(const Block& logits, const DistillSide& side, const RowOut& ou
           continue;
         }
       }
-      // One online pass over both rows: student at T (and at 1 for the hard loss), teacher at T.
+      // Statistics of both rows: the student at T (and at 1 for the hard loss), the teacher at T; their
+      // exponentials become q and p below.
       load_row(logits, r, z);
-      Online sz;
-      sz.add(z, v, inv_t, want_hard && t != 1.0f);
-      const float log_sz = std::log(sz.st), log_s1 = std::log(sz.s1);
+      const RowStats sz = row_stats(z, v, inv_t, q);
+      const float s1 = want_hard && t != 1.0f && sz.m != -kInf ? vmath::sum_exp(z, v, sz.m, 1.0f) : sz.s;
+      const float log_sz = std::log(sz.s), log_s1 = std::log(s1);
       if (out.lse) out.lse[r] = sz.m * inv_t + log_sz;
       if (ignored) {
         if (want_grad) zero_row(out.grad, r, z);
         continue;
       }
-      load_row(side.teacher, r, w);
-      Online sw;
-      sw.add(w, v, inv_t, false);
-      const float log_sw = std::log(sw.st);
+      load_row(side.teacher, r, lp);
+      const RowStats sw = row_stats(lp, v, inv_t, p);
+      const float log_sw = std::log(sw.s);
 
       const float hard = want_hard ? (sz.m - z[y]) + log_s1 : 0.0f;
-      const float cs = want_grad && side.w_soft != 0.0f ? out.grad_scale * side.w_soft * t : 0.0f;
-      const float ch = want_grad && hard_on ? out.grad_scale * side.w_hard : 0.0f;
-      auto lq_at = [&](int64_t j) { return (z[j] - sz.m) * inv_t - log_sz; };
-      auto lp_at = [&](int64_t j) { return (w[j] - sw.m) * inv_t - log_sw; };
-      auto hard_grad = [&](int64_t j) { return ch != 0.0f ? ch * std::exp((z[j] - sz.m) - log_s1) : 0.0f; };
-      double d = 0, sum_g = 0;
-      if (beta == 0.0f && want_grad) {
-        // Forward KL: dD/dz_j = (q_j − p_j)/T needs no row-wide sum, so loss and gradient share this pass.
-        for (int64_t j = 0; j < v; ++j) {
-          const float lq = lq_at(j), lp = lp_at(j);
-          divergence_term(0.0f, lp, lq, d);
-          const float g = cs * (std::exp(lq) - std::exp(lp)) + hard_grad(j);
-          z[j] = g;  // z[j] is not read again; the hard term above used it first
+      log_probs(z, lp, q, p, lq, v, inv_t, sz, log_sz, sw, log_sw);
+      divergence_terms(beta, lp, lq, p, q, term, gq, v);
+      const double d = vmath::sum(term, v);
+      if (want_grad) {
+        // dD/dz_j = (g_j − q_j·Σg)/T (forward KL: (q_j − p_j)/T), times T² in cs; plus the hard loss's
+        // ch·softmax(z)_j at T = 1 (ch·q_j when T = 1).
+        const float cs = side.w_soft != 0.0f ? out.grad_scale * side.w_soft * t : 0.0f;
+        const float ch = hard_on ? out.grad_scale * side.w_hard : 0.0f;
+        const float ch1 = t == 1.0f ? ch : 0.0f;
+        float* dz = term;
+        if (beta == 0.0f)
+          distill_grad(p, -1.0f, q, dz, v, cs, -1.0f, ch1);
+        else
+          distill_grad(gq, 1.0f, q, dz, v, cs, float(vmath::sum(gq, v)), ch1);
+        if (ch != 0.0f) {
+          if (t != 1.0f) vmath::exp_affine(z, dz, v, sz.m, 1.0f, log_s1, ch, 0.0f, true);
+          dz[y] -= ch;
         }
-      } else {
-        for (int64_t j = 0; j < v; ++j) sum_g += divergence_term(beta, lp_at(j), lq_at(j), d);
-        if (want_grad) {
-          for (int64_t j = 0; j < v; ++j) {
-            const float lq = lq_at(j);
-            double unused = 0;
-            const float gj = divergence_term(beta, lp_at(j), lq, unused);
-            const float g = cs * (gj - std::exp(lq) * float(sum_g)) + hard_grad(j);
-            z[j] = g;
-          }
-        }
+        store_row(out.grad, r, dz);
       }
       const float soft = t * t * float(d);
       if (out.hard) out.hard[r] = hard;
@@ -486,9 +547,6 @@ void distill_rows(const Block& logits, const DistillSide& side, const RowOut& ou
       if (out.loss)
         out.loss[r] =
             (hard_on ? side.w_hard * hard : 0.0f) + (side.w_soft != 0.0f ? side.w_soft * soft : 0.0f);
-      if (!want_grad) continue;
-      if (ch != 0.0f) z[y] -= ch;
-      store_row(out.grad, r, z);
     }
   });
 }
@@ -500,44 +558,30 @@ void entropy_rows(const Block& logits, const EntropySide& side, const RowOut& ou
   const float inv_t = 1.0f / side.temperature;
   const bool want_grad = !out.grad.empty();
   parallel_rows(pool, logits.rows, v, [&](int64_t b, int64_t e) {
-    std::vector<float> buf(static_cast<size_t>(v));
-    float* z = buf.data();
+    // Rows of v floats: the logits, then log q; q; q·log q.
+    std::vector<float> buf(3 * size_t(v));
+    float* __restrict z = buf.data();
+    float* __restrict q = z + v;
+    float* __restrict ql = q + v;
     for (int64_t r = b; r < e; ++r) {
       load_row(logits, r, z);
-      // Online entropy: with d = (z − m)/T and w = exp(d), S = Σ w and B = Σ w·d give H = log S − B/S.
-      // When the max rises from m to m', every d drops by (m' − m)/T and every w scales by α = exp(−that).
-      float m = -kInf, s = 0.0f, bsum = 0.0f;
-      for (int64_t i0 = 0; i0 < v; i0 += kBlock) {
-        const int64_t i1 = std::min(v, i0 + kBlock);
-        float bm = -kInf;
-        for (int64_t i = i0; i < i1; ++i) bm = z[i] > bm ? z[i] : bm;
-        if (bm == -kInf) continue;
-        if (bm > m) {
-          if (s > 0) {
-            const float shift = (m - bm) * inv_t;
-            const float alpha = std::exp(shift);
-            bsum = alpha * (bsum + s * shift);
-            s *= alpha;
-          }
-          m = bm;
-        }
-        for (int64_t i = i0; i < i1; ++i) {
-          const float dd = (z[i] - m) * inv_t;
-          const float ww = std::exp(dd);
-          s += ww;
-          if (ww > 0) bsum += ww * dd;
-        }
-      }
+      // With d = (z − m)/T and w = exp(d): S = Σ w, H = log S − Σ w·d / S; then log q = d − log S.
+      const float m = vmath::max(z, v);  // NaN never wins, and shows in S
+      for (int64_t j = 0; j < v; ++j) z[j] = (z[j] - m) * inv_t;
+      std::memcpy(q, z, size_t(v) * sizeof(float));
+      vmath::exp(q, v);
+      for (int64_t j = 0; j < v; ++j) ql[j] = q[j] > 0.0f ? q[j] * z[j] : 0.0f;  // 0·(−inf) is 0 here
+      const float s = float(vmath::sum(q, v)), bsum = float(vmath::sum(ql, v));
       const float log_s = std::log(s);
       const float h = log_s - bsum / s;
       if (out.loss) out.loss[r] = h;
       if (out.lse) out.lse[r] = m * inv_t + log_s;
       if (!want_grad) continue;
-      const float c = -out.grad_scale * inv_t;
+      // dH/dz_j = −(1/T)·q_j·(log q_j + H), with q_j = w_j / S.
+      const float c = -out.grad_scale * inv_t, inv_s = 1.0f / s;
       for (int64_t j = 0; j < v; ++j) {
-        const float lq = (z[j] - m) * inv_t - log_s;
-        const float q = std::exp(lq);
-        z[j] = q > 0 ? c * q * (lq + h) : 0.0f;
+        const float qj = q[j] * inv_s;
+        z[j] = qj > 0.0f ? c * qj * ((z[j] - log_s) + h) : 0.0f;
       }
       store_row(out.grad, r, z);
     }
@@ -559,14 +603,14 @@ void selective_log_softmax_rows(const Block& logits, const Block& ids, const Blo
                                 ThreadPool& pool) {
   const int64_t v = logits.cols, kk = ids.cols;
   parallel_rows(pool, logits.rows, v, [&](int64_t b, int64_t e) {
-    std::vector<float> buf(size_t(v) + size_t(kk));
+    std::vector<float> buf(2 * size_t(v) + size_t(kk));
     float* z = buf.data();
     float* o = z + v;
+    float* ez = o + kk;
     for (int64_t r = b; r < e; ++r) {
       load_row(logits, r, z);
-      Online st;
-      st.add(z, v, 1.0f, false);
-      const float log_s = std::log(st.st);
+      const RowStats st = row_stats(z, v, 1.0f, ez);
+      const float log_s = std::log(st.s);
       for (int64_t k = 0; k < kk; ++k) o[k] = (z[get_i(ids, r, k)] - st.m) - log_s;
       store_row(out, r, o);
       if (lse) lse[r] = st.m + log_s;
@@ -587,7 +631,7 @@ void selective_log_softmax_back_rows(const Block& logits, const Block& ids, cons
       for (int64_t k = 0; k < kk; ++k) total += gk[k];
       load_row(logits, r, z);
       const float tot = float(total), l = lse[r];
-      for (int64_t j = 0; j < v; ++j) z[j] = -std::exp(z[j] - l) * tot;
+      vmath::exp_affine(z, z, v, l, 1.0f, 0.0f, -tot, 0.0f);  // −exp(z − lse)·Σg
       for (int64_t k = 0; k < kk; ++k) z[get_i(ids, r, k)] += gk[k];
       store_row(grad, r, z);
     }
