@@ -6,6 +6,7 @@
 #include "../core/op_table.h"
 #include "cpu_util.h"
 #include "ops.h"
+#include "vec_math.h"
 
 namespace retort {
 
@@ -48,7 +49,6 @@ inline float gelu_grad(float x) {
   float th = std::tanh(u);
   return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * x * x);
 }
-inline float sigmoid_f(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 template <typename F>
 void binary_kernel(Tensor* t, ThreadPool& pool, F f) {
@@ -105,24 +105,50 @@ void cpu_scale(Tensor* t, ThreadPool& p) {
   unary_kernel(t, p, [s](float x) { return x * s; });
 }
 void cpu_neg(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return -x; }); }
-void cpu_exp(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return std::exp(x); }); }
-void cpu_log(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return std::log(x); }); }
+// exp, log, silu and its backward take their exponentials and logarithms from vec_math, a row at a time:
+// f(a, b, scratch, n) with a = src[0]'s row (the result goes there), b = src[1]'s row when srcs == 2.
+template <typename F>
+void row_kernel(Tensor* t, ThreadPool& pool, int srcs, F f) {
+  const int64_t n = t->ne[0];
+  cpu::for_rows(pool, t->nrows(), n, 3, [&](int64_t r, float* buf) {
+    cpu::load_row(t->src[0], r, buf);
+    if (srcs == 2) cpu::load_row(t->src[1], r, buf + n);
+    f(buf, buf + n, buf + 2 * n, n);
+    cpu::store_row(t, r, buf);
+  });
+}
+void cpu_exp(Tensor* t, ThreadPool& p) {
+  row_kernel(t, p, 1, [](float* x, float*, float*, int64_t n) { vmath::exp(x, n); });
+}
+void cpu_log(Tensor* t, ThreadPool& p) {
+  row_kernel(t, p, 1, [](float* x, float*, float*, int64_t n) { vmath::log(x, n); });
+}
 void cpu_sqrt(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return std::sqrt(x); }); }
 void cpu_rsqrt(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return 1.0f / std::sqrt(x); }); }
 void cpu_tanh(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return std::tanh(x); }); }
 void cpu_relu(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return x > 0 ? x : 0.0f; }); }
 void cpu_gelu(Tensor* t, ThreadPool& p) { unary_kernel(t, p, gelu_f); }
-void cpu_silu(Tensor* t, ThreadPool& p) { unary_kernel(t, p, [](float x) { return x * sigmoid_f(x); }); }
+// silu(x) = x·sigmoid(x) = x / (1 + exp(−x)).
+void cpu_silu(Tensor* t, ThreadPool& p) {
+  row_kernel(t, p, 1, [](float* __restrict x, float*, float* __restrict e, int64_t n) {
+    vmath::exp_affine(x, e, n, 0.0f, -1.0f, 0.0f, 1.0f, 1.0f);  // 1 + exp(−x)
+    for (int64_t i = 0; i < n; ++i) x[i] /= e[i];
+  });
+}
 void cpu_relu_back(Tensor* t, ThreadPool& p) {
   act_back_kernel(t, p, [](float g, float x) { return x > 0 ? g : 0.0f; });
 }
 void cpu_gelu_back(Tensor* t, ThreadPool& p) {
   act_back_kernel(t, p, [](float g, float x) { return g * gelu_grad(x); });
 }
+// d silu / dx = s·(1 + x·(1 − s)), s = sigmoid(x); src[0] = g, src[1] = x.
 void cpu_silu_back(Tensor* t, ThreadPool& p) {
-  act_back_kernel(t, p, [](float g, float x) {
-    float s = sigmoid_f(x);
-    return g * s * (1.0f + x * (1.0f - s));
+  row_kernel(t, p, 2, [](float* __restrict g, float* __restrict x, float* __restrict s, int64_t n) {
+    vmath::exp_affine(x, s, n, 0.0f, -1.0f, 0.0f, 1.0f, 1.0f);  // 1 + exp(−x)
+    for (int64_t i = 0; i < n; ++i) {
+      const float si = 1.0f / s[i];
+      g[i] = g[i] * si * (1.0f + x[i] * (1.0f - si));
+    }
   });
 }
 

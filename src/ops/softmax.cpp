@@ -1,6 +1,6 @@
 // Softmax family over dim 0: softmax, log_softmax, causal (masked, scaled) softmax for attention, and the
-// backward nodes. Numerically stable: the row max is subtracted before exp; exps are f32, their sum is
-// accumulated in double.
+// backward nodes. Numerically stable: the row max is subtracted before exp; exps are f32 (vec_math: eight
+// lanes with AVX2), their sum is accumulated in double.
 #include <cmath>
 #include <limits>
 
@@ -8,6 +8,7 @@
 #include "../core/op_table.h"
 #include "cpu_util.h"
 #include "ops.h"
+#include "vec_math.h"
 
 namespace retort {
 
@@ -29,21 +30,9 @@ Tensor* back_node(Context& ctx, Op op, Tensor* g, Tensor* y) {
   return t;
 }
 
-float row_max(const float* v, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, v[i]);
-  return m;
-}
-
-// v[i] = exp(v[i] - max) over the first n entries; returns their sum.
+// v[i] = exp(v[i] - max) over the first n entries (the max skips NaNs); returns their sum.
 double exp_shifted(float* v, int64_t n) {
-  const float m = row_max(v, n);
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    v[i] = std::exp(v[i] - m);
-    s += v[i];
-  }
-  return s;
+  return vmath::exp_affine(v, v, n, vmath::max(v, n), 1.0f, 0.0f, 1.0f, 0.0f);
 }
 
 void cpu_softmax(Tensor* t, ThreadPool& pool) {
@@ -60,15 +49,11 @@ void cpu_softmax(Tensor* t, ThreadPool& pool) {
 void cpu_log_softmax(Tensor* t, ThreadPool& pool) {
   const Tensor* x = t->src[0];
   const int64_t n = t->ne[0];
-  cpu::for_rows(pool, t->nrows(), n, 1, [&](int64_t r, float* buf) {
+  cpu::for_rows(pool, t->nrows(), n, 2, [&](int64_t r, float* buf) {
     cpu::load_row(x, r, buf);
-    const float m = row_max(buf, n);
-    double s = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      buf[i] -= m;
-      s += std::exp(buf[i]);
-    }
-    const float log_s = float(std::log(s));
+    const float m = vmath::max(buf, n);
+    for (int64_t i = 0; i < n; ++i) buf[i] -= m;
+    const float log_s = float(std::log(vmath::exp_affine(buf, buf + n, n, 0.0f, 1.0f, 0.0f, 1.0f, 0.0f)));
     for (int64_t i = 0; i < n; ++i) buf[i] -= log_s;
     cpu::store_row(t, r, buf);
   });
@@ -121,7 +106,7 @@ void cpu_log_softmax_back(Tensor* t, ThreadPool& pool) {
     double sum = 0;
     for (int64_t i = 0; i < n; ++i) sum += buf[i];
     const float s = float(sum);
-    for (int64_t i = 0; i < n; ++i) buf[i] -= std::exp(yb[i]) * s;
+    vmath::exp_affine(yb, buf, n, 0.0f, 1.0f, 0.0f, -s, 0.0f, true);  // buf − exp(y)·Σg
     cpu::store_row(t, r, buf);
   });
 }
