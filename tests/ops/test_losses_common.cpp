@@ -348,6 +348,12 @@ bool run_loss_case(const LossCase& c) {
   return ok;
 }
 
+Vec rising(int64_t v) {
+  Vec x;
+  for (int64_t j = 0; j < v; ++j) x.push_back(0.003 * double(j) - 4.0);
+  return x;
+}
+
 void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
   try {
     fn();

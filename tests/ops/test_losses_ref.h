@@ -66,6 +66,10 @@ Vec distill_ref(const Mat& z, const Mat& teacher, const std::vector<int64_t>& la
 Vec entropy_ref(const Mat& z, double t, Reduction red);
 Vec selective_ref(const Mat& z, const std::vector<int64_t>& ids, int64_t k);
 
+// A row of v logits rising from −4 by 0.003 per entry: its maximum is the last entry, so an online pass
+// rescales its running sums all the way (and a long row crosses every vector width and tail).
+Vec rising(int64_t v);
+
 // An input of a LossCase: random in [lo, hi) (ints: [lo, hi)) unless values are given (ggml order).
 struct LossInput {
   LossInput(Shape shape, DType dtype = DType::F32, bool param = false, double lo = -1.0, double hi = 1.0,

@@ -149,15 +149,7 @@ TEST(TopKDistill, OneSlotAndAllSlots) {
     }
 }
 
-// A row longer than a block of the CPU kernels' online pass (2048 entries), rising so that the running
-// maximum changes in every block (the sums are rescaled).
-Vec rising(int64_t v) {
-  Vec x;
-  for (int64_t j = 0; j < v; ++j) x.push_back(0.003 * double(j) - 4.0);
-  return x;
-}
-
-TEST(TopKDistill, LongRowsAcrossBlocks) {
+TEST(TopKDistill, LongRisingRows) {
   // T = 2 with the hard loss: two running sums (at T and at 1), and the dense gradient's two exponentials.
   for (double t : {1.0, 2.0}) {
     TopKCfg cfg;
