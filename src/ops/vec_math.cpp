@@ -42,6 +42,24 @@ float max_portable(const float* x, int64_t n) {
   return r;
 }
 
+float dot_portable(const float* a, const float* b, int64_t n) {
+  // Four partial sums let the compiler keep independent chains.
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += a[i] * b[i];
+    s1 += a[i + 1] * b[i + 1];
+    s2 += a[i + 2] * b[i + 2];
+    s3 += a[i + 3] * b[i + 3];
+  }
+  for (; i < n; ++i) s0 += a[i] * b[i];
+  return (s0 + s1) + (s2 + s3);
+}
+
+void axpy_portable(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
 double sum_portable(const float* x, int64_t n) {
   double s = 0.0;
   for (int64_t i = 0; i < n; ++i) s += x[i];
@@ -144,6 +162,27 @@ RT_AVX2 inline float hmax(__m256 v) {
   q = _mm_max_ps(q, _mm_movehl_ps(q, q));
   q = _mm_max_ss(q, _mm_shuffle_ps(q, q, 1));
   return _mm_cvtss_f32(q);
+}
+
+RT_AVX2 float dot_avx2(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float r = hsum(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) r += a[i] * b[i];
+  return r;
+}
+
+RT_AVX2 void axpy_avx2(float a, const float* x, float* y, int64_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
 }
 
 RT_AVX2 inline void add_pd(__m256 v, __m256d& s0, __m256d& s1) {
@@ -311,6 +350,22 @@ double sum(const float* x, int64_t n, Impl impl) {
 #endif
   (void)impl;
   return sum_portable(x, n);
+}
+
+float dot(const float* a, const float* b, int64_t n, Impl impl) {
+#ifdef RETORT_VMATH_X86
+  if (impl == Impl::Avx2) return dot_avx2(a, b, n);
+#endif
+  (void)impl;
+  return dot_portable(a, b, n);
+}
+
+void axpy(float a, const float* x, float* y, int64_t n, Impl impl) {
+#ifdef RETORT_VMATH_X86
+  if (impl == Impl::Avx2) return axpy_avx2(a, x, y, n);
+#endif
+  (void)impl;
+  axpy_portable(a, x, y, n);
 }
 
 }  // namespace retort::vmath

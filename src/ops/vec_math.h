@@ -1,6 +1,7 @@
-// Elementwise exp and log over f32 arrays for the CPU row kernels (softmax statistics and loss gradients),
-// eight lanes at a time with AVX2+FMA when the CPU has it (decided once, like the GEMM's kernel), one element
-// at a time with std::exp / std::log otherwise.
+// Math over f32 arrays for the CPU kernels: elementwise exp and log, sums and max (softmax statistics and
+// loss gradients), dot and axpy (the K-sparse path's weight rows); eight lanes at a time with AVX2+FMA when
+// the CPU has it (decided once, like the GEMM's kernel), one element at a time with std:: functions
+// otherwise.
 //
 // The AVX2 versions are range reduction + minimax polynomial (the classic single-precision Cephes
 // coefficients): within 2 ulp of the exact value on normal results. They differ from std:: at the edges in
@@ -31,5 +32,8 @@ float sum_exp(const float* x, int64_t n, float m, float scale, Impl impl = best_
 float max(const float* x, int64_t n, Impl impl = best_impl());
 // Σ x[i] in f64.
 double sum(const float* x, int64_t n, Impl impl = best_impl());
+// Σ a[i]·b[i] in f32 (the K-sparse path's dot products with weight rows); y[i] += a·x[i].
+float dot(const float* a, const float* b, int64_t n, Impl impl = best_impl());
+void axpy(float a, const float* x, float* y, int64_t n, Impl impl = best_impl());
 
 }  // namespace retort::vmath

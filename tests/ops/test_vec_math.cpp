@@ -1,6 +1,6 @@
-// vec_math: exp / log / affine exp / sums / max of both implementations against float64 std:: functions on
-// fresh random inputs over the whole float range the row kernels use, the documented edge values, every
-// tail length, misaligned starts, and in-place use.
+// vec_math: exp / log / affine exp / sums / max / dot / axpy of both implementations against float64 on fresh
+// random inputs over the whole float range the row kernels use, the documented edge values, every tail
+// length, misaligned starts, and in-place use.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -177,6 +177,28 @@ TEST(VecMath, TailsOffsetsAndInPlace) {
         EXPECT_NEAR(vmath::sum(src.data() + off, n, impl), s, 1e-12 * (1.0 + std::fabs(s)));
         EXPECT_EQ(vmath::max(src.data() + off, n, impl), float(mx));
       }
+  }
+}
+
+TEST(VecMath, DotAndAxpy) {
+  std::mt19937 gen(14);
+  for (Impl impl : impls()) {
+    SCOPED_TRACE(vmath::impl_name(impl));
+    for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 40, 257, 2048}) {
+      SCOPED_TRACE("n " + std::to_string(n));
+      const std::vector<float> a = uniform(gen, n, -1.0f, 1.0f), b = uniform(gen, n, -1.0f, 1.0f);
+      double want = 0, mag = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        want += double(a[size_t(i)]) * b[size_t(i)];
+        mag += std::fabs(double(a[size_t(i)]) * b[size_t(i)]);
+      }
+      EXPECT_NEAR(vmath::dot(a.data(), b.data(), n, impl), want, 1e-6 * mag + 1e-30);
+      std::vector<float> y = b, y0 = b;
+      y.push_back(kNaN);  // a guard: axpy writes n values only
+      vmath::axpy(-0.75f, a.data(), y.data(), n, impl);
+      for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(y[size_t(i)], y0[size_t(i)] - 0.75 * a[size_t(i)], 1e-6);
+      EXPECT_TRUE(std::isnan(y.back()));
+    }
   }
 }
 

@@ -1,11 +1,6 @@
 // The CPU ChunkExecutor: the packed CPU GEMM (matmul_kernel.h) and the CPU row kernels (row_kernels.h), on
 // the thread pool of the backend. Every helper splits its work by rows or columns so that each output
 // element is computed by one thread in a fixed order: results do not depend on the thread count.
-#if defined(__x86_64__) || defined(__i386__)
-#define RETORT_FUSED_X86 1
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +12,7 @@
 #include "../../core/error.h"
 #include "../../core/thread_pool.h"
 #include "../matmul_kernel.h"
+#include "../vec_math.h"
 #include "chunk_scheduler.h"
 
 namespace retort::loss {
@@ -58,6 +54,7 @@ class ScratchCache {
     kept_.push_back({p, size});
     held_ += size;
   }
+
  private:
   struct Block {
     void* p;
@@ -130,75 +127,9 @@ bool slot_valid(const TopKSide& s, int64_t r, int64_t k) {
   return get_f(s.logprobs, r, k) != -std::numeric_limits<float>::infinity();
 }
 
-// Dot products and axpy for the K-sparse path, whose rows of W are scattered over the vocabulary: AVX2+FMA
-// when the CPU has it (decided once, like the GEMM's kernel), a portable loop otherwise. Each is a fixed
-// sequence of operations for a given n, so results do not depend on threads or chunks.
-float dot_portable(const float* a, const float* b, int64_t n) {
-  // Four partial sums let the compiler keep independent chains.
-  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += a[i] * b[i];
-    s1 += a[i + 1] * b[i + 1];
-    s2 += a[i + 2] * b[i + 2];
-    s3 += a[i + 3] * b[i + 3];
-  }
-  for (; i < n; ++i) s0 += a[i] * b[i];
-  return (s0 + s1) + (s2 + s3);
-}
-
-void axpy_portable(float a, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-#ifdef RETORT_FUSED_X86
-__attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* b, int64_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  const __m256 s = _mm256_add_ps(s0, s1);
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
-  float r = _mm_cvtss_f32(q);
-  for (; i < n; ++i) r += a[i] * b[i];
-  return r;
-}
-
-__attribute__((target("avx2,fma"))) void axpy_avx2(float a, const float* x, float* y, int64_t n) {
-  const __m256 va = _mm256_set1_ps(a);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += a * x[i];
-}
-#endif
-
-using DotFn = float (*)(const float*, const float*, int64_t);
-using AxpyFn = void (*)(float, const float*, float*, int64_t);
-
-DotFn dot_fn() {
-#ifdef RETORT_FUSED_X86
-  if (gemm::best_kernel() == gemm::Kernel::Avx2) return dot_avx2;
-#endif
-  return dot_portable;
-}
-
-AxpyFn axpy_fn() {
-#ifdef RETORT_FUSED_X86
-  if (gemm::best_kernel() == gemm::Kernel::Avx2) return axpy_avx2;
-#endif
-  return axpy_portable;
-}
-
 class CpuChunkExecutor final : public ChunkExecutor {
  public:
-  explicit CpuChunkExecutor(ThreadPool& pool)
-      : pool_(pool), kernel_(gemm::best_kernel()), dot_(dot_fn()), axpy_(axpy_fn()) {}
+  explicit CpuChunkExecutor(ThreadPool& pool) : pool_(pool), kernel_(gemm::best_kernel()) {}
 
   int64_t validate(const LossSpec& spec, int64_t rows, int64_t v, Reduction,
                    const std::string& what) override {
@@ -353,7 +284,7 @@ class CpuChunkExecutor final : public ChunkExecutor {
               }
               const int64_t id = get_i(side.ids, r, k);
               const float* wp = weight_row(w, id, wr);
-              o[k] = dot_(x, wp, h) + (bias.empty() ? 0.0f : get_f(bias, 0, id));
+              o[k] = vmath::dot(x, wp, h) + (bias.empty() ? 0.0f : get_f(bias, 0, id));
             }
           }
         },
@@ -377,7 +308,7 @@ class CpuChunkExecutor final : public ChunkExecutor {
           for (int64_t k = 0; k < kk; ++k) {
             if (gr[k] == 0.0f || !slot_valid(side, r, k)) continue;
             const float* wp = weight_row(w, get_i(side.ids, r, k), wr.data());
-            axpy_(gr[k], wp, d, h);
+            vmath::axpy(gr[k], wp, d, h);
           }
         }
       });
@@ -426,7 +357,7 @@ class CpuChunkExecutor final : public ChunkExecutor {
         if (dw.empty()) continue;
         float* d = f32_row(dw, en.id);
         const float* x = x_row(en.r);
-        axpy_(gv, x, d, h);
+        vmath::axpy(gv, x, d, h);
       }
     });
   }
@@ -469,8 +400,6 @@ class CpuChunkExecutor final : public ChunkExecutor {
 
   ThreadPool& pool_;
   gemm::Kernel kernel_;
-  DotFn dot_;
-  AxpyFn axpy_;
   std::vector<Memory> buffers_;
   Memory temp_;
   size_t temp_bytes_ = 0;
