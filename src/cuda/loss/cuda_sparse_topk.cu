@@ -19,6 +19,7 @@
 #include "../cuda_common.cuh"
 #include "cuda_chunk_kernels.h"
 #include "fused_device.cuh"
+#include "row_common.cuh"
 
 namespace retort::cuda::fused {
 
@@ -65,45 +66,13 @@ __device__ __forceinline__ void store8(float* p, const float f[8]) {
   __stcs(reinterpret_cast<float4*>(p) + 1, make_float4(f[4], f[5], f[6], f[7]));
 }
 
-// Eight consecutive elements as loaded (16 bytes of a 16-bit type, 32 of f32), widened to f32 by cvt8 only
-// where they are used: fewer registers while a row's loads are in flight.
-template <typename T>
-struct Raw8 {
-  uint4 u;
-};
-template <>
-struct Raw8<float> {
-  float4 a, b;
-};
+// Eight consecutive elements as loaded (rowk::Raw8: 16 bytes of a 16-bit type, 32 of f32, plain global
+// loads), widened to f32 by rowk::unpack8 only where they are used: fewer registers while a row's loads are
+// in flight.
+using rowk::Raw8;
 template <typename T>
 __device__ __forceinline__ Raw8<T> load_raw8(const T* p) {
-  return Raw8<T>{*reinterpret_cast<const uint4*>(p)};
-}
-template <>
-__device__ __forceinline__ Raw8<float> load_raw8(const float* p) {
-  return Raw8<float>{reinterpret_cast<const float4*>(p)[0], reinterpret_cast<const float4*>(p)[1]};
-}
-// Widened from the register words (no address taken, so the raw values stay in registers): bf16 is the
-// upper half of an f32.
-__device__ __forceinline__ void cvt8(const Raw8<__nv_bfloat16>& r, float f[8]) {
-  const unsigned w[4] = {r.u.x, r.u.y, r.u.z, r.u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-__device__ __forceinline__ void cvt8(const Raw8<__half>& r, float f[8]) {
-  const unsigned w[4] = {r.u.x, r.u.y, r.u.z, r.u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] & 0xffffu)));
-    f[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] >> 16)));
-  }
-}
-__device__ __forceinline__ void cvt8(const Raw8<float>& r, float f[8]) {
-  f[0] = r.a.x, f[1] = r.a.y, f[2] = r.a.z, f[3] = r.a.w, f[4] = r.b.x, f[5] = r.b.y, f[6] = r.b.z,
-  f[7] = r.b.w;
+  return rowk::load_raw8_plain(p);
 }
 
 // acc += g_q · row_q[col .. col + 8) for the staged updates q < n, in order, one fma per element each (an
@@ -126,7 +95,7 @@ __device__ __forceinline__ void add_staged(float (&acc)[8], int n, const float* 
     for (int u = 0; u < kDepth; ++u)
       if (rows[u]) {
         float xv[8];
-        cvt8(raw[u], xv);
+        rowk::unpack8(raw[u], xv);
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[i] = fmaf(g[q + u], xv[i], acc[i]);
       }
@@ -370,7 +339,7 @@ __global__ void __launch_bounds__(256, 2)
             const int64_t c8 = t0 + lane + 32 * j;
             if (c8 < groups) {
               float xv[8];
-              cvt8(raw[j], xv);
+              rowk::unpack8(raw[j], xv);
 #pragma unroll
               for (int i = 0; i < 8; ++i) acc[j][i] = fmaf(gv, xv[i], acc[j][i]);
             }
@@ -431,7 +400,7 @@ __global__ void __launch_bounds__(kGatherWarps * 32)
           for (int t = 0; t < kU; ++t)
             if (j0 + t * 256 < h) {
               float a[8], c[8];
-              cvt8(raw[t], a);
+              rowk::unpack8(raw[t], a);
               load8(ws + j0 + t * 256, c);
 #pragma unroll
               for (int i = 0; i < 8; ++i) s = fmaf(a[i], c[i], s);
@@ -538,7 +507,7 @@ __global__ void __launch_bounds__(512) sparse_fkl_kernel(FklArgs a) {
     float h[8], acc_e[8], acc_p[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) h[i] = acc_e[i] = acc_p[i] = 0.0f;
-    if (on) cvt8(load_raw8(reinterpret_cast<const T*>(el(a.x, r, 0)) + c8 * 8), h);
+    if (on) rowk::unpack8(load_raw8(reinterpret_cast<const T*>(el(a.x, r, 0)) + c8 * 8), h);
     float m = -INFINITY, ssum = 0.0f, sp = 0.0f;  // the online max and sum of exp(s − m); Σ P
     for (int k0 = 0; k0 < kk; k0 += kFklBatch) {
       const int nb = min(kFklBatch, kk - k0);
@@ -552,7 +521,7 @@ __global__ void __launch_bounds__(512) sparse_fkl_kernel(FklArgs a) {
 #pragma unroll
       for (int u = 0; u < kFklBatch; ++u) {
         float wv[8];
-        cvt8(raw[u], wv);  // zeros for a padding slot or an idle thread
+        rowk::unpack8(raw[u], wv);  // zeros for a padding slot or an idle thread
         float d = 0.0f;
 #pragma unroll
         for (int i = 0; i < 8; ++i) d = fmaf(h[i], wv[i], d);
@@ -587,7 +556,7 @@ __global__ void __launch_bounds__(512) sparse_fkl_kernel(FklArgs a) {
         ssum += e;
         sp += pk;
         float wv[8];
-        cvt8(raw[u], wv);
+        rowk::unpack8(raw[u], wv);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           acc_e[i] = fmaf(e, wv[i], acc_e[i]);

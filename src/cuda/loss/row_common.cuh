@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "../../core/dtype.h"
 #include "../../core/error.h"
@@ -84,11 +85,38 @@ __device__ __forceinline__ Raw8<T> load_raw8(const T* p) {
   return r;
 }
 
+// Plain global loads (ld.global, cached in L1): for data a kernel may read again soon, such as weight rows
+// that several tokens share.
+template <typename T>
+__device__ __forceinline__ Raw8<T> load_raw8_plain(const T* p) {
+  Raw8<T> r;
+  const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(T) / 2); ++i) r.v[i] = q[i];
+  return r;
+}
+
+// Widens the 8 values from the register words, without taking an address (which can push the raw values of
+// a batch of loads in flight to local memory): bf16 is the upper half of an f32.
 template <typename T>
 __device__ __forceinline__ void unpack8(const Raw8<T>& r, float (&x)[8]) {
-  const T* h = reinterpret_cast<const T*>(&r);
+  if constexpr (sizeof(T) == 4) {
+    const unsigned w[8] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w, r.v[1].x, r.v[1].y, r.v[1].z, r.v[1].w};
 #pragma unroll
-  for (int i = 0; i < 8; ++i) x[i] = to_f<T>(h[i]);
+    for (int i = 0; i < 8; ++i) x[i] = __uint_as_float(w[i]);
+  } else {
+    const unsigned w[4] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        x[2 * i] = __uint_as_float(w[i] << 16);
+        x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+      } else {
+        x[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] & 0xffffu)));
+        x[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] >> 16)));
+      }
+    }
+  }
 }
 
 template <bool kGlobal = true, typename T>
