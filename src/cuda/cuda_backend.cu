@@ -104,6 +104,9 @@ class CudaBackend final : public Backend {
     try {
       RT_CUDA_CHECK(cudaDeviceGetAttribute(&ex_.sm_count, cudaDevAttrMultiProcessorCount, device));
       RT_CUDA_CHECK(cudaStreamCreateWithFlags(&ex_.stream, cudaStreamNonBlocking));
+      int least = 0, greatest = 0;
+      RT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      RT_CUDA_CHECK(cudaStreamCreateWithPriority(&ex_.side_stream, cudaStreamNonBlocking, greatest));
       RT_CUBLAS_CHECK(cublasLtCreate(&ex_.lt));
       RT_CUDA_CHECK(cudaMalloc(&ex_.dev_error, sizeof(DeviceError)));
       RT_CUDA_CHECK(cudaMemsetAsync(ex_.dev_error, 0, sizeof(DeviceError), ex_.stream));
@@ -241,6 +244,8 @@ class CudaBackend final : public Backend {
     ex_.workspace = nullptr;
     if (ex_.lt) (void)cublasLtDestroy(ex_.lt);
     ex_.lt = nullptr;
+    if (ex_.side_stream) (void)cudaStreamDestroy(ex_.side_stream);
+    ex_.side_stream = nullptr;
     if (ex_.stream) (void)cudaStreamDestroy(ex_.stream);
     ex_.stream = nullptr;
     if (ex_.dev_error) (void)cudaFree(ex_.dev_error);

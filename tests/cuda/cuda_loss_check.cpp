@@ -133,6 +133,36 @@ bool check_cuda(const LossCase& c, const CudaTol& tol) {
   return ok;
 }
 
+bool check_cuda_same(const LossCase& c, Backend& a, Backend& b, double grad_tol) {
+  SCOPED_TRACE(c.name + " (two CUDA backends)");
+  const Run ra = run_on(a, c), rb = run_on(b, c);
+  bool ok = true;
+  auto finite = [&](const Vec& x, const std::string& what) {
+    EXPECT_TRUE(all_finite(x)) << what << " has a non-finite value";
+    ok &= all_finite(x);
+  };
+  finite(ra.out, "output (a)");
+  finite(rb.out, "output (b)");
+  EXPECT_EQ(ra.out.size(), rb.out.size());
+  const bool eq = ra.out.size() == rb.out.size() && max_abs_diff(ra.out, rb.out) == 0.0;
+  EXPECT_TRUE(eq) << "outputs differ: max abs diff "
+                  << (ra.out.size() == rb.out.size() ? max_abs_diff(ra.out, rb.out) : -1.0);
+  ok &= eq;
+  EXPECT_EQ(ra.grads.size(), rb.grads.size());
+  if (ra.grads.size() != rb.grads.size()) return false;
+  for (size_t i = 0; i < ra.grads.size(); ++i) {
+    const std::string which = "gradient " + std::to_string(i);
+    EXPECT_FALSE(ra.grads[i].empty()) << which << " is missing";
+    finite(ra.grads[i], which + " (a)");
+    finite(rb.grads[i], which + " (b)");
+    const double e = nmse(rb.grads[i], ra.grads[i]);
+    EXPECT_LE(e, grad_tol) << which << ": nmse " << e << ", max abs diff "
+                           << max_abs_diff(rb.grads[i], ra.grads[i]);
+    ok &= e <= grad_tol;
+  }
+  return ok;
+}
+
 size_t fused_ce_peak_extra(DType dt, DType logits_dtype, size_t budget, int64_t n, int64_t h, int64_t v,
                            const std::string& seed) {
   auto be = make_cuda_backend(0);

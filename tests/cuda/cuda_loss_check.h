@@ -26,6 +26,10 @@ struct CudaTol {
 // EXPECTs inside; returns false on any failure.
 bool check_cuda(const LossCase& c, const CudaTol& tol = {});
 
+// c on two CUDA backends (say, with different CudaOptions): outputs finite and bitwise equal, every gradient
+// finite and within grad_tol (nmse) of a's: GEMMs of other shapes may sum in another order. For cases whose
+// results must not depend on how the backend schedules the work.
+bool check_cuda_same(const LossCase& c, Backend& a, Backend& b, double grad_tol);
 // Fused cross-entropy forward + backward of hidden [n, h] and weight [v, h] in dtype dt, chunk logits in
 // logits_dtype, at a memory budget, on a backend of its own: the bytes its second run allocates at peak
 // beyond what was in use before it (the first run makes the arena and the allocator's cache). EXPECTs a

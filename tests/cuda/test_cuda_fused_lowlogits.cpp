@@ -191,8 +191,9 @@ TEST_F(CudaFusedLowLogits, TopKDenseWithHardLoss) {
 
 // ---- online distillation: student and teacher logits both 16-bit ---------------------------------------
 
-LossCase distill_case(const std::string& name, double beta, Reduction red, int64_t chunk) {
-  const int64_t n = 7, h = 4, ht = 6, v = 11;
+LossCase distill_case(const std::string& name, double beta, Reduction red, int64_t chunk, int64_t n = 7,
+                      int64_t v = 11) {
+  const int64_t h = 4, ht = 6;
   DistillRef r;
   r.ignore = -1;
   r.beta = beta;
@@ -253,6 +254,44 @@ TEST_F(CudaFusedLowLogits, Entropy) {
     };
     EXPECT_TRUE(check_low(c));
   }
+}
+
+// ---- row pieces on a second stream ---------------------------------------------------------------------
+
+// The row loss of a chunk's row pieces runs on a side stream beside the next piece's logits GEMM
+// (CudaOptions::fused_overlap_*). Grid inputs make every logits GEMM exact in any order and the row kernels
+// do not depend on where a piece starts, so the losses must be bitwise those of the one-stream schedule; the
+// gradients come from the same 16-bit logits gradients through GEMMs that may be cut or tuned differently
+// (another f32 summation order: nmse ~1e-14; kPieceGradTol). The shapes are large enough for the kernels of
+// the two streams to run at the same time (a race shows as a changed value, nmse ~1, or NaN: the graphs run
+// on poisoned memory).
+constexpr double kPieceGradTol = 1e-10;
+
+TEST_F(CudaFusedLowLogits, OverlappedPiecesEqualOneStream) {
+  CudaOptions one;
+  one.fused_overlap_pieces = 1;
+  CudaOptions many;
+  many.fused_overlap_pieces = 8;
+  many.fused_overlap_min_rows = 64;
+  many.fused_overlap_gemm_sms = 100;
+  auto a = make_cuda_backend(0, one);
+  auto b = make_cuda_backend(0, many);
+  for (int64_t chunk : {int64_t(0), int64_t(700)})  // one chunk of 1,536 rows (8 pieces); 700, 700, 136
+    for (Reduction red : {Reduction::Mean, Reduction::None}) {
+      CeCfg cfg;
+      cfg.n = 1536;
+      cfg.h = 16;
+      cfg.v = 50257;
+      cfg.chunk = chunk;
+      cfg.r.red = red;
+      cfg.r.eps = 0.1;
+      EXPECT_TRUE(check_cuda_same(
+          ce_case("cfll_pieces_ce" + std::to_string(chunk) + red_name(red), cfg), *a, *b, kPieceGradTol));
+    }
+  for (double beta : {0.0, 0.5})
+    EXPECT_TRUE(check_cuda_same(distill_case("cfll_pieces_dist" + std::to_string(beta), beta, Reduction::Mean,
+                                             0, 1280, 8192),
+                                *a, *b, kPieceGradTol));
 }
 
 // ---- memory -------------------------------------------------------------------------------------------

@@ -21,7 +21,9 @@
 // ld = col_stride. C [m, n] is row-major, seen as Cᵀ, so we ask for Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's first
 // operand is our B, its second our A, and each gets op N when its memory view already is the factor needed,
 // T otherwise (the same mapping as cuda_matmul.cu). A block with neither stride unit is copied first.
+#include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <vector>
 
 #include "../cuda_common.cuh"
@@ -82,9 +84,9 @@ uint32_t alignment_of(const void* p, int64_t ld_bytes) {
   return a;
 }
 
-// Everything a cuBLASLt plan depends on: types, ops, compute type, the three layouts, the alignments and
-// C's type.
-using GemmKey = std::array<int64_t, 18>;
+// Everything a cuBLASLt plan depends on: types, ops, compute type, the three layouts, the alignments, C's
+// type and the SM count it is tuned for (0: the device's).
+using GemmKey = std::array<int64_t, 19>;
 
 struct GemmPlan {
   GemmKey key{};
@@ -121,8 +123,66 @@ SideMatrix side_vec(const Block& b) {  // [rows, 1]
 
 class CudaChunkExecutor final : public loss::ChunkExecutor {
  public:
-  CudaChunkExecutor(CudaExec& ex, Op op, DType grad_dtype) : ex_(ex), op_(op), grad_dtype_(grad_dtype) {
+  CudaChunkExecutor(CudaExec& ex, Op op, DType grad_dtype)
+      : ex_(ex), op_(op), grad_dtype_(grad_dtype), overlap_(overlap_config(ex.opts)) {
     RT_ASSERT(grad_dtype == DType::F32 || grad_dtype == DType::BF16 || grad_dtype == DType::F16);
+  }
+  CudaChunkExecutor(const CudaChunkExecutor&) = delete;
+  CudaChunkExecutor& operator=(const CudaChunkExecutor&) = delete;
+
+  // Work queued on the side stream is joined into the backend's stream before anything it used (scratch,
+  // temporaries, 1 / count) goes back to the allocator, whose reuse follows that stream's order. Also on
+  // the way out of an exception.
+  ~CudaChunkExecutor() override {
+    if (side_used_) {
+      cudaEvent_t e = nullptr;
+      if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess) {
+        (void)cudaEventRecord(e, ex_.side_stream);
+        (void)cudaStreamWaitEvent(ex_.stream, e, 0);
+        (void)cudaEventDestroy(e);
+      } else {
+        (void)cudaStreamSynchronize(ex_.side_stream);  // cannot fence: wait instead
+      }
+    }
+    for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+  }
+
+  // Row pieces only where a piece's row loss reads and writes nothing but its own rows of the chunk: not
+  // with f32 logits whose gradient goes to the 16-bit shadow (it stands for whole chunks).
+  int overlap_pieces(int64_t rows, LossKind kind, DType logits) const override {
+    (void)kind;
+    if (!ex_.side_stream || overlap_.pieces <= 1 || overlap_.min_rows <= 0) return 1;
+    if (logits == DType::F32 && grad_dtype_ != DType::F32) return 1;
+    return int(std::clamp<int64_t>(rows / overlap_.min_rows, 1, overlap_.pieces));
+  }
+  void set_lane(int lane) override {
+    RT_ASSERT(lane == 0 || lane == 1);
+    if (lane == 1) {
+      RT_ASSERT(ex_.side_stream);
+      if (!side_used_) {
+        side_ex_ = ex_;
+        side_ex_.stream = ex_.side_stream;
+        side_used_ = true;
+      }
+      cur_ = &side_ex_;
+    } else {
+      if (cur_ == &side_ex_) side_pending_ = true;  // lane 1 has work that lane 0 has not waited for
+      cur_ = &ex_;
+    }
+  }
+  int64_t fence() override {
+    cudaEvent_t e = nullptr;
+    RT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    events_.push_back(e);
+    RT_CUDA_CHECK(cudaEventRecord(e, cur_->stream));
+    const int64_t id = int64_t(events_.size());
+    if (cur_ == &side_ex_) last_side_fence_ = id;
+    return id;
+  }
+  void wait(int64_t f) override {
+    RT_ASSERT(f >= 1 && f <= int64_t(events_.size()));
+    RT_CUDA_CHECK(cudaStreamWaitEvent(cur_->stream, events_[size_t(f - 1)], 0));
+    if (cur_ == &ex_ && f == last_side_fence_) side_pending_ = false;
   }
 
   int64_t validate(const LossSpec& spec, int64_t rows, int64_t v, Reduction reduction,
@@ -171,6 +231,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
 
   void gemm(const Block& a0, bool ta, const Block& b0, bool tb, const Block& c, float alpha,
             float beta) override {
+    RT_ASSERT(cur_ == &ex_);  // GEMMs stay on the backend's stream
     Block a = resolve(a0), b = resolve(b0);
     if (c.data == shadow_of_) shadow_of_ = nullptr;  // the logits are overwritten: the shadow is stale
     const int64_t m = ta ? a.cols : a.rows, k = ta ? a.rows : a.cols, n = tb ? b.rows : b.cols;
@@ -234,7 +295,8 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
                          alignment_of(b.data, vb.ld * es),
                          alignment_of(a.data, va.ld * es),
                          alignment_of(c.data, vc.ld * int64_t(dtype_size(c.dtype))),
-                         int64_t(lt_type(c.dtype))};
+                         int64_t(lt_type(c.dtype)),
+                         side_pending_ ? overlap_.gemm_sms : 0};
     const GemmPlan& plan = plan_for(key);
     RT_CUBLAS_CHECK(cublasLtMatmul(ex_.lt, plan.md, &alpha, b.data, plan.lx, a.data, plan.ly, &beta, c.data,
                                    plan.lc, c.data, plan.lc, &plan.algo, ex_.workspace, ex_.workspace_bytes,
@@ -248,7 +310,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   void column_sums(const Block& g, const Block& dbias, bool accumulate) override {
     fused::column_sums(ex_, resolve(g), dbias, accumulate);
   }
-  void scale_rows(const Block& g, const Block& u) override { fused::scale_rows(ex_, resolve(g), u); }
+  void scale_rows(const Block& g, const Block& u) override { fused::scale_rows(*cur_, resolve(g), u); }
   void zero(const Block& b) override { fused::zero(ex_, b); }
   bool pads_vocab() const override { return true; }
   // cuBLASLt writes a bf16 (f16) C from bf16 (f16) operands with f32 accumulation; an f32 operand has no
@@ -300,13 +362,24 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
         shadow_of_ = nullptr;
       }
     }
-    std::vector<std::unique_ptr<DeviceBuffer>> keep;  // contiguous side data, freed once the kernel is queued
+    // Contiguous side data, freed once the kernel is queued on the backend's stream; on the side stream
+    // kept until the executor has joined it (see the destructor).
+    std::vector<std::unique_ptr<DeviceBuffer>> keep;
+    CudaExec& ex = *cur_;
+    struct Keeper {
+      std::vector<std::unique_ptr<DeviceBuffer>>& keep;
+      std::vector<std::unique_ptr<DeviceBuffer>>* side;
+      ~Keeper() {
+        if (side)
+          for (auto& k : keep) side->push_back(std::move(k));
+      }
+    } keeper{keep, cur_ == &ex_ ? nullptr : &side_keep_};
     auto temp = [&](size_t bytes) {
-      keep.push_back(ex_.temp(std::max<size_t>(bytes, 1)));
+      keep.push_back(ex.temp(std::max<size_t>(bytes, 1)));
       return keep.back()->data();
     };
-    void* stream = ex_.stream;
-    const ErrorSink sink{ex_.dev_error, op_};
+    void* stream = ex.stream;
+    const ErrorSink sink{ex.dev_error, op_};
     switch (spec.kind) {
       case LossKind::CrossEntropy: {
         const Block& lab = spec.ce.labels;
@@ -316,7 +389,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
           o.label_dtype = lab.dtype;
         } else {
           auto* p = static_cast<int64_t*>(temp(size_t(lab.rows) * sizeof(int64_t)));
-          fused::copy_labels(ex_, lab, spec.ce.ignore_index, false, p);
+          fused::copy_labels(ex, lab, spec.ce.ignore_index, false, p);
           o.labels = p;
           o.label_dtype = DType::I64;
         }
@@ -338,7 +411,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
         if (gathered && !s.labels.empty()) {
           // The gathered kernel checks labels against K; here they only say which rows count.
           auto* p = static_cast<int64_t*>(temp(size_t(s.labels.rows) * sizeof(int64_t)));
-          fused::copy_labels(ex_, s.labels, s.ignore_index, true, p);
+          fused::copy_labels(ex, s.labels, s.ignore_index, true, p);
           o.labels = {p, DType::I64, int64_t(sizeof(int64_t)), 0};
           o.ignore_index = -1;
         }
@@ -416,7 +489,8 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   void selective(const loss::SelectiveSide& s, RowBlock& b, Temp& temp) {
     const int64_t rows = b.rows, k = s.ids.cols;
     auto* ids = static_cast<int64_t*>(temp(size_t(rows * k) * sizeof(int64_t)));
-    fused::copy_block(ex_, s.ids, DType::I64, ids);
+    CudaExec& ex = *cur_;
+    fused::copy_block(ex, s.ids, DType::I64, ids);
     SelectiveRows o;
     o.ids = ids;
     o.id_dtype = DType::I64;
@@ -426,27 +500,28 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     if (!b.grad) {
       RT_CHECK(dense_f32, "cuda fused selective_log_softmax: the output must be contiguous f32");
       o.out = static_cast<float*>(s.values.data);
-      selective_log_softmax_rows(b, o, nullptr, ex_.stream);
+      selective_log_softmax_rows(b, o, nullptr, ex.stream);
       return;
     }
     RT_ASSERT(s.lse);
     float* up = static_cast<float*>(s.values.data);
     if (!dense_f32) {
       up = static_cast<float*>(temp(size_t(rows * k) * sizeof(float)));
-      fused::copy_block(ex_, s.values, DType::F32, up);
+      fused::copy_block(ex, s.values, DType::F32, up);
     }
     o.upstream = up;
     b.lse = const_cast<float*>(s.lse);  // read only on the backward
     if (b.grad == b.logits) {
       auto* lp = static_cast<float*>(temp(size_t(rows * k) * sizeof(float)));
-      fused::gather_logprobs(ex_, static_cast<const float*>(b.logits), b.stride, rows, ids, k, s.lse, lp);
+      fused::gather_logprobs(ex, static_cast<const float*>(b.logits), b.stride, rows, ids, k, s.lse, lp);
       o.out = lp;
     }
-    selective_log_softmax_rows(b, o, nullptr, ex_.stream);
+    selective_log_softmax_rows(b, o, nullptr, ex.stream);
   }
 
   // The 16-bit gradient buffer for the logits block, which it now stands for.
   void* shadow_for(const Block& logits) {
+    RT_ASSERT(cur_ == &ex_);  // no row pieces with a shadow (overlap_pieces)
     const size_t bytes = size_t(logits.rows) * (logits.row_stride / sizeof(float)) * dtype_size(grad_dtype_);
     if (!shadow_ || shadow_bytes_ < bytes) {
       shadow_ = ex_.temp(bytes);
@@ -486,6 +561,9 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     RT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->md, compute, CUDA_R_32F));
     RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_TRANSA, &op_x, sizeof(op_x)));
     RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_TRANSB, &op_y, sizeof(op_y)));
+    if (const int32_t sms = int32_t(key[18]); sms > 0)
+      RT_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)));
     RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lx, cudaDataType_t(key[0]), uint64_t(key[5]),
                                                uint64_t(key[6]), key[7]));
     RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->ly, cudaDataType_t(key[1]), uint64_t(key[8]),
@@ -518,9 +596,32 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     return *plans_.back();
   }
 
+  struct Overlap {
+    int pieces = 1, min_rows = 0, gemm_sms = 0;
+  };
+  static Overlap overlap_config(const CudaOptions& o) {
+    auto env = [](const char* name, int fallback) {
+      const char* e = std::getenv(name);
+      return e && *e ? std::atoi(e) : fallback;
+    };
+    Overlap c;
+    c.pieces = env("RETORT_OVERLAP_PIECES", o.fused_overlap_pieces);
+    c.min_rows = env("RETORT_OVERLAP_MIN_ROWS", o.fused_overlap_min_rows);
+    c.gemm_sms = std::max(0, env("RETORT_OVERLAP_SMS", o.fused_overlap_gemm_sms));
+    return c;
+  }
+
   CudaExec& ex_;
   Op op_;
   DType grad_dtype_;
+  Overlap overlap_;
+  CudaExec side_ex_;        // ex_ with the side stream (lane 1)
+  CudaExec* cur_ = &ex_;    // the lane work is queued on
+  bool side_used_ = false;  // lane 1 got work: the destructor joins it
+  bool side_pending_ = false;  // lane 1 has work lane 0 has not waited for: GEMMs now share the GPU
+  int64_t last_side_fence_ = 0;
+  std::vector<cudaEvent_t> events_;                    // fences
+  std::vector<std::unique_ptr<DeviceBuffer>> side_keep_;  // temporaries of lane-1 work
   std::vector<std::unique_ptr<DeviceBuffer>> bufs_;  // scratch
   std::vector<std::unique_ptr<GemmPlan>> plans_;
   fused::SparseRuns runs_;  // the K-sparse path's sorted slots, from a chunk's gather to its scatter

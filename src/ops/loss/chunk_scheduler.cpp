@@ -281,23 +281,64 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
     // any dtype. Bias, row loss and scale_rows touch the first V columns.
     const Block logits = rows_of(logits_buf, ldt, c, v, vp);
     const Block logits_g = rows_of(logits_buf, ldt, c, vg, vp);  // with the pad columns when padded
-    ex.gemm(hc, false, weight_g, true, logits_g, 1.0f, 0.0f);
-    if (!p.bias.empty()) ex.add_bias(logits, p.bias);
-    if (online) {
-      const Block teacher = rows_of(teacher_buf, ldt, c, v, vp);
-      ex.gemm(p.teacher_hidden.sub_rows(r0, c), false, teacher_weight_g, true,
-              rows_of(teacher_buf, ldt, c, vg, vp), 1.0f, 0.0f);
-      if (!p.teacher_bias.empty()) ex.add_bias(teacher, p.teacher_bias);
-      spec.distill.teacher = teacher;
-    }
+    const Block teacher = online ? rows_of(teacher_buf, ldt, c, v, vp) : Block{};
+    const Block teacher_g = online ? rows_of(teacher_buf, ldt, c, vg, vp) : Block{};
+    if (online) spec.distill.teacher = teacher;
     if (grad) out.grad = logits;  // in place: each row is read before its gradient overwrites it
-    ex.row_loss(spec, logits, out);
-    if (!grad) continue;
-    if (!p.row_upstream.empty()) ex.scale_rows(logits, p.row_upstream.sub_rows(r0, c));
+
+    // Pieces of the chunk (see ChunkExecutor::overlap_pieces): logits GEMMs on lane 0, the row loss of each
+    // piece on lane 1 once its logits are there. One piece: everything in order on lane 0.
+    const int pieces = int(std::clamp<int64_t>(ex.overlap_pieces(c, kind, ldt), 1, c));
+    const int64_t step = (c + pieces - 1) / pieces;
+    int64_t last_row_fence = 0, before_last_fence = 0;
+    int64_t last_r0 = 0;
+    for (int64_t q0 = 0; q0 < c; q0 += step) {
+      const int64_t qn = std::min(step, c - q0);
+      ex.gemm(hc.sub_rows(q0, qn), false, weight_g, true, logits_g.sub_rows(q0, qn), 1.0f, 0.0f);
+      if (!p.bias.empty()) ex.add_bias(logits.sub_rows(q0, qn), p.bias);
+      if (online) {
+        ex.gemm(p.teacher_hidden.sub_rows(r0 + q0, qn), false, teacher_weight_g, true, teacher_g.sub_rows(q0, qn),
+                1.0f, 0.0f);
+        if (!p.teacher_bias.empty()) ex.add_bias(teacher.sub_rows(q0, qn), p.teacher_bias);
+      }
+      if (pieces > 1) {
+        const int64_t f = ex.fence();
+        ex.set_lane(1);
+        ex.wait(f);
+      }
+      ex.row_loss(q0 == 0 && qn == c ? spec : spec.sub_rows(q0, qn), logits.sub_rows(q0, qn),
+                  q0 == 0 && qn == c ? out : out.sub_rows(q0, qn));
+      if (grad && !p.row_upstream.empty())
+        ex.scale_rows(logits.sub_rows(q0, qn), p.row_upstream.sub_rows(r0 + q0, qn));
+      if (pieces > 1) {
+        before_last_fence = last_row_fence;
+        last_row_fence = ex.fence();
+        ex.set_lane(0);
+      }
+      last_r0 = q0;
+    }
+    // From here on lane 0 again: the gradient GEMMs read the row losses' gradients.
+    if (!grad) {
+      if (pieces > 1) ex.wait(last_row_fence);  // the next chunk's GEMM overwrites the logits
+      continue;
+    }
     // The pad columns of the gradient are the GEMM's zeros (the row loss writes only V columns).
-    if (!p.dhidden.empty())
-      ex.gemm(logits_g, false, weight_g, false, p.dhidden.sub_rows(r0, c), 1.0f,
-              p.accumulate_dhidden ? 1.0f : 0.0f);
+    if (!p.dhidden.empty()) {
+      const float beta = p.accumulate_dhidden ? 1.0f : 0.0f;
+      const Block dh = p.dhidden.sub_rows(r0, c);
+      if (pieces > 1 && last_r0 > 0) {  // the first pieces while the last one's row loss runs
+        ex.wait(before_last_fence);
+        ex.gemm(logits_g.sub_rows(0, last_r0), false, weight_g, false, dh.sub_rows(0, last_r0), 1.0f, beta);
+        ex.wait(last_row_fence);
+        ex.gemm(logits_g.sub_rows(last_r0, c - last_r0), false, weight_g, false,
+                dh.sub_rows(last_r0, c - last_r0), 1.0f, beta);
+      } else {
+        if (pieces > 1) ex.wait(last_row_fence);
+        ex.gemm(logits_g, false, weight_g, false, dh, 1.0f, beta);
+      }
+    } else if (pieces > 1) {
+      ex.wait(last_row_fence);
+    }
     if (!p.dweight.empty())
       ex.gemm(logits, true, hc, false, p.dweight, 1.0f, first && !p.accumulate_dweight ? 0.0f : 1.0f);
     if (!p.dbias.empty()) ex.column_sums(logits, p.dbias, !first || p.accumulate_dbias);

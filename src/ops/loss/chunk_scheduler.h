@@ -173,6 +173,23 @@ class ChunkExecutor {
   // chunking. Without accumulate_*, every element of that gradient is written (0 where no slot points).
   virtual void scatter_grads(const Block& g, const Block& hidden, const Block& w, const TopKSide& side,
                              const SparseGrads& out) = 0;
+  // Overlap (optional). An executor may queue work on more than one lane (a GPU's streams): work on one lane
+  // runs in order, work on different lanes only in the order fences impose. The scheduler then cuts a dense
+  // chunk into overlap_pieces() row pieces, queues each piece's logits GEMM(s) on lane 0 and its row loss on
+  // lane 1 behind a fence, so that the row pass of one piece runs while the GEMM of the next one does, and
+  // the dhidden GEMM of the first pieces while the row pass of the last. An executor with one lane (the
+  // default) returns 1 and runs everything in call order, which keeps every fence.
+  // rows: the chunk's rows; logits: the dtype of its logits block.
+  virtual int overlap_pieces(int64_t rows, LossKind kind, DType logits) const {
+    (void)rows, (void)kind, (void)logits;
+    return 1;
+  }
+  // Later calls queue their work on lane 0 or 1.
+  virtual void set_lane(int lane) { (void)lane; }
+  // Marks the work queued so far on the current lane; wait() makes the current lane's later work wait for it.
+  virtual int64_t fence() { return 0; }
+  virtual void wait(int64_t fence) { (void)fence; }
+
   // Optional: gather_logits, the gathered row loss (loss, soft part and LSE into out, its gradient into g)
   // and the dhidden half of scatter_grads in one pass, when the executor has one for these options and
   // layouts (the CUDA executor: forward KL). Returns false, having done nothing, otherwise.
