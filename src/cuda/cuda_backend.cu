@@ -98,6 +98,12 @@ class CudaBackend final : public Backend {
     RT_CHECK(device_usable(device, &why), "cuda backend: ", why);
     RT_CHECK(opts.gemm_workspace_bytes <= (size_t(1) << 32), "cuda backend: gemm_workspace_bytes ",
              opts.gemm_workspace_bytes, " is larger than 4 GiB");
+    RT_CHECK(opts.fused_overlap_pieces >= 1 && opts.fused_overlap_min_rows >= 1 &&
+                 opts.fused_overlap_gemm_sms >= 0,
+             "cuda backend: need fused_overlap_pieces >= 1, fused_overlap_min_rows >= 1 and "
+             "fused_overlap_gemm_sms >= 0, got ",
+             opts.fused_overlap_pieces, ", ", opts.fused_overlap_min_rows, " and ",
+             opts.fused_overlap_gemm_sms);
     ex_.device = device;
     ex_.opts = opts;
     DeviceScope scope(device);

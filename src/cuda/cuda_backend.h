@@ -24,11 +24,12 @@ struct CudaOptions {
   // rows; each piece's row loss runs on a second stream while the next piece's logits GEMM runs (1: one
   // stream, no overlap). Off by default: on an H100 cuBLASLt's GEMMs keep every SM busy, so the row kernels
   // wait for them anyway and the smaller GEMMs cost more than the overlap gains (bench/RESULTS.md, session
-  // 12). Environment overrides, for tuning: RETORT_OVERLAP_PIECES, RETORT_OVERLAP_MIN_ROWS.
+  // 12). Both at least 1 (make_cuda_backend throws otherwise). Environment overrides, for tuning:
+  // RETORT_OVERLAP_PIECES, RETORT_OVERLAP_MIN_ROWS.
   int fused_overlap_pieces = 1;
   int fused_overlap_min_rows = 256;
-  // The SM count cuBLASLt tunes the GEMMs that run beside a row pass for (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET;
-  // 0: the device's). Environment override: RETORT_OVERLAP_SMS.
+  // The SM count cuBLASLt tunes the GEMMs that run beside a row pass for
+  // (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET; 0: the device's). Environment override: RETORT_OVERLAP_SMS.
   int fused_overlap_gemm_sms = 0;
 };
 

@@ -285,13 +285,13 @@ TEST_F(CudaFusedLowLogits, OverlappedPiecesEqualOneStream) {
       cfg.chunk = chunk;
       cfg.r.red = red;
       cfg.r.eps = 0.1;
-      EXPECT_TRUE(check_cuda_same(
-          ce_case("cfll_pieces_ce" + std::to_string(chunk) + red_name(red), cfg), *a, *b, kPieceGradTol));
+      EXPECT_TRUE(check_cuda_same(ce_case("cfll_pieces_ce" + std::to_string(chunk) + red_name(red), cfg), *a,
+                                  *b, kPieceGradTol));
     }
   for (double beta : {0.0, 0.5})
-    EXPECT_TRUE(check_cuda_same(distill_case("cfll_pieces_dist" + std::to_string(beta), beta, Reduction::Mean,
-                                             0, 1280, 8192),
-                                *a, *b, kPieceGradTol));
+    EXPECT_TRUE(check_cuda_same(
+        distill_case("cfll_pieces_dist" + std::to_string(beta), beta, Reduction::Mean, 0, 1280, 8192), *a, *b,
+        kPieceGradTol));
 }
 
 // ---- memory -------------------------------------------------------------------------------------------

@@ -149,9 +149,8 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
 
   // Row pieces only where a piece's row loss reads and writes nothing but its own rows of the chunk: not
   // with f32 logits whose gradient goes to the 16-bit shadow (it stands for whole chunks).
-  int overlap_pieces(int64_t rows, LossKind kind, DType logits) const override {
-    (void)kind;
-    if (!ex_.side_stream || overlap_.pieces <= 1 || overlap_.min_rows <= 0) return 1;
+  int overlap_pieces(int64_t rows, DType logits) const override {
+    if (!ex_.side_stream || overlap_.pieces <= 1) return 1;
     if (logits == DType::F32 && grad_dtype_ != DType::F32) return 1;
     return int(std::clamp<int64_t>(rows / overlap_.min_rows, 1, overlap_.pieces));
   }
@@ -364,16 +363,9 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     }
     // Contiguous side data, freed once the kernel is queued on the backend's stream; on the side stream
     // kept until the executor has joined it (see the destructor).
-    std::vector<std::unique_ptr<DeviceBuffer>> keep;
     CudaExec& ex = *cur_;
-    struct Keeper {
-      std::vector<std::unique_ptr<DeviceBuffer>>& keep;
-      std::vector<std::unique_ptr<DeviceBuffer>>* side;
-      ~Keeper() {
-        if (side)
-          for (auto& k : keep) side->push_back(std::move(k));
-      }
-    } keeper{keep, cur_ == &ex_ ? nullptr : &side_keep_};
+    std::vector<std::unique_ptr<DeviceBuffer>> local;
+    auto& keep = cur_ == &ex_ ? local : side_keep_;
     auto temp = [&](size_t bytes) {
       keep.push_back(ex.temp(std::max<size_t>(bytes, 1)));
       return keep.back()->data();
@@ -599,15 +591,19 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   struct Overlap {
     int pieces = 1, min_rows = 0, gemm_sms = 0;
   };
+  // The backend's options (checked when it was made), or the environment's tuning overrides.
   static Overlap overlap_config(const CudaOptions& o) {
-    auto env = [](const char* name, int fallback) {
+    auto env = [](const char* name, int fallback, int least) {
       const char* e = std::getenv(name);
-      return e && *e ? std::atoi(e) : fallback;
+      if (!e || !*e) return fallback;
+      const int v = std::atoi(e);
+      RT_CHECK(v >= least, "cuda fused linear: ", name, "=", e, " must be an integer >= ", least);
+      return v;
     };
     Overlap c;
-    c.pieces = env("RETORT_OVERLAP_PIECES", o.fused_overlap_pieces);
-    c.min_rows = env("RETORT_OVERLAP_MIN_ROWS", o.fused_overlap_min_rows);
-    c.gemm_sms = std::max(0, env("RETORT_OVERLAP_SMS", o.fused_overlap_gemm_sms));
+    c.pieces = env("RETORT_OVERLAP_PIECES", o.fused_overlap_pieces, 1);
+    c.min_rows = env("RETORT_OVERLAP_MIN_ROWS", o.fused_overlap_min_rows, 1);
+    c.gemm_sms = env("RETORT_OVERLAP_SMS", o.fused_overlap_gemm_sms, 0);
     return c;
   }
 
@@ -615,14 +611,14 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   Op op_;
   DType grad_dtype_;
   Overlap overlap_;
-  CudaExec side_ex_;        // ex_ with the side stream (lane 1)
-  CudaExec* cur_ = &ex_;    // the lane work is queued on
-  bool side_used_ = false;  // lane 1 got work: the destructor joins it
+  CudaExec side_ex_;           // ex_ with the side stream (lane 1)
+  CudaExec* cur_ = &ex_;       // the lane work is queued on
+  bool side_used_ = false;     // lane 1 got work: the destructor joins it
   bool side_pending_ = false;  // lane 1 has work lane 0 has not waited for: GEMMs now share the GPU
   int64_t last_side_fence_ = 0;
-  std::vector<cudaEvent_t> events_;                    // fences
+  std::vector<cudaEvent_t> events_;                       // fences
   std::vector<std::unique_ptr<DeviceBuffer>> side_keep_;  // temporaries of lane-1 work
-  std::vector<std::unique_ptr<DeviceBuffer>> bufs_;  // scratch
+  std::vector<std::unique_ptr<DeviceBuffer>> bufs_;       // scratch
   std::vector<std::unique_ptr<GemmPlan>> plans_;
   fused::SparseRuns runs_;  // the K-sparse path's sorted slots, from a chunk's gather to its scatter
   std::unique_ptr<DeviceBuffer> inv_;  // 1 / count of a mean with labels (device)

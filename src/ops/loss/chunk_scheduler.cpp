@@ -288,7 +288,7 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
 
     // Pieces of the chunk (see ChunkExecutor::overlap_pieces): logits GEMMs on lane 0, the row loss of each
     // piece on lane 1 once its logits are there. One piece: everything in order on lane 0.
-    const int pieces = int(std::clamp<int64_t>(ex.overlap_pieces(c, kind, ldt), 1, c));
+    const int pieces = int(std::clamp<int64_t>(ex.overlap_pieces(c, ldt), 1, c));
     const int64_t step = (c + pieces - 1) / pieces;
     int64_t last_row_fence = 0, before_last_fence = 0;
     int64_t last_r0 = 0;
@@ -297,8 +297,8 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
       ex.gemm(hc.sub_rows(q0, qn), false, weight_g, true, logits_g.sub_rows(q0, qn), 1.0f, 0.0f);
       if (!p.bias.empty()) ex.add_bias(logits.sub_rows(q0, qn), p.bias);
       if (online) {
-        ex.gemm(p.teacher_hidden.sub_rows(r0 + q0, qn), false, teacher_weight_g, true, teacher_g.sub_rows(q0, qn),
-                1.0f, 0.0f);
+        ex.gemm(p.teacher_hidden.sub_rows(r0 + q0, qn), false, teacher_weight_g, true,
+                teacher_g.sub_rows(q0, qn), 1.0f, 0.0f);
         if (!p.teacher_bias.empty()) ex.add_bias(teacher.sub_rows(q0, qn), p.teacher_bias);
       }
       if (pieces > 1) {

@@ -180,8 +180,8 @@ class ChunkExecutor {
   // the dhidden GEMM of the first pieces while the row pass of the last. An executor with one lane (the
   // default) returns 1 and runs everything in call order, which keeps every fence.
   // rows: the chunk's rows; logits: the dtype of its logits block.
-  virtual int overlap_pieces(int64_t rows, LossKind kind, DType logits) const {
-    (void)rows, (void)kind, (void)logits;
+  virtual int overlap_pieces(int64_t rows, DType logits) const {
+    (void)rows, (void)logits;
     return 1;
   }
   // Later calls queue their work on lane 0 or 1.
