@@ -172,9 +172,13 @@ __global__ void __launch_bounds__(kThreads)
 // The L2 kernel above reads each student and teacher row two or three times (statistics, divergence,
 // gradient), and at 8192 × 151936 the rows in flight do not fit in L2, so most re-reads go to HBM. Here a
 // cluster of CTAs owns a row pair: each CTA copies its segment of both rows into shared memory with the bulk
-// copy engine (the next row pair streams into a second buffer while this one is worked on), and the three
-// passes read shared memory. Statistics and the divergence sums cross the cluster through distributed shared
-// memory, merged in rank order (deterministic). HBM sees each row once and the gradient once: the floor.
+// copy engine (with two buffers, where they fit, the next row pair streams into the second while this one is
+// worked on), and the passes read shared memory: the segments' maxima (16-bit pairs in packed form), their
+// sums of exponentials, the divergence, and for reverse KL and JSD the gradient. Statistics and the
+// divergence sums cross the cluster through distributed shared memory, merged in rank order
+// (deterministic). HBM sees each row once and the gradient once: the floor. Per entry the passes cost ~46
+// instructions for JSD (H100 SASS; 72 when pass 1 was an online max-and-sum and the divergence terms were
+// summed one by one).
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define RT_DISTILL_CLUSTERS 1
@@ -217,70 +221,67 @@ __device__ __forceinline__ float fast_log2(float x) {
   return y;
 }
 
-// One vocabulary entry's divergence term, in base-2 logs to save instructions (the row's sum is scaled by
-// ln 2 once): kMode 0 forward KL(P‖Q), 1 reverse KL(Q‖P), 2 the generalized JSD with M = βP + (1 − β)Q — the
-// cases of div_term. lp2, lq2 are log2 p and log2 q, clamped finite by the caller so that a zero probability
-// times its log is 0, not NaN. Adds the term to d and returns dD/d(log q) in natural units; q gets q.
-template <int kMode>
-__device__ __forceinline__ float div_term2(float beta, float lp2, float lq2, float& d, float& q) {
-  q = rowk::fast_exp2(lq2);
-  if constexpr (kMode == 0) {
-    const float p = rowk::fast_exp2(lp2);
-    d = fmaf(p, lp2 - lq2, d);
-    return -p;
-  } else if constexpr (kMode == 1) {
-    const float t = lq2 - lp2;
-    d = fmaf(q, t, d);
-    return q * fmaf(t, rowk::kLn2, 1.0f);
-  } else {
-    const float p = rowk::fast_exp2(lp2), omb = 1.0f - beta;
-    // M below the smallest normal float only where P and Q are (nearly) zero: their terms vanish anyway.
-    const float lm2 = fast_log2(fmaxf(fmaf(beta, p, omb * q), 1.2e-38f));
-    const float tq = q * (lq2 - lm2);
-    d = fmaf(beta * p, lp2 - lm2, fmaf(omb, tq, d));
-    return omb * tq * rowk::kLn2;
-  }
-}
+// Base-2 logs of probabilities are clamped here: 2^-65000 is 0 in f32 as 2^-inf is, but a zero probability
+// times its clamped log is then 0, not NaN, and t = log2 q − log2 m (below) stays within f16's range.
+constexpr float kLogFloor = -65000.0f;
 
-// div_term2<2> that also returns t = log2 q − log2 m in t (the same operations in the same order, so the
-// same values).
-__device__ __forceinline__ float jsd_term2(float beta, float lp2, float lq2, float& d, float& q, float& t) {
-  q = rowk::fast_exp2(lq2);
-  const float p = rowk::fast_exp2(lp2), omb = 1.0f - beta;
-  const float lm2 = fast_log2(fmaxf(fmaf(beta, p, omb * q), 1.2e-38f));
-  t = lq2 - lm2;
-  const float tq = q * t;
-  d = fmaf(beta * p, lp2 - lm2, fmaf(omb, tq, d));
-  return omb * tq * rowk::kLn2;
-}
-
-// Pass 2 keeps t in the teacher's slots (f32 rows: as is; 16-bit rows: as f16, |t| clamped to 65000 so that
-// q·t stays finite where q underflows to 0) for pass 3 to read back.
+// Pass 2 keeps t in the teacher's slots (f32 rows: as is; 16-bit rows: as f16 — |t| ≤ 65,000 by the floor
+// above) for pass 3 to read back.
 __device__ __forceinline__ void keep_t(float* slot, const float (&t)[8]) {  // shared memory: plain stores
   reinterpret_cast<float4*>(slot)[0] = make_float4(t[0], t[1], t[2], t[3]);
   reinterpret_cast<float4*>(slot)[1] = make_float4(t[4], t[5], t[6], t[7]);
 }
 template <typename T>
 __device__ __forceinline__ void keep_t(T* slot, const float (&t)[8]) {
-  unsigned short h[8];
+  uint32_t h[4];
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
-    h[i] = __half_as_ushort(__float2half_rn(fminf(fmaxf(t[i], -65000.0f), 65000.0f)));
-  *reinterpret_cast<uint4*>(slot) = make_uint4(h[0] | (unsigned(h[1]) << 16), h[2] | (unsigned(h[3]) << 16),
-                                               h[4] | (unsigned(h[5]) << 16), h[6] | (unsigned(h[7]) << 16));
+  for (int i = 0; i < 4; ++i) {
+    const __half2 p = __floats2half2_rn(t[2 * i], t[2 * i + 1]);  // one packing conversion per pair
+    h[i] = *reinterpret_cast<const uint32_t*>(&p);
+  }
+  *reinterpret_cast<uint4*>(slot) = make_uint4(h[0], h[1], h[2], h[3]);
 }
 __device__ __forceinline__ void load_t(const float* slot, float (&t)[8]) {
   rowk::load8<false>(slot, t);
 }
 template <typename T>
 __device__ __forceinline__ void load_t(const T* slot, float (&t)[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(slot);
-  const unsigned wd[4] = {u.x, u.y, u.z, u.w};
+  rowk::load8<false>(reinterpret_cast<const __half*>(slot), t);
+}
+
+// The running maximum of a thread's share of a segment; 16-bit values two at a time in packed form (one
+// instruction per pair). NaN is skipped as by fmaxf (a NaN then reaches the sums and the loss).
+template <typename T>
+struct SegMax {
+  static constexpr bool kPacked = sizeof(T) == 2;
+  using P = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
+  uint32_t a = kPacked ? (std::is_same_v<T, __nv_bfloat16> ? 0xff80ff80u : 0xfc00fc00u) : 0u, c = a;
+  float f = -INFINITY;
+  __device__ __forceinline__ static P as_p(uint32_t u) { return *reinterpret_cast<const P*>(&u); }
+  __device__ __forceinline__ static uint32_t as_u(P p) { return *reinterpret_cast<const uint32_t*>(&p); }
+  __device__ __forceinline__ void add(const rowk::Raw8<T>& r) {
+    if constexpr (kPacked) {
+      a = as_u(__hmax2(as_p(a), __hmax2(as_p(r.v[0].x), as_p(r.v[0].y))));
+      c = as_u(__hmax2(as_p(c), __hmax2(as_p(r.v[0].z), as_p(r.v[0].w))));
+    } else {
+      float x[8];
+      rowk::unpack8(r, x);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(wd[i] & 0xffffu)));
-    t[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(wd[i] >> 16)));
+      for (int i = 0; i < 8; ++i) f = fmaxf(f, x[i]);
+    }
   }
+  __device__ __forceinline__ float get() const {
+    if constexpr (kPacked) {
+      const P m = __hmax2(as_p(a), as_p(c));
+      return fmaxf(rowk::to_f<T>(m.x), rowk::to_f<T>(m.y));
+    } else {
+      return f;
+    }
+  }
+};
+
+__device__ __forceinline__ float sum8(const float (&e)[8]) {  // a tree: short dependency chains
+  return ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
 }
 
 template <typename T, typename G, int kMode, int kCT>
@@ -291,7 +292,8 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
   extern __shared__ uint4 dyn_smem[];
   T* const base = reinterpret_cast<T*>(dyn_smem);  // buffer i: student at base + 2i·seg, teacher after it
   __shared__ alignas(8) uint64_t bars[kMaxBufs];
-  __shared__ Stats2 ssh[32], ssh2[32];
+  __shared__ float2 wmax[32];  // the warps' maxima (student, teacher)
+  __shared__ float4 wsum[32];  // the warps' sums (student at T, student at 1, teacher at T)
   __shared__ double dsh[32], dsh2[32];
   __shared__ RowStats xstate[2];  // by row parity (see below)
   __shared__ RowSums dstate[2];
@@ -309,6 +311,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
   const int64_t first = blockIdx.x / cs, step = gridDim.x / cs;
   const float temp = o.temperature, inv_t = 1.0f / temp, kt = inv_t * kLog2e, beta = o.beta;
   const bool want_grad = b.grad != nullptr;
+  const int lane = int(threadIdx.x & 31), wid = int(threadIdx.x >> 5), nw = int(blockDim.x >> 5);
   if (threadIdx.x == 0) {
     for (int i = 0; i < nbuf; ++i)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[i])));
@@ -325,6 +328,12 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
           : "memory");
     }
   };
+  auto student_seg = [&](int64_t r) {
+    return reinterpret_cast<const char*>(static_cast<const T*>(b.logits) + r * b.stride + c0);
+  };
+  auto teacher_seg = [&](int64_t r) {
+    return reinterpret_cast<const char*>(static_cast<const T*>(o.teacher) + r * o.teacher_stride + c0);
+  };
   // Thread 0 asks the copy engine for row r's student and teacher segments into buffer i.
   auto issue = [&](int64_t r, int i) {
     if (threadIdx.x != 0 || seg_bytes == 0) return;
@@ -334,18 +343,14 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
                  "r"(2 * seg_bytes)
                  : "memory");
     T* dst = base + 2 * int64_t(i) * seg;
-    copy(reinterpret_cast<char*>(dst),
-         reinterpret_cast<const char*>(static_cast<const T*>(b.logits) + r * b.stride + c0), seg_bytes,
-         &bars[i]);
-    copy(reinterpret_cast<char*>(dst + seg),
-         reinterpret_cast<const char*>(static_cast<const T*>(o.teacher) + r * o.teacher_stride + c0),
-         seg_bytes, &bars[i]);
+    copy(reinterpret_cast<char*>(dst), student_seg(r), seg_bytes, &bars[i]);
+    copy(reinterpret_cast<char*>(dst + seg), teacher_seg(r), seg_bytes, &bars[i]);
   };
   uint32_t phases = 0;
   for (int k = 0; k < nbuf - 1; ++k)
     if (first + k * step < b.rows) issue(first + k * step, k);
   int it = 0;
-  const int64_t nv = n / 8;  // segments are whole 8-element vectors (V % 8 == 0)
+  const int nv = int(n / 8);  // segments are whole 8-element vectors (V % 8 == 0), of at most 2^20 bytes
   for (int64_t r = first; r < b.rows; r += step, ++it) {
     const int cur = it % nbuf;
     const int64_t ahead = r + int64_t(nbuf - 1) * step;
@@ -371,61 +376,104 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
       continue;
     }
     const bool both = f.want_hard && !ignored && temp != 1.0f;
-    // Pass 1: statistics of the segment.
-    Stats2 sz = stats_empty(), sw = stats_empty();
-    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
-      float z[8];
-      rowk::load8<false>(zs + k * 8, z);
-      stats_add<8>(sz, z, kt, both);
-      if (!ignored) {
-        float w[8];
-        rowk::load8<false>(ws + k * 8, w);
-        stats_add<8>(sw, w, kt, false);
+    // Pass 1: the segment's maxima (CTA-wide), then its sums of exponentials relative to them. (The teacher's
+    // too on an ignored row, where they go unused: no branch in the loops.)
+    float cmz, cmw;
+    {
+      SegMax<T> az, aw;
+      for (int k = int(threadIdx.x); k < nv; k += int(blockDim.x)) {
+        az.add(rowk::load_raw8<false>(zs + k * 8));
+        aw.add(rowk::load_raw8<false>(ws + k * 8));
+      }
+      cmz = az.get();
+      cmw = aw.get();
+      for (int m = 16; m > 0; m >>= 1) {
+        cmz = fmaxf(cmz, __shfl_xor_sync(0xffffffffu, cmz, m));
+        cmw = fmaxf(cmw, __shfl_xor_sync(0xffffffffu, cmw, m));
+      }
+      if (lane == 0) wmax[wid] = make_float2(cmz, cmw);
+      __syncthreads();
+      for (int i = 0; i < nw; ++i) {
+        const float2 x = wmax[i];
+        cmz = fmaxf(cmz, x.x);
+        cmw = fmaxf(cmw, x.y);
       }
     }
-    // The CTA's statistics: warps merge, then warp 0 merges the warps' and publishes them for the cluster
-    // (one block barrier; the cluster barrier below orders the rest).
-    const int lane = int(threadIdx.x & 31), wid = int(threadIdx.x >> 5), nw = int(blockDim.x >> 5);
-    sz = warp_stats(sz, kt);
-    sw = warp_stats(sw, kt);
-    if (lane == 0) {
-      ssh[wid] = sz;
-      ssh2[wid] = sw;
+    float stz = 0.0f, s1z = 0.0f, stw = 0.0f;
+    {
+      // A segment of −inf only: its sums are 0 (exp2(−inf − 0)), and its maximum tells the merge it has none.
+      const float oz = cmz == -INFINITY ? 0.0f : cmz, ow = cmw == -INFINITY ? 0.0f : cmw;
+      auto sums = [&]<bool kBoth>() {
+        for (int k = int(threadIdx.x); k < nv; k += int(blockDim.x)) {
+          float z[8], w[8], ez[8], e1[8], ew[8];
+          rowk::load8<false>(zs + k * 8, z);
+          rowk::load8<false>(ws + k * 8, w);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const float d = z[i] - oz;
+            ez[i] = rowk::fast_exp2(d * kt);
+            if constexpr (kBoth) e1[i] = rowk::fast_exp2(d * kLog2e);
+            ew[i] = rowk::fast_exp2((w[i] - ow) * kt);
+          }
+          stz += sum8(ez);
+          if constexpr (kBoth) s1z += sum8(e1);
+          stw += sum8(ew);
+        }
+      };
+      if (both)
+        sums.template operator()<true>();
+      else
+        sums.template operator()<false>();
     }
+    for (int m = 16; m > 0; m >>= 1) {
+      stz += __shfl_xor_sync(0xffffffffu, stz, m);
+      s1z += __shfl_xor_sync(0xffffffffu, s1z, m);
+      stw += __shfl_xor_sync(0xffffffffu, stw, m);
+    }
+    if (lane == 0) wsum[wid] = make_float4(stz, s1z, stw, 0.0f);
     __syncthreads();
     // Slots by row parity: a peer reads slot it&1 between this row's first cluster barrier and its second;
     // the slot is written again two rows on, after this CTA passed the second barrier of the row in between
     // (which no peer reaches before it is done reading).
     const int slot = it & 1;
     if (wid == 0) {
-      const Stats2 a = warp_stats(lane < nw ? ssh[lane] : stats_empty(), kt);
-      const Stats2 c = warp_stats(lane < nw ? ssh2[lane] : stats_empty(), kt);
+      float4 x = lane < nw ? wsum[lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int m = 16; m > 0; m >>= 1) {
+        x.x += __shfl_xor_sync(0xffffffffu, x.x, m);
+        x.y += __shfl_xor_sync(0xffffffffu, x.y, m);
+        x.z += __shfl_xor_sync(0xffffffffu, x.z, m);
+      }
       if (lane == 0) {
         const bool owns_y = f.want_hard && !ignored && lab.y >= c0 && lab.y < c0 + n;
-        xstate[slot] = RowStats{a, c, owns_y ? rowk::to_f<T>(zs[lab.y - c0]) : 0.0f};
+        xstate[slot] = RowStats{{cmz, x.y, x.x}, {cmw, 0.0f, x.z}, owns_y ? rowk::to_f<T>(zs[lab.y - c0]) : 0.0f};
       }
     }
     cl.sync();
     if (threadIdx.x < 32) {
+      // The row's maxima, then each rank's sums scaled to them (a rank with no finite value adds 0). Sums by
+      // an xor butterfly: every lane adds the same pairs, so lane 0's result is the same on every run.
       RowStats x{stats_empty(), stats_empty(), 0.0f};
-      if (int(threadIdx.x) < cs) x = *cl.map_shared_rank(&xstate[slot], int(threadIdx.x));
-      for (int m = 1; m < 32; m <<= 1) {  // a butterfly: every lane ends with the merge of all ranks
-        const RowStats y{{__shfl_xor_sync(0xffffffffu, x.z.m, m), __shfl_xor_sync(0xffffffffu, x.z.s1, m),
-                          __shfl_xor_sync(0xffffffffu, x.z.st, m)},
-                         {__shfl_xor_sync(0xffffffffu, x.w.m, m), __shfl_xor_sync(0xffffffffu, x.w.s1, m),
-                          __shfl_xor_sync(0xffffffffu, x.w.st, m)},
-                         __shfl_xor_sync(0xffffffffu, x.zy, m)};
-        // Merge lower lane first so that every lane combines in the same order.
-        const bool lower = (threadIdx.x & m) == 0;
-        x = RowStats{lower ? stats_merge(x.z, y.z, kt) : stats_merge(y.z, x.z, kt),
-                     lower ? stats_merge(x.w, y.w, kt) : stats_merge(y.w, x.w, kt),
-                     lower ? x.zy + y.zy : y.zy + x.zy};
+      if (lane < cs) x = *cl.map_shared_rank(&xstate[slot], lane);
+      float mz = x.z.m, mw = x.w.m;
+      for (int m = 16; m > 0; m >>= 1) {
+        mz = fmaxf(mz, __shfl_xor_sync(0xffffffffu, mz, m));
+        mw = fmaxf(mw, __shfl_xor_sync(0xffffffffu, mw, m));
       }
-      if (threadIdx.x == 0) xmerged = x;
+      const bool hz = x.z.m != -INFINITY, hw = x.w.m != -INFINITY;
+      float a = hz ? x.z.st * exp2f((x.z.m - mz) * kt) : 0.0f;
+      float c = hz ? x.z.s1 * exp2f((x.z.m - mz) * kLog2e) : 0.0f;
+      float e = hw ? x.w.st * exp2f((x.w.m - mw) * kt) : 0.0f;
+      float zy = x.zy;
+      for (int m = 16; m > 0; m >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, m);
+        c += __shfl_xor_sync(0xffffffffu, c, m);
+        e += __shfl_xor_sync(0xffffffffu, e, m);
+        zy += __shfl_xor_sync(0xffffffffu, zy, m);
+      }
+      if (threadIdx.x == 0) xmerged = RowStats{{mz, c, a}, {mw, 0.0f, e}, zy};
     }
     __syncthreads();
-    sz = xmerged.z;
-    sw = xmerged.w;
+    const Stats2 sz = xmerged.z, sw = xmerged.w;
     const float zy = xmerged.zy;
     const float log_sz = logf(sz.st), log_s1 = both ? logf(sz.s1) : log_sz;
     if (rank == 0 && threadIdx.x == 0 && b.lse) b.lse[r] = sz.m * inv_t + log_sz;
@@ -442,50 +490,81 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
     const float scale = want_grad ? grad_scale(b) : 0.0f;
     const float cs_soft = want_grad && o.w_soft != 0.0f ? scale * o.w_soft * temp : 0.0f;
     const float ch = want_grad && f.hard_on ? scale * o.w_hard : 0.0f;
-    const Dense hard_grad{sz.m, kt, 0.0f, log_s1 * kLog2e, 0.0f, ch};
-    const long long y = f.hard_on ? lab.y - c0 : -1;  // the label column within this segment
+    // The hard loss's gradient ch·softmax(z) at T = 1: with T = 1 that softmax is q, and ch goes into q's
+    // coefficient (chq); otherwise it costs one more exp2 per entry (hsep).
+    const bool hsep = ch != 0.0f && both;
+    const float chq = hsep ? 0.0f : ch, ls12 = log_s1 * kLog2e;
+    // The label column within this segment, or one no vector holds.
+    const int y = f.hard_on && lab.y >= c0 && lab.y < c0 + n ? int(lab.y - c0) : -16;
     // log2 q_j = (z_j − m)·kt − log2 Σ: the difference first, so logits of 1e4 keep their precision.
-    const float lsz2 = log_sz * kLog2e, lsw2 = log_sw * kLog2e, mz = sz.m, mw = sw.m;
-    auto logs2 = [&](float z, float w, float& lq2, float& lp2) {
-      lq2 = fmaxf(fmaf(z - mz, kt, -lsz2), -1e30f);
-      lp2 = fmaxf(fmaf(w - mw, kt, -lsw2), -1e30f);
-    };
-    auto store = [&](int64_t k, float(&g)[8]) {
-      if (y >= k * 8 && y < k * 8 + 8) g[y - k * 8] -= ch;
+    const float lsz2 = log_sz * kLog2e, lsw2 = log_sw * kLog2e, mz = sz.m, mw = sw.m, omb = 1.0f - beta;
+    auto lq2_at = [&](float z) { return fmaxf(fmaf(z - mz, kt, -lsz2), kLogFloor); };
+    auto lp2_at = [&](float w) { return fmaxf(fmaf(w - mw, kt, -lsw2), kLogFloor); };
+    auto q1_at = [&](float z) { return rowk::fast_exp2(fmaf(z - mz, kLog2e, -ls12)); };
+    auto store = [&](int k, float(&g)[8]) {
+      const int yy = y - k * 8;
+      if (unsigned(yy) < 8u) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (i == yy) g[i] -= ch;
+      }
       if (gvec) {
-        rowk::store8(grow + k * 8, g);
+        rowk::store8(grow + int64_t(k) * 8, g);
       } else {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) grow[k * 8 + i] = rowk::from_f<G>(g[i]);
+        for (int i = 0; i < 8; ++i) grow[int64_t(k) * 8 + i] = rowk::from_f<G>(g[i]);
       }
     };
-    // Pass 2: the divergence (and, for forward KL, whose gradient needs no row-wide sum, the gradient).
-    // JSD with kKeepT: the teacher's slot of each entry then holds t = log2 q − log2 m for pass 3, which so
-    // needs one exp2 per entry instead of two and a log2.
-    float dpart = 0.0f, gpart = 0.0f;
-    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
-      float z[8], w[8], g[8];
-      rowk::load8<false>(zs + k * 8, z);
-      rowk::load8<false>(ws + k * 8, w);
+    // Pass 2: the divergence in base 2 (scaled by ln 2 once below), and for forward KL, whose gradient needs
+    // no row-wide sum, the gradient. Per mode, sa and sb hold:
+    //   forward KL  sa = Σ p·(log2 p − log2 q)                     gradient (q − p)·cs + ch·q1
+    //   reverse KL  sa = Σ q·(log2 q − log2 p), sb = Σ q          Σ dD/dlog q = ln2·sa + sb
+    //   JSD         sa = Σ p·(log2 p − log2 m), sb = Σ q·t        D = β·sa + (1 − β)·sb, Σ dD/dlog q = (1 − β)·ln2·sb
+    // with t = log2 q − log2 m, m = βp + (1 − β)q. JSD with kKeepT: the teacher's slot of each entry then holds
+    // t for pass 3, which so needs one exp2 per entry instead of two and a log2.
+    float sa = 0.0f, sb = 0.0f;
+    auto pass2 = [&]<bool kHsep>() {
+      [[maybe_unused]] const float cq = cs_soft + chq;
+      for (int k = int(threadIdx.x); k < nv; k += int(blockDim.x)) {
+        float z[8], w[8];
+        [[maybe_unused]] float g[8];
+        rowk::load8<false>(zs + k * 8, z);
+        rowk::load8<false>(ws + k * 8, w);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        float lq2, lp2, q;
-        logs2(z[i], w[i], lq2, lp2);
-        if constexpr (kMode == 2 && kKeepT) {
-          const float gj = jsd_term2(beta, lp2, lq2, dpart, q, w[i]);  // w[i] becomes t
-          gpart += gj;
-        } else {
-          const float gj = div_term2<kMode>(beta, lp2, lq2, dpart, q);
-          if constexpr (kMode != 0) gpart += gj;
-          if constexpr (kMode == 0) g[i] = fmaf(cs_soft, q + gj, hard_grad.at(z[i]));
+        for (int i = 0; i < 8; ++i) {
+          const float lq2 = lq2_at(z[i]), lp2 = lp2_at(w[i]);
+          const float q = rowk::fast_exp2(lq2);
+          if constexpr (kMode == 0) {
+            const float p = rowk::fast_exp2(lp2);
+            sa = fmaf(p, lp2 - lq2, sa);
+            g[i] = fmaf(q, cq, -cs_soft * p);
+            if constexpr (kHsep) g[i] = fmaf(ch, q1_at(z[i]), g[i]);
+          } else if constexpr (kMode == 1) {
+            sa = fmaf(q, lq2 - lp2, sa);
+            sb += q;
+          } else {
+            const float p = rowk::fast_exp2(lp2);
+            // M below the smallest normal float only where P and Q are (nearly) zero: their terms vanish.
+            const float lm2 = fast_log2(fmaxf(fmaf(beta, p, omb * q), 1.2e-38f));
+            const float t = lq2 - lm2;
+            sa = fmaf(p, lp2 - lm2, sa);
+            sb = fmaf(q, t, sb);
+            w[i] = t;
+          }
         }
+        if constexpr (kMode == 2 && kKeepT)
+          if (want_grad) keep_t(ws + k * 8, w);
+        if constexpr (kMode == 0)
+          if (want_grad) store(k, g);
       }
-      if constexpr (kMode == 2 && kKeepT)
-        if (want_grad) keep_t(ws + k * 8, w);
-      if constexpr (kMode == 0)
-        if (want_grad) store(k, g);
-    }
+    };
+    if (kMode == 0 && hsep)
+      pass2.template operator()<true>();
+    else
+      pass2.template operator()<false>();
     {  // the CTA's sums, as the statistics above: warps, then warp 0, then the cluster
+      const float dpart = kMode == 0 ? sa : kMode == 1 ? sa : fmaf(beta, sa, omb * sb);
+      const float gpart = kMode == 0 ? 0.0f : kMode == 1 ? fmaf(sa, rowk::kLn2, sb) : omb * rowk::kLn2 * sb;
       const double dw = warp_reduce(double(dpart), SumOp{});
       const double gw = kMode != 0 ? warp_reduce(double(gpart), SumOp{}) : 0.0;
       if (lane == 0) {
@@ -511,31 +590,48 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
     }
     __syncthreads();
     const double dsum = dmerged.d * double(rowk::kLn2);
-    if (kMode != 0 && want_grad) {  // Pass 3: dD/dz_j = (g_j − q_j Σ g)/T, times T² in cs_soft
+    if (kMode != 0 && want_grad) {
+      // Pass 3: dD/dz_j = (g_j − q_j Σ g)/T, times T² in cs_soft, with g_j = dD/dlog q_j = q_j·(a·u_j + c)
+      // (JSD: u = t, a = (1 − β)·ln2; reverse KL: u = log2 q − log2 p, a = ln2, c = 1); so the entry's gradient
+      // is q_j·(cs·a·u_j + cs·(c − Σ g) + chq), plus ch·q1_j when hsep.
       const float gs = float(dmerged.g);
-      for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
-        float z[8], w[8], g[8];
-        rowk::load8<false>(zs + k * 8, z);
-        if constexpr (kMode == 2 && kKeepT)
-          load_t(ws + k * 8, w);
-        else
-          rowk::load8<false>(ws + k * 8, w);
+      const float a3 = cs_soft * (kMode == 2 ? omb * rowk::kLn2 : rowk::kLn2);
+      const float b3 = fmaf(cs_soft, (kMode == 2 ? 0.0f : 1.0f) - gs, chq);
+      auto pass3 = [&]<bool kHsep>() {
+        for (int k = int(threadIdx.x); k < nv; k += int(blockDim.x)) {
+          float z[8], w[8], g[8];
+          rowk::load8<false>(zs + k * 8, z);
+          if constexpr (kMode == 2 && kKeepT)
+            load_t(ws + k * 8, w);
+          else
+            rowk::load8<false>(ws + k * 8, w);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          float lq2, lp2, q, gj;
-          if constexpr (kMode == 2 && kKeepT) {
-            logs2(z[i], 0.0f, lq2, lp2);  // lp2 unused
-            q = rowk::fast_exp2(lq2);
-            gj = (1.0f - beta) * (q * w[i]) * rowk::kLn2;  // w[i] is t: jsd_term2's return value
-          } else {
-            float unused = 0.0f;
-            logs2(z[i], w[i], lq2, lp2);
-            gj = div_term2<kMode>(beta, lp2, lq2, unused, q);
+          for (int i = 0; i < 8; ++i) {
+            float q, u;
+            if constexpr (kMode == 2 && kKeepT) {
+              // No floor needed: q is 0 at −inf and t is finite.
+              q = rowk::fast_exp2(fmaf(z[i] - mz, kt, -lsz2));
+              u = w[i];
+            } else {
+              const float lq2 = lq2_at(z[i]), lp2 = lp2_at(w[i]);
+              q = rowk::fast_exp2(lq2);
+              if constexpr (kMode == 1) {
+                u = lq2 - lp2;
+              } else {
+                const float p = rowk::fast_exp2(lp2);
+                u = lq2 - fast_log2(fmaxf(fmaf(beta, p, omb * q), 1.2e-38f));
+              }
+            }
+            g[i] = q * fmaf(a3, u, b3);
+            if constexpr (kHsep) g[i] = fmaf(ch, q1_at(z[i]), g[i]);
           }
-          g[i] = fmaf(cs_soft, fmaf(-q, gs, gj), hard_grad.at(z[i]));
+          store(k, g);
         }
-        store(k, g);
-      }
+      };
+      if (hsep)
+        pass3.template operator()<true>();
+      else
+        pass3.template operator()<false>();
     }
     const float soft = temp * temp * float(dsum);
     if (rank == 0 && threadIdx.x == 0)
