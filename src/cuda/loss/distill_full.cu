@@ -249,37 +249,6 @@ __device__ __forceinline__ void load_t(const T* slot, float (&t)[8]) {
   rowk::load8<false>(reinterpret_cast<const __half*>(slot), t);
 }
 
-// The running maximum of a thread's share of a segment; 16-bit values two at a time in packed form (one
-// instruction per pair). NaN is skipped as by fmaxf (a NaN then reaches the sums and the loss).
-template <typename T>
-struct SegMax {
-  static constexpr bool kPacked = sizeof(T) == 2;
-  using P = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
-  uint32_t a = kPacked ? (std::is_same_v<T, __nv_bfloat16> ? 0xff80ff80u : 0xfc00fc00u) : 0u, c = a;
-  float f = -INFINITY;
-  __device__ __forceinline__ static P as_p(uint32_t u) { return *reinterpret_cast<const P*>(&u); }
-  __device__ __forceinline__ static uint32_t as_u(P p) { return *reinterpret_cast<const uint32_t*>(&p); }
-  __device__ __forceinline__ void add(const rowk::Raw8<T>& r) {
-    if constexpr (kPacked) {
-      a = as_u(__hmax2(as_p(a), __hmax2(as_p(r.v[0].x), as_p(r.v[0].y))));
-      c = as_u(__hmax2(as_p(c), __hmax2(as_p(r.v[0].z), as_p(r.v[0].w))));
-    } else {
-      float x[8];
-      rowk::unpack8(r, x);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) f = fmaxf(f, x[i]);
-    }
-  }
-  __device__ __forceinline__ float get() const {
-    if constexpr (kPacked) {
-      const P m = __hmax2(as_p(a), as_p(c));
-      return fmaxf(rowk::to_f<T>(m.x), rowk::to_f<T>(m.y));
-    } else {
-      return f;
-    }
-  }
-};
-
 __device__ __forceinline__ float sum8(const float (&e)[8]) {  // a tree: short dependency chains
   return ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
 }
@@ -311,7 +280,8 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
   const int64_t first = blockIdx.x / cs, step = gridDim.x / cs;
   const float temp = o.temperature, inv_t = 1.0f / temp, kt = inv_t * kLog2e, beta = o.beta;
   const bool want_grad = b.grad != nullptr;
-  const int lane = int(threadIdx.x & 31), wid = int(threadIdx.x >> 5), nw = int(blockDim.x >> 5);
+  constexpr int nw = kCT / 32;  // blockDim.x is kCT
+  const int lane = int(threadIdx.x & 31), wid = int(threadIdx.x >> 5);
   if (threadIdx.x == 0) {
     for (int i = 0; i < nbuf; ++i)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[i])));
@@ -355,6 +325,10 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
     const int cur = it % nbuf;
     const int64_t ahead = r + int64_t(nbuf - 1) * step;
     if (ahead < b.rows) issue(ahead, (it + nbuf - 1) % nbuf);  // the buffer the previous row used
+    // The label is the same for every CTA of the cluster, so every branch below is uniform across it. (Read
+    // before the wait: its load overlaps the copy's.)
+    const RowLabel lab = row_label(o.labels, r, o.ignore_index, v, err);
+    const bool ignored = lab.ignored;
     if (seg_bytes) {
       asm volatile(
           "{\n .reg .pred done;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
@@ -366,9 +340,6 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
     const T* zs = base + 2 * int64_t(cur) * seg;
     T* const ws = base + 2 * int64_t(cur) * seg + seg;
     G* grow = want_grad ? static_cast<G*>(b.grad) + r * b.grad_stride + c0 : nullptr;
-    // The label is the same for every CTA of the cluster, so every branch below is uniform across it.
-    const RowLabel lab = row_label(o.labels, r, o.ignore_index, v, err);
-    const bool ignored = lab.ignored;
     if (ignored && !b.lse) {
       if (rank == 0 && threadIdx.x == 0) write_row_outputs(b, o.hard, o.soft, r, 0.0f, 0.0f, 0.0f);
       if (want_grad) zero_row(grow, n);
@@ -380,8 +351,8 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
     // too on an ignored row, where they go unused: no branch in the loops.)
     float cmz, cmw;
     {
-      SegMax<T> az, aw;
-      for (int k = int(threadIdx.x); k < nv; k += int(blockDim.x)) {
+      rowk::SegMax<T> az, aw;
+      for (int k = int(threadIdx.x); k < nv; k += kCT) {
         az.add(rowk::load_raw8<false>(zs + k * 8));
         aw.add(rowk::load_raw8<false>(ws + k * 8));
       }
@@ -404,7 +375,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
       // A segment of −inf only: its sums are 0 (exp2(−inf − 0)), and its maximum tells the merge it has none.
       const float oz = cmz == -INFINITY ? 0.0f : cmz, ow = cmw == -INFINITY ? 0.0f : cmw;
       auto sums = [&]<bool kBoth>() {
-        for (int k = int(threadIdx.x); k < nv; k += int(blockDim.x)) {
+        for (int k = int(threadIdx.x); k < nv; k += kCT) {
           float z[8], w[8], ez[8], e1[8], ew[8];
           rowk::load8<false>(zs + k * 8, z);
           rowk::load8<false>(ws + k * 8, w);
@@ -525,7 +496,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
     float sa = 0.0f, sb = 0.0f;
     auto pass2 = [&]<bool kHsep>() {
       [[maybe_unused]] const float cq = cs_soft + chq;
-      for (int k = int(threadIdx.x); k < nv; k += int(blockDim.x)) {
+      for (int k = int(threadIdx.x); k < nv; k += kCT) {
         float z[8], w[8];
         [[maybe_unused]] float g[8];
         rowk::load8<false>(zs + k * 8, z);
@@ -598,7 +569,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
       const float a3 = cs_soft * (kMode == 2 ? omb * rowk::kLn2 : rowk::kLn2);
       const float b3 = fmaf(cs_soft, (kMode == 2 ? 0.0f : 1.0f) - gs, chq);
       auto pass3 = [&]<bool kHsep>() {
-        for (int k = int(threadIdx.x); k < nv; k += int(blockDim.x)) {
+        for (int k = int(threadIdx.x); k < nv; k += kCT) {
           float z[8], w[8], g[8];
           rowk::load8<false>(zs + k * 8, z);
           if constexpr (kMode == 2 && kKeepT)

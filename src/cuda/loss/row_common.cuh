@@ -119,6 +119,37 @@ __device__ __forceinline__ void unpack8(const Raw8<T>& r, float (&x)[8]) {
   }
 }
 
+// The running maximum of a thread's share of a segment; 16-bit values two at a time in packed form (one
+// instruction per pair). NaN is skipped as by fmaxf (a NaN then reaches the sums and the loss).
+template <typename T>
+struct SegMax {
+  static constexpr bool kPacked = sizeof(T) == 2;
+  using P = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
+  uint32_t a = kPacked ? (std::is_same_v<T, __nv_bfloat16> ? 0xff80ff80u : 0xfc00fc00u) : 0u, c = a;
+  float f = -INFINITY;
+  __device__ __forceinline__ static P as_p(uint32_t u) { return *reinterpret_cast<const P*>(&u); }
+  __device__ __forceinline__ static uint32_t as_u(P p) { return *reinterpret_cast<const uint32_t*>(&p); }
+  __device__ __forceinline__ void add(const Raw8<T>& r) {
+    if constexpr (kPacked) {
+      a = as_u(__hmax2(as_p(a), __hmax2(as_p(r.v[0].x), as_p(r.v[0].y))));
+      c = as_u(__hmax2(as_p(c), __hmax2(as_p(r.v[0].z), as_p(r.v[0].w))));
+    } else {
+      float x[8];
+      unpack8(r, x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) f = fmaxf(f, x[i]);
+    }
+  }
+  __device__ __forceinline__ float get() const {
+    if constexpr (kPacked) {
+      const P m = __hmax2(as_p(a), as_p(c));
+      return fmaxf(to_f<T>(m.x), to_f<T>(m.y));
+    } else {
+      return f;
+    }
+  }
+};
+
 template <bool kGlobal = true, typename T>
 __device__ __forceinline__ void load8(const T* p, float (&x)[8]) {
   unpack8(load_raw8<kGlobal>(p), x);
@@ -280,6 +311,24 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
   __syncthreads();
   return r;
+}
+
+// CTA-wide maximum of buf[0, n) (shared memory, 16-byte aligned; kCT threads): every thread gets it. NaN
+// is skipped, as by fmaxf; red holds 32 entries.
+template <int kCT, typename T>
+__device__ __forceinline__ float cta_max(const T* buf, int64_t n, float* red) {
+  const int nv = int(n / 8);
+  SegMax<T> acc;
+  for (int k = int(threadIdx.x); k < nv; k += kCT) acc.add(load_raw8<false>(buf + k * 8));
+  float m = acc.get();
+  for (int64_t j = int64_t(nv) * 8 + threadIdx.x; j < n; j += kCT) m = fmaxf(m, to_f<T>(buf[j]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kCT / 32; ++i) m = fmaxf(m, red[i]);
+  return m;
 }
 
 __device__ __forceinline__ int64_t load_index(const void* p, bool is_i64, int64_t i) {

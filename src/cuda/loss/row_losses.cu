@@ -134,6 +134,8 @@ __global__ void __launch_bounds__(kCT)
   __shared__ alignas(16) unsigned char scratch_raw[32 * sizeof(Online)];
   Online* scratch = reinterpret_cast<Online*>(scratch_raw);
   __shared__ float fscratch[32];
+  __shared__ float maxes[32];
+  __shared__ float4 sums[32];
   // Double-buffered by row parity: a peer may still read slot i%2 while this CTA already writes slot (i+1)%2;
   // slot i%2 is rewritten only after every peer passed the cluster barrier of row i+1.
   __shared__ alignas(16) unsigned char state_raw[2 * sizeof(Online)];
@@ -200,17 +202,52 @@ __global__ void __launch_bounds__(kCT)
       __syncthreads();
     }
     p.begin_row(b, r, row);  // before the cluster barrier that precedes any gradient store
+    // The segment's maximum first: the policies' transforms are monotone, so every thread's softmax state
+    // starts at the CTA's transformed maximum, pass 1 never rescales, and the CTA's merge is a plain sum.
+    const float mt = p.transform_max(cta_max<kCT>(buf, n, maxes));
     auto acc = p.acc();
+    acc.on.m = mt;
     for_row<1, false>(buf, n, true, acc, c0);
     Online on;
     float aux;
     p.fold(acc, on, aux);
-    on = block_merge(on, scratch);
-    aux = block_sum(aux, fscratch);
     const int slot = it & 1;
-    if (threadIdx.x == 0) {
-      state[slot] = on;
-      state_aux[slot] = aux;
+    // A state that moved off mt (a NaN maximum, or a transform rounding above its maximum's image) takes the
+    // general merge.
+    if (__syncthreads_or(!(on.m == mt))) {
+      on = block_merge(on, scratch);
+      aux = block_sum(aux, fscratch);
+      if (threadIdx.x == 0) {
+        state[slot] = on;
+        state_aux[slot] = aux;
+      }
+    } else {
+      float4 x = make_float4(on.s, on.t, aux, 0.0f);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        x.x += __shfl_xor_sync(0xffffffffu, x.x, o);
+        x.y += __shfl_xor_sync(0xffffffffu, x.y, o);
+        x.z += __shfl_xor_sync(0xffffffffu, x.z, o);
+      }
+      if ((threadIdx.x & 31) == 0) sums[threadIdx.x >> 5] = x;
+      __syncthreads();
+      if (threadIdx.x < 32) {
+        x = threadIdx.x < kCT / 32 ? sums[threadIdx.x] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          x.x += __shfl_xor_sync(0xffffffffu, x.x, o);
+          x.y += __shfl_xor_sync(0xffffffffu, x.y, o);
+          x.z += __shfl_xor_sync(0xffffffffu, x.z, o);
+        }
+        if (threadIdx.x == 0) {
+          Online c;
+          c.m = mt;
+          c.s = x.x;
+          c.t = x.y;
+          state[slot] = c;
+          state_aux[slot] = x.z;
+        }
+      }
     }
     cl.sync();
     if (threadIdx.x < 32) {
@@ -255,6 +292,10 @@ struct CePolicy {
 
   __device__ __forceinline__ float xf(float z) const {
     return o.softcap > 0.0f ? o.softcap * tanhf(z * inv_cap) : z;
+  }
+  // The image of the raw maximum under the pass-1 transform (the same operations as Acc::apply).
+  __device__ __forceinline__ float transform_max(float m) const {
+    return xf(m);
   }
 
   // Thread 0 reads z at the label here, before the barrier that precedes any gradient store: the gradient may
@@ -376,6 +417,9 @@ struct CePolicy {
 
 struct EntropyPolicy {
   float inv_t;
+  __device__ __forceinline__ float transform_max(float m) const {
+    return __fmul_rn(m, inv_t);
+  }
   template <typename T>
   __device__ __forceinline__ void begin_row(const RowBlock&, int64_t, const T*) {}
   struct Acc {
