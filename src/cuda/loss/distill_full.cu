@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
         xstate[slot] = RowStats{{cmz, x.y, x.x}, {cmw, 0.0f, x.z}, owns_y ? rowk::to_f<T>(zs[lab.y - c0]) : 0.0f};
       }
     }
-    cl.sync();
+    rowk::cluster_barrier_t0();
     if (threadIdx.x < 32) {
       // The row's maxima, then each rank's sums scaled to them (a rank with no finite value adds 0). Sums by
       // an xor butterfly: every lane adds the same pairs, so lane 0's result is the same on every run.
@@ -452,7 +452,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
       if (rank == 0 && threadIdx.x == 0) write_row_outputs(b, o.hard, o.soft, r, 0.0f, 0.0f, 0.0f);
       if (want_grad) zero_row(grow, n);
       if (threadIdx.x == 0) dstate[slot] = RowSums{0.0, 0.0};
-      cl.sync();  // keeps the barrier count of every row the same (see the slots above)
+      rowk::cluster_barrier_t0();  // keeps the barrier count of every row the same (see the slots above)
       __syncthreads();
       continue;
     }
@@ -549,7 +549,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
         if (lane == 0) dstate[slot] = RowSums{d, g};
       }
     }
-    cl.sync();
+    rowk::cluster_barrier_t0();
     if (threadIdx.x == 0) {
       RowSums s{0.0, 0.0};
       for (int i = 0; i < cs; ++i) {  // rank order: deterministic

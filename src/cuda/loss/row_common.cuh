@@ -59,6 +59,21 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// A cluster barrier after which a CTA's peers may read what its thread 0 stored to its shared memory before
+// the barrier (and after which thread 0's earlier loads are done). cooperative_groups' cluster.sync() makes
+// every thread's arrival a release, which on sm_90 waits for each thread's outstanding global stores (the
+// previous row's gradient) before it arrives; here only warp 0 does, the other warps arrive relaxed.
+// Warp-uniform: every thread of the CTA calls it.
+__device__ __forceinline__ void cluster_barrier_t0() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x < 32)
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  else
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
 // The raw bytes of 8 consecutive elements (16 bytes for 2-byte types, 32 for f32).
 template <typename T>
 struct Raw8 {
@@ -326,8 +341,10 @@ __device__ __forceinline__ float cta_max(const T* buf, int64_t n, float* red) {
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
   __syncthreads();
+  const int lane = int(threadIdx.x & 31);
+  m = lane < kCT / 32 ? red[lane] : -INFINITY;
 #pragma unroll
-  for (int i = 0; i < kCT / 32; ++i) m = fmaxf(m, red[i]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   return m;
 }
 

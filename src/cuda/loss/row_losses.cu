@@ -116,8 +116,10 @@ __global__ void __launch_bounds__(kThreads) rows_l2_kernel(RowBlock b, P p, bool
 // gradient pass reads shared memory instead of HBM or L2: the row crosses HBM once and the gradient once,
 // which is the floor. Each CTA has two segment buffers: the bulk-copy engine (cp.async.bulk, completing on an
 // mbarrier) streams the next row's segment into one while the threads work on the other, so HBM reads never
-// wait for the softmax statistics, the cluster barrier or the gradient stores. Segment statistics are merged
-// across the cluster through distributed shared memory.
+// wait for the softmax statistics, the cluster barrier or the gradient stores. Each CTA takes its segment's
+// maximum first (16-bit values in packed pairs), so its threads' softmax sums share that maximum and add up
+// without rescaling; the segments' statistics are merged across the cluster through distributed shared
+// memory, in rank order.
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -131,11 +133,8 @@ __global__ void __launch_bounds__(kCT)
   extern __shared__ uint4 dyn_smem[];
   T* const base = reinterpret_cast<T*>(dyn_smem);
   __shared__ alignas(8) uint64_t bars[kMaxBuffers];
-  __shared__ alignas(16) unsigned char scratch_raw[32 * sizeof(Online)];
-  Online* scratch = reinterpret_cast<Online*>(scratch_raw);
-  __shared__ float fscratch[32];
-  __shared__ float maxes[32];
-  __shared__ float4 sums[32];
+  __shared__ float maxes[32];  // the warps' maxima
+  __shared__ float4 sums[32];  // the warps' sums (s, t, aux)
   // Double-buffered by row parity: a peer may still read slot i%2 while this CTA already writes slot (i+1)%2;
   // slot i%2 is rewritten only after every peer passed the cluster barrier of row i+1.
   __shared__ alignas(16) unsigned char state_raw[2 * sizeof(Online)];
@@ -202,26 +201,18 @@ __global__ void __launch_bounds__(kCT)
       __syncthreads();
     }
     p.begin_row(b, r, row);  // before the cluster barrier that precedes any gradient store
-    // The segment's maximum first: the policies' transforms are monotone, so every thread's softmax state
-    // starts at the CTA's transformed maximum, pass 1 never rescales, and the CTA's merge is a plain sum.
+    // The segment's maximum first: the policies' transforms are monotone (softcap's is clamped to it), so every
+    // thread's softmax state starts at the CTA's transformed maximum and stays there, and the CTA's merge is a
+    // plain sum. (A NaN maximum, all values NaN, stays NaN, as do the sums.)
     const float mt = p.transform_max(cta_max<kCT>(buf, n, maxes));
     auto acc = p.acc();
-    acc.on.m = mt;
+    p.start_at(acc, mt);
     for_row<1, false>(buf, n, true, acc, c0);
     Online on;
     float aux;
     p.fold(acc, on, aux);
     const int slot = it & 1;
-    // A state that moved off mt (a NaN maximum, or a transform rounding above its maximum's image) takes the
-    // general merge.
-    if (__syncthreads_or(!(on.m == mt))) {
-      on = block_merge(on, scratch);
-      aux = block_sum(aux, fscratch);
-      if (threadIdx.x == 0) {
-        state[slot] = on;
-        state_aux[slot] = aux;
-      }
-    } else {
+    {
       float4 x = make_float4(on.s, on.t, aux, 0.0f);
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) {
@@ -249,7 +240,7 @@ __global__ void __launch_bounds__(kCT)
         }
       }
     }
-    cl.sync();
+    cluster_barrier_t0();
     if (threadIdx.x < 32) {
       Online o;
       float a = 0.0f;
@@ -257,8 +248,9 @@ __global__ void __launch_bounds__(kCT)
         o = *cl.map_shared_rank(&state[slot], int(threadIdx.x));
         a = *cl.map_shared_rank(&state_aux[slot], int(threadIdx.x));
       }
-#pragma unroll
-      for (int m = 16; m > 0; m >>= 1) {
+      // A butterfly over the cs lanes that hold a state (lanes past them hold none): every lane merges in
+      // the same order.
+      for (int m = 1; m < cs; m <<= 1) {
         o.merge(shfl_xor(o, m));
         a += __shfl_xor_sync(0xffffffffu, a, m);
       }
@@ -316,12 +308,16 @@ struct CePolicy {
   struct Acc {
     Online on;
     float sumx = 0.0f, cap = 0.0f, inv_cap = 0.0f;
+    float hi = INFINITY;  // softcapped values above this are clamped to it (see start_at)
     bool smooth = false;
     template <int N>
     __device__ __forceinline__ void apply(int64_t, float* x) {
       if (cap > 0.0f) {
 #pragma unroll
-        for (int i = 0; i < N; ++i) x[i] = cap * tanhf(x[i] * inv_cap);
+        for (int i = 0; i < N; ++i) {
+          const float y = cap * tanhf(x[i] * inv_cap);
+          x[i] = y > hi ? hi : y;  // NaN stays NaN
+        }
       }
       on.add<N, false>(x);
       if (smooth) {
@@ -336,6 +332,12 @@ struct CePolicy {
     a.inv_cap = inv_cap;
     a.smooth = o.label_smoothing > 0.0f;
     return a;
+  }
+  // Starts a pass-1 accumulator at the segment's transformed maximum mt. tanhf is not exactly monotone in
+  // floating point: a softcapped value an ulp above mt is taken as mt, so the running max never moves.
+  __device__ __forceinline__ static void start_at(Acc& a, float mt) {
+    a.on.m = mt;
+    a.hi = mt;
   }
   __device__ __forceinline__ static void fold(const Acc& a, Online& on, float& aux) {
     on = a.on;
@@ -418,7 +420,7 @@ struct CePolicy {
 struct EntropyPolicy {
   float inv_t;
   __device__ __forceinline__ float transform_max(float m) const {
-    return __fmul_rn(m, inv_t);
+    return __fmul_rn(m, inv_t);  // inv_t > 0 and rounding to nearest: monotone
   }
   template <typename T>
   __device__ __forceinline__ void begin_row(const RowBlock&, int64_t, const T*) {}
@@ -435,6 +437,9 @@ struct EntropyPolicy {
   };
   __device__ __forceinline__ Acc acc() const {
     return Acc{Online{}, inv_t};
+  }
+  __device__ __forceinline__ static void start_at(Acc& a, float mt) {
+    a.on.m = mt;
   }
   __device__ __forceinline__ static void fold(const Acc& a, Online& on, float& aux) {
     on = a.on;
