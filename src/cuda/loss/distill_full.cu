@@ -416,7 +416,8 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
       }
       if (lane == 0) {
         const bool owns_y = f.want_hard && !ignored && lab.y >= c0 && lab.y < c0 + n;
-        xstate[slot] = RowStats{{cmz, x.y, x.x}, {cmw, 0.0f, x.z}, owns_y ? rowk::to_f<T>(zs[lab.y - c0]) : 0.0f};
+        xstate[slot] =
+            RowStats{{cmz, x.y, x.x}, {cmw, 0.0f, x.z}, owns_y ? rowk::to_f<T>(zs[lab.y - c0]) : 0.0f};
       }
     }
     rowk::cluster_barrier_t0();
@@ -488,11 +489,12 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
     };
     // Pass 2: the divergence in base 2 (scaled by ln 2 once below), and for forward KL, whose gradient needs
     // no row-wide sum, the gradient. Per mode, sa and sb hold:
-    //   forward KL  sa = Σ p·(log2 p − log2 q)                     gradient (q − p)·cs + ch·q1
-    //   reverse KL  sa = Σ q·(log2 q − log2 p), sb = Σ q          Σ dD/dlog q = ln2·sa + sb
-    //   JSD         sa = Σ p·(log2 p − log2 m), sb = Σ q·t        D = β·sa + (1 − β)·sb, Σ dD/dlog q = (1 − β)·ln2·sb
-    // with t = log2 q − log2 m, m = βp + (1 − β)q. JSD with kKeepT: the teacher's slot of each entry then holds
-    // t for pass 3, which so needs one exp2 per entry instead of two and a log2.
+    //   forward KL  sa = Σ p·(log2 p − log2 q); D = sa; gradient (q − p)·cs + ch·q1
+    //   reverse KL  sa = Σ q·(log2 q − log2 p), sb = Σ q; D = sa; Σ dD/dlog q = ln2·sa + sb
+    //   JSD         sa = Σ p·(log2 p − log2 m), sb = Σ q·t; D = β·sa + (1 − β)·sb;
+    //               Σ dD/dlog q = (1 − β)·ln2·sb
+    // with t = log2 q − log2 m, m = βp + (1 − β)q. JSD with kKeepT: the teacher's slot of each entry then
+    // holds t for pass 3, which so needs one exp2 per entry instead of two and a log2.
     float sa = 0.0f, sb = 0.0f;
     auto pass2 = [&]<bool kHsep>() {
       [[maybe_unused]] const float cq = cs_soft + chq;
@@ -563,8 +565,8 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
     const double dsum = dmerged.d * double(rowk::kLn2);
     if (kMode != 0 && want_grad) {
       // Pass 3: dD/dz_j = (g_j − q_j Σ g)/T, times T² in cs_soft, with g_j = dD/dlog q_j = q_j·(a·u_j + c)
-      // (JSD: u = t, a = (1 − β)·ln2; reverse KL: u = log2 q − log2 p, a = ln2, c = 1); so the entry's gradient
-      // is q_j·(cs·a·u_j + cs·(c − Σ g) + chq), plus ch·q1_j when hsep.
+      // (JSD: u = t, a = (1 − β)·ln2; reverse KL: u = log2 q − log2 p, a = ln2, c = 1); so the entry's
+      // gradient is q_j·(cs·a·u_j + cs·(c − Σ g) + chq), plus ch·q1_j when hsep.
       const float gs = float(dmerged.g);
       const float a3 = cs_soft * (kMode == 2 ? omb * rowk::kLn2 : rowk::kLn2);
       const float b3 = fmaf(cs_soft, (kMode == 2 ? 0.0f : 1.0f) - gs, chq);

@@ -201,9 +201,9 @@ __global__ void __launch_bounds__(kCT)
       __syncthreads();
     }
     p.begin_row(b, r, row);  // before the cluster barrier that precedes any gradient store
-    // The segment's maximum first: the policies' transforms are monotone (softcap's is clamped to it), so every
-    // thread's softmax state starts at the CTA's transformed maximum and stays there, and the CTA's merge is a
-    // plain sum. (A NaN maximum, all values NaN, stays NaN, as do the sums.)
+    // The segment's maximum first: the policies' transforms are monotone (softcap's is clamped to it), so
+    // every thread's softmax state starts at the CTA's transformed maximum and stays there, and the CTA's
+    // merge is a plain sum. (A NaN maximum, all values NaN, stays NaN, as do the sums.)
     const float mt = p.transform_max(cta_max<kCT>(buf, n, maxes));
     auto acc = p.acc();
     p.start_at(acc, mt);
@@ -286,9 +286,7 @@ struct CePolicy {
     return o.softcap > 0.0f ? o.softcap * tanhf(z * inv_cap) : z;
   }
   // The image of the raw maximum under the pass-1 transform (the same operations as Acc::apply).
-  __device__ __forceinline__ float transform_max(float m) const {
-    return xf(m);
-  }
+  __device__ __forceinline__ float transform_max(float m) const { return xf(m); }
 
   // Thread 0 reads z at the label here, before the barrier that precedes any gradient store: the gradient may
   // overwrite the logits in place, and another thread (or, on the cluster path, another CTA) may store the
@@ -333,8 +331,9 @@ struct CePolicy {
     a.smooth = o.label_smoothing > 0.0f;
     return a;
   }
-  // Starts a pass-1 accumulator at the segment's transformed maximum mt. tanhf is not exactly monotone in
-  // floating point: a softcapped value an ulp above mt is taken as mt, so the running max never moves.
+  // Starts a pass-1 accumulator at the segment's transformed maximum mt. tanhf need not be exactly monotone
+  // in floating point: a softcapped value an ulp above mt would be taken as mt, so the running max never
+  // moves (the gradient pass uses the value as computed).
   __device__ __forceinline__ static void start_at(Acc& a, float mt) {
     a.on.m = mt;
     a.hi = mt;
