@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "cuda_loss_check.h"
 
@@ -125,6 +126,20 @@ TEST_F(CudaLosses, CrossEntropyDtypesLayoutsAndSizes) {
     cfg.v = v;
     cfg.r.eps = 0.1;
     EXPECT_TRUE(check_cuda(ce_case("cuda_ce_big" + std::to_string(v), cfg), {kCpuTol, kCpuTol, false}));
+  }
+  // Softcap on the cluster path (whole aligned rows: one CTA per row at V = 1,000, a cluster of CTAs at
+  // 50,000): the segment maximum is taken before the cap and softcapped values are clamped to its image.
+  for (auto [n, v, dt] :
+       {std::tuple<int64_t, int64_t, DType>{64, 1000, DType::F32}, {6, 50000, DType::BF16}}) {
+    CeCfg cfg;
+    cfg.n = n;
+    cfg.v = v;
+    cfg.dt = dt;
+    cfg.lo = -40;
+    cfg.hi = 40;
+    cfg.r.cap = 30;
+    cfg.r.eps = 0.1;
+    EXPECT_TRUE(check_cuda(ce_case("cuda_ce_cap_v" + std::to_string(v), cfg), {kCpuTol, kCpuTol, false}));
   }
 }
 
