@@ -261,8 +261,8 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
   extern __shared__ uint4 dyn_smem[];
   T* const base = reinterpret_cast<T*>(dyn_smem);  // buffer i: student at base + 2i·seg, teacher after it
   __shared__ alignas(8) uint64_t bars[kMaxBufs];
-  __shared__ float2 wmax[32];  // the warps' maxima (student, teacher)
-  __shared__ float4 wsum[32];  // the warps' sums (student at T, student at 1, teacher at T)
+  __shared__ float wmax[32][2];  // the warps' maxima (student, teacher)
+  __shared__ float4 wsum[32];    // the warps' sums (student at T, student at 1, teacher at T)
   __shared__ double dsh[32], dsh2[32];
   __shared__ RowStats xstate[2];  // by row parity (see below)
   __shared__ RowSums dstate[2];
@@ -356,19 +356,10 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
         az.add(rowk::load_raw8<false>(zs + k * 8));
         aw.add(rowk::load_raw8<false>(ws + k * 8));
       }
-      cmz = az.get();
-      cmw = aw.get();
-      for (int m = 16; m > 0; m >>= 1) {
-        cmz = fmaxf(cmz, __shfl_xor_sync(0xffffffffu, cmz, m));
-        cmw = fmaxf(cmw, __shfl_xor_sync(0xffffffffu, cmw, m));
-      }
-      if (lane == 0) wmax[wid] = make_float2(cmz, cmw);
-      __syncthreads();
-      for (int i = 0; i < nw; ++i) {
-        const float2 x = wmax[i];
-        cmz = fmaxf(cmz, x.x);
-        cmw = fmaxf(cmw, x.y);
-      }
+      float m[2] = {az.get(), aw.get()};
+      rowk::block_max<kCT>(m, wmax);
+      cmz = m[0];
+      cmw = m[1];
     }
     float stz = 0.0f, s1z = 0.0f, stw = 0.0f;
     {

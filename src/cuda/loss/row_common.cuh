@@ -328,24 +328,37 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return r;
 }
 
-// CTA-wide maximum of buf[0, n) (shared memory, 16-byte aligned; kCT threads): every thread gets it. NaN
-// is skipped, as by fmaxf; red holds 32 entries.
+// CTA-wide maxima of N values per thread (kCT threads; NaN skipped, as by fmaxf): every thread gets them.
+// red holds 32 entries.
+template <int kCT, int N>
+__device__ __forceinline__ void block_max(float (&m)[N], float (&red)[32][N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
+  const int lane = int(threadIdx.x & 31);
+  if (lane == 0)
+#pragma unroll
+    for (int i = 0; i < N; ++i) red[threadIdx.x >> 5][i] = m[i];
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    m[i] = lane < kCT / 32 ? red[lane][i] : -INFINITY;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
+  }
+}
+
+// CTA-wide maximum of buf[0, n) (shared memory, 16-byte aligned; kCT threads): every thread gets it.
 template <int kCT, typename T>
-__device__ __forceinline__ float cta_max(const T* buf, int64_t n, float* red) {
+__device__ __forceinline__ float cta_max(const T* buf, int64_t n, float (&red)[32][1]) {
   const int nv = int(n / 8);
   SegMax<T> acc;
   for (int k = int(threadIdx.x); k < nv; k += kCT) acc.add(load_raw8<false>(buf + k * 8));
-  float m = acc.get();
-  for (int64_t j = int64_t(nv) * 8 + threadIdx.x; j < n; j += kCT) m = fmaxf(m, to_f<T>(buf[j]));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-  __syncthreads();
-  const int lane = int(threadIdx.x & 31);
-  m = lane < kCT / 32 ? red[lane] : -INFINITY;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  return m;
+  float m[1] = {acc.get()};
+  for (int64_t j = int64_t(nv) * 8 + threadIdx.x; j < n; j += kCT) m[0] = fmaxf(m[0], to_f<T>(buf[j]));
+  block_max<kCT>(m, red);
+  return m[0];
 }
 
 __device__ __forceinline__ int64_t load_index(const void* p, bool is_i64, int64_t i) {

@@ -133,8 +133,8 @@ __global__ void __launch_bounds__(kCT)
   extern __shared__ uint4 dyn_smem[];
   T* const base = reinterpret_cast<T*>(dyn_smem);
   __shared__ alignas(8) uint64_t bars[kMaxBuffers];
-  __shared__ float maxes[32];  // the warps' maxima
-  __shared__ float4 sums[32];  // the warps' sums (s, t, aux)
+  __shared__ float maxes[32][1];  // the warps' maxima
+  __shared__ float4 sums[32];     // the warps' sums (s, t, aux)
   // Double-buffered by row parity: a peer may still read slot i%2 while this CTA already writes slot (i+1)%2;
   // slot i%2 is rewritten only after every peer passed the cluster barrier of row i+1.
   __shared__ alignas(16) unsigned char state_raw[2 * sizeof(Online)];
