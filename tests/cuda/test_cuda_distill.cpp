@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "cuda/loss/distill_rows.h"  // kMaxTopKSlots (a host-only header)
 #include "cuda_loss_check.h"
@@ -556,31 +557,35 @@ namespace {
 // memory of up to eight CTAs); V = 60000 in bf16 needs three CTAs per row. Ignored rows, lse and the parts
 // are checked there too; on GPUs before Hopper these cases run the portable kernel.
 TEST_F(CudaDistill, DistillClusterPath) {
-  for (double beta : {0.0, 0.5, 1.0})
+  // (beta, T): JSD at T = 1 keeps q and t between its passes; at T = 2 with the hard loss it keeps t only.
+  for (auto [beta, t] : {std::pair{0.0, 2.0}, {0.5, 1.0}, {0.5, 2.0}, {1.0, 2.0}})
     for (Out what : {Out::Loss, Out::Lse, Out::Soft}) {
       DistillCfg cfg;
       cfg.r.beta = beta;
-      cfg.r.t = beta == 0.5 ? 1.0 : 2.0;
+      cfg.r.t = t;
       cfg.r.w_hard = 0.3;
       cfg.n = 6;
       cfg.v = 60000;
       cfg.dt = cfg.teacher_dt = DType::BF16;
       cfg.what = what;
-      LossCase c = distill_case(
-          "cuda_distill_cluster_" + std::to_string(int(beta * 10)) + "_" + std::to_string(int(what)), cfg);
+      LossCase c = distill_case("cuda_distill_cluster_" + std::to_string(int(beta * 10)) + "_t" +
+                                    std::to_string(int(t)) + "_" + std::to_string(int(what)),
+                                cfg);
       c.inputs[2].values = {5, -1, 59999, 0, -1, 31337};  // two ignored rows; labels at both ends
       EXPECT_TRUE(check_cuda(c, {kCpuTol, kCpuTol, false}));
     }
-  for (double beta : {0.0, 0.5}) {  // f32, V = 16: logits of ±1e4 and a teacher ruling tokens out
+  // f32, V = 16: logits of ±1e4 and a teacher ruling tokens out.
+  for (auto [beta, t] : {std::pair{0.0, 2.0}, {0.5, 2.0}, {0.5, 1.0}}) {
     DistillCfg cfg;
     cfg.r.beta = beta;
-    cfg.r.t = 2;
+    cfg.r.t = t;
     cfg.r.w_hard = 0.3;
     cfg.n = 2;
     cfg.v = 16;
     cfg.lo = -1e4;
     cfg.hi = 1e4;
-    LossCase c = distill_case("cuda_distill_cluster_huge_" + std::to_string(int(beta * 10)), cfg);
+    LossCase c = distill_case(
+        "cuda_distill_cluster_huge_" + std::to_string(int(beta * 10)) + "_t" + std::to_string(int(t)), cfg);
     Vec teacher(32);
     for (size_t j = 0; j < teacher.size(); ++j)  // spread over ±1e4, every third entry ruled out
       teacher[j] = j % 3 == 1 ? -kInf : 1e4 * std::sin(double(j) * 1.7);

@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 
 #include "cuda_loss_check.h"
 
@@ -192,12 +193,12 @@ TEST_F(CudaFusedLowLogits, TopKDenseWithHardLoss) {
 // ---- online distillation: student and teacher logits both 16-bit ---------------------------------------
 
 LossCase distill_case(const std::string& name, double beta, Reduction red, int64_t chunk, int64_t n = 7,
-                      int64_t v = 11) {
+                      int64_t v = 11, double t = 2.0) {
   const int64_t h = 4, ht = 6;
   DistillRef r;
   r.ignore = -1;
   r.beta = beta;
-  r.t = 2.0;
+  r.t = t;
   r.w_hard = 0.25;
   r.red = red;
   LossCase c;
@@ -234,6 +235,18 @@ TEST_F(CudaFusedLowLogits, OnlineTeacherDistill) {
       for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(7)})
         EXPECT_TRUE(check_low(distill_case(
             "cfll_dist" + std::to_string(beta) + red_name(red) + std::to_string(chunk), beta, red, chunk)));
+}
+
+// Rows of whole 16-byte vectors take the Hopper cluster kernel with a 16-bit gradient written over the
+// logits: JSD at T = 1 then keeps q (as f16) and t in the row's shared-memory slots between its passes, at
+// T = 2 (with the hard loss) t only; reverse KL keeps neither. One CTA per row at V = 8,192, three at 60,000.
+TEST_F(CudaFusedLowLogits, OnlineTeacherDistillClusterRows) {
+  for (auto [beta, t] : {std::pair{0.5, 1.0}, {0.5, 2.0}, {1.0, 1.0}})
+    for (auto [n, v] : {std::pair{int64_t(24), int64_t(8192)}, {int64_t(6), int64_t(60000)}})
+      for (int64_t chunk : {int64_t(0), int64_t(5)})
+        EXPECT_TRUE(check_low(distill_case("cfll_cdist" + std::to_string(beta) + "_" + std::to_string(t) +
+                                               "_" + std::to_string(v) + "_" + std::to_string(chunk),
+                                           beta, Reduction::Mean, chunk, n, v, t)));
 }
 
 // ---- entropy ------------------------------------------------------------------------------------------

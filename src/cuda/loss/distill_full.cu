@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
           : "memory");
       phases ^= 1u << cur;
     }
-    const T* zs = base + 2 * int64_t(cur) * seg;
+    T* const zs = base + 2 * int64_t(cur) * seg;
     T* const ws = base + 2 * int64_t(cur) * seg + seg;
     G* grow = want_grad ? static_cast<G*>(b.grad) + r * b.grad_stride + c0 : nullptr;
     if (ignored && !b.lse) {
@@ -485,7 +485,9 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
     //   JSD         sa = Σ p·(log2 p − log2 m), sb = Σ q·t; D = β·sa + (1 − β)·sb;
     //               Σ dD/dlog q = (1 − β)·ln2·sb
     // with t = log2 q − log2 m, m = βp + (1 − β)q. JSD with kKeepT: the teacher's slot of each entry then
-    // holds t for pass 3, which so needs one exp2 per entry instead of two and a log2.
+    // holds t for pass 3, and (unless kHsep, whose pass 3 needs z) the student's slot q·2^15 (f16's normal
+    // range holds q ≥ 2^-29 so, with 11 bits, well within the 16-bit gradient's rounding), so pass 3 needs no
+    // exp2 at all.
     float sa = 0.0f, sb = 0.0f;
     auto pass2 = [&]<bool kHsep>() {
       [[maybe_unused]] const float cq = cs_soft + chq;
@@ -514,15 +516,19 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
             sa = fmaf(p, lp2 - lm2, sa);
             sb = fmaf(q, t, sb);
             w[i] = t;
+            z[i] = q * 32768.0f;
           }
         }
         if constexpr (kMode == 2 && kKeepT)
-          if (want_grad) keep_t(ws + k * 8, w);
+          if (want_grad) {
+            keep_t(ws + k * 8, w);
+            if constexpr (!kHsep) keep_t(zs + k * 8, z);
+          }
         if constexpr (kMode == 0)
           if (want_grad) store(k, g);
       }
     };
-    if (kMode == 0 && hsep)
+    if (kMode != 1 && hsep)
       pass2.template operator()<true>();
     else
       pass2.template operator()<false>();
@@ -561,9 +567,19 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
       const float gs = float(dmerged.g);
       const float a3 = cs_soft * (kMode == 2 ? omb * rowk::kLn2 : rowk::kLn2);
       const float b3 = fmaf(cs_soft, (kMode == 2 ? 0.0f : 1.0f) - gs, chq);
+      // With q·2^15 kept by pass 2, the 2^-15 goes into the coefficients (exact: powers of 2).
+      const float a3k = a3 * (1.0f / 32768.0f), b3k = b3 * (1.0f / 32768.0f);
       auto pass3 = [&]<bool kHsep>() {
         for (int k = int(threadIdx.x); k < nv; k += kCT) {
           float z[8], w[8], g[8];
+          if constexpr (kMode == 2 && kKeepT && !kHsep) {
+            load_t(zs + k * 8, z);  // q·2^15
+            load_t(ws + k * 8, w);  // t
+#pragma unroll
+            for (int i = 0; i < 8; ++i) g[i] = z[i] * fmaf(a3k, w[i], b3k);
+            store(k, g);
+            continue;
+          }
           rowk::load8<false>(zs + k * 8, z);
           if constexpr (kMode == 2 && kKeepT)
             load_t(ws + k * 8, w);
