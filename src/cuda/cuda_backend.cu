@@ -227,6 +227,7 @@ class CudaBackend final : public Backend {
   }
 
   CudaAllocator& allocator() { return *ex_.alloc; }
+  size_t tuned_gemms() const { return ex_.lt_tuned->size(); }
 
  private:
   // Waits for the stream, then reports a device-side error if a kernel recorded one.
@@ -292,6 +293,10 @@ void cuda_reset_peak(Backend& backend) {
 
 void cuda_empty_cache(Backend& backend) {
   cuda::as_cuda(backend, "cuda_empty_cache").allocator().empty_cache();
+}
+
+size_t cuda_tuned_gemms(Backend& backend) {
+  return cuda::as_cuda(backend, "cuda_tuned_gemms").tuned_gemms();
 }
 
 }  // namespace retort

@@ -31,6 +31,14 @@ struct CudaOptions {
   // The SM count cuBLASLt tunes the GEMMs that run beside a row pass for
   // (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET; 0: the device's). Environment override: RETORT_OVERLAP_SMS.
   int fused_overlap_gemm_sms = 0;
+  // Fused linear losses: time cuBLASLt's first 8 candidate algorithms for each GEMM shape at its first use
+  // (on the GEMM's own operands, once per backend) and keep the fastest, one for beta = 0 and one for
+  // accumulating (cuBLASLt's first choice unless another is > 3 % faster). The first step waits for the
+  // timings (~0.1-0.5 s at LLM sizes), and two processes may pick different algorithms, whose results differ
+  // in f32 rounding. Off by default: on an H100 the picks, timed on a GPU not yet at its power limit, were
+  // not reliably faster in a long run (bench/RESULTS.md, session 14: fused CE 1.128 -> 1.085, online JSD
+  // 1.163 -> 1.165). Environment override: RETORT_GEMM_TUNE=0 / 1.
+  bool gemm_autotune = false;
 };
 
 // True when retort was built with CUDA and at least one device is usable; why_not gets the reason otherwise.
@@ -55,5 +63,8 @@ CudaMemoryStats cuda_memory_stats(Backend& backend);
 void cuda_reset_peak(Backend& backend);
 // Returns cached (free) blocks to the device. Throws retort::Error if backend is not a CUDA backend.
 void cuda_empty_cache(Backend& backend);
+// How many GEMM shapes the backend's fused linear losses timed cuBLASLt's algorithms for
+// (CudaOptions::gemm_autotune). Throws retort::Error if backend is not a CUDA backend.
+size_t cuda_tuned_gemms(Backend& backend);
 
 }  // namespace retort

@@ -10,12 +10,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "../core/backend.h"
 #include "../core/error.h"
 #include "../core/op.h"
 #include "../core/tensor.h"
 #include "cuda_backend.h"
+#include "lt_tune.h"
 
 namespace retort::cuda {
 
@@ -132,6 +134,13 @@ struct DeviceError {
 
 // ---- launch environment
 // ------------------------------------------------------------------------------------
+// A cuBLASLt algorithm chosen by timing (lt_tune.h) for one GEMM, by the chunk executor's description of it
+// (its GemmKey): for beta = 0 and for beta != 0.
+struct LtTuned {
+  std::vector<int64_t> key;
+  std::array<LtAlgo, 2> algo;
+};
+
 struct CudaExec {
   int device = 0;
   cudaStream_t stream = nullptr;
@@ -145,6 +154,8 @@ struct CudaExec {
   void* workspace = nullptr;  // cuBLASLt workspace (from alloc, opts.gemm_workspace_bytes)
   size_t workspace_bytes = 0;
   int sm_count = 1;
+  // The fused linear losses' timed GEMM algorithms, kept for the backend's life (shared by its copies).
+  std::shared_ptr<std::vector<LtTuned>> lt_tuned = std::make_shared<std::vector<LtTuned>>();
 
   // Grid size for a grid-stride loop over n items with blocks of `block` threads.
   int grid_for(int64_t n, int block) const {

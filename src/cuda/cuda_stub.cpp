@@ -28,4 +28,8 @@ void cuda_empty_cache(Backend&) {
   RT_FAIL("cuda_empty_cache: ", kNoCuda);
 }
 
+size_t cuda_tuned_gemms(Backend&) {
+  RT_FAIL("cuda_tuned_gemms: ", kNoCuda);
+}
+
 }  // namespace retort

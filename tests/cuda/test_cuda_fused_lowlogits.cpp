@@ -307,6 +307,32 @@ TEST_F(CudaFusedLowLogits, OverlappedPiecesEqualOneStream) {
         kPieceGradTol));
 }
 
+// CudaOptions::gemm_autotune: each GEMM shape runs the fastest of cuBLASLt's candidates, timed on its first
+// call into the real output. On grid inputs the logits are exact whatever the algorithm, so the losses are
+// bitwise those of cuBLASLt's first choice and the gradients differ only in f32 summation order; the timing
+// runs must leave nothing behind (the GEMM they precede overwrites C). A backend without it times nothing.
+TEST_F(CudaFusedLowLogits, GemmAutotuneAgreesWithFirstChoice) {
+  CudaOptions first;
+  first.gemm_autotune = false;
+  CudaOptions tuned;
+  tuned.gemm_autotune = true;
+  auto a = make_cuda_backend(0, first);
+  auto b = make_cuda_backend(0, tuned);
+  for (int64_t chunk : {int64_t(0), int64_t(700)}) {  // dW over one chunk, and accumulated over three
+    CeCfg cfg;
+    cfg.n = 1536;
+    cfg.h = 64;
+    cfg.v = 50257;
+    cfg.chunk = chunk;
+    cfg.r.eps = 0.1;
+    EXPECT_TRUE(check_cuda_same(ce_case("cfll_tune_ce" + std::to_string(chunk), cfg), *a, *b, kPieceGradTol));
+  }
+  EXPECT_TRUE(check_cuda_same(distill_case("cfll_tune_dist", 0.5, Reduction::Mean, 500, 1280, 8192), *a, *b,
+                              kPieceGradTol));
+  EXPECT_EQ(cuda_tuned_gemms(*a), 0u);
+  EXPECT_GT(cuda_tuned_gemms(*b), 0u);
+}
+
 // ---- memory -------------------------------------------------------------------------------------------
 
 TEST_F(CudaFusedLowLogits, PeakMemoryWithinBudget) {

@@ -92,7 +92,9 @@ struct GemmPlan {
   GemmKey key{};
   cublasLtMatmulDesc_t md = nullptr;
   cublasLtMatrixLayout_t lx = nullptr, ly = nullptr, lc = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  std::vector<LtAlgo> cands;     // cuBLASLt's candidates, its first choice first
+  std::array<LtAlgo, 2> algo{};  // for beta = 0 and for beta != 0 (accumulating into C)
+  bool tuned = false;            // algo[] timed (lt_fastest), or never to be
   GemmPlan() = default;
   GemmPlan(const GemmPlan&) = delete;
   GemmPlan& operator=(const GemmPlan&) = delete;
@@ -124,7 +126,11 @@ SideMatrix side_vec(const Block& b) {  // [rows, 1]
 class CudaChunkExecutor final : public loss::ChunkExecutor {
  public:
   CudaChunkExecutor(CudaExec& ex, Op op, DType grad_dtype)
-      : ex_(ex), op_(op), grad_dtype_(grad_dtype), overlap_(overlap_config(ex.opts)) {
+      : ex_(ex),
+        op_(op),
+        grad_dtype_(grad_dtype),
+        overlap_(overlap_config(ex.opts)),
+        tune_(tune_config(ex.opts)) {
     RT_ASSERT(grad_dtype == DType::F32 || grad_dtype == DType::BF16 || grad_dtype == DType::F16);
   }
   CudaChunkExecutor(const CudaChunkExecutor&) = delete;
@@ -296,10 +302,13 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
                          alignment_of(c.data, vc.ld * int64_t(dtype_size(c.dtype))),
                          int64_t(lt_type(c.dtype)),
                          side_pending_ ? overlap_.gemm_sms : 0};
-    const GemmPlan& plan = plan_for(key);
+    GemmPlan& plan = plan_for(key);
+    // The algorithms are timed at the first call whose C may be clobbered first (beta = 0: this call
+    // overwrites it) and while no side-stream work shares the GPU; until then cuBLASLt's first choice.
+    if (!plan.tuned && beta == 0.0f && !side_pending_) tune(plan, a.data, b.data, c.data, alpha);
     RT_CUBLAS_CHECK(cublasLtMatmul(ex_.lt, plan.md, &alpha, b.data, plan.lx, a.data, plan.ly, &beta, c.data,
-                                   plan.lc, c.data, plan.lc, &plan.algo, ex_.workspace, ex_.workspace_bytes,
-                                   ex_.stream));
+                                   plan.lc, c.data, plan.lc, &plan.algo[beta == 0.0f ? 0 : 1].algo,
+                                   ex_.workspace, ex_.workspace_bytes, ex_.stream));
   }
 
   void add_bias(const Block& c, const Block& bias) override {
@@ -543,7 +552,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     return Block::dense(keep.back()->data(), dt, x.rows, x.cols);
   }
 
-  const GemmPlan& plan_for(const GemmKey& key) {
+  GemmPlan& plan_for(const GemmKey& key) {
     for (const auto& p : plans_)
       if (p->key == key) return *p;
     auto p = std::make_unique<GemmPlan>();
@@ -576,17 +585,49 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
                                                          &al_c, sizeof(al_c)));
     RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                          &al_c, sizeof(al_c)));
-    cublasLtMatmulHeuristicResult_t heur{};
-    int found = 0;
-    const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(ex_.lt, p->md, p->lx, p->ly, p->lc, p->lc, pref.p, 1, &heur, &found);
-    RT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuda fused linear: cuBLASLt has no algorithm for a ",
-             key[11], " x ", key[12], " GEMM (inputs ", key[0] == CUDA_R_32F ? "f32" : "16-bit", ", status ",
-             int(st), ")");
-    p->algo = heur.algo;
+    p->cands = lt_candidates(ex_.lt, p->md, p->lx, p->ly, p->lc, pref.p, tune_ ? kTuneCandidates : 1);
+    RT_CHECK(!p->cands.empty(), "cuda fused linear: cuBLASLt has no algorithm for a ", key[11], " x ",
+             key[12], " GEMM (inputs ", key[0] == CUDA_R_32F ? "f32" : "16-bit", ")");
+    p->algo[0] = p->algo[1] = p->cands[0];
+    p->tuned = p->cands.size() < 2;
+    for (const LtTuned& t : *ex_.lt_tuned)  // timed by an earlier executor of this backend
+      if (std::equal(key.begin(), key.end(), t.key.begin(), t.key.end())) {
+        p->algo[0] = t.algo[0];
+        p->algo[1] = t.algo[1];
+        p->tuned = true;
+      }
     plans_.push_back(std::move(p));
     return *plans_.back();
   }
+
+  // Times plan's candidates on its own operands (the GEMM about to run, whose C this call overwrites) and
+  // keeps the fastest for beta = 0 and, for f32 outputs (the accumulators: dW over chunks, dhidden when
+  // asked), for beta = 1. Once per GEMM shape and backend (ex_.lt_tuned); waits for the stream.
+  void tune(GemmPlan& plan, const void* a, const void* b, void* c, float alpha) {
+    plan.tuned = true;
+    const int n = int(plan.cands.size());
+    for (int acc = 0; acc < (plan.key[17] == CUDA_R_32F ? 2 : 1); ++acc) {
+      const float beta = float(acc);
+      const int best = lt_fastest(n, ex_.stream, [&](int i) {
+        RT_CUBLAS_CHECK(cublasLtMatmul(ex_.lt, plan.md, &alpha, b, plan.lx, a, plan.ly, &beta, c, plan.lc, c,
+                                       plan.lc, &plan.cands[size_t(i)].algo, ex_.workspace,
+                                       ex_.workspace_bytes, ex_.stream));
+      });
+      plan.algo[acc] = plan.cands[size_t(best)];
+    }
+    if (plan.key[17] != CUDA_R_32F) plan.algo[1] = plan.algo[0];
+    ex_.lt_tuned->push_back(LtTuned{std::vector<int64_t>(plan.key.begin(), plan.key.end()), plan.algo});
+  }
+
+  // Whether to time cuBLASLt's candidates (CudaOptions::gemm_autotune; RETORT_GEMM_TUNE=0 / 1 overrides).
+  static bool tune_config(const CudaOptions& o) {
+    const char* e = std::getenv("RETORT_GEMM_TUNE");
+    if (!e || !*e) return o.gemm_autotune;
+    RT_CHECK((e[0] == '0' || e[0] == '1') && !e[1], "cuda fused linear: RETORT_GEMM_TUNE=", e,
+             " must be 0 or 1");
+    return e[0] == '1';
+  }
+  static constexpr int kTuneCandidates = 8;
 
   struct Overlap {
     int pieces = 1, min_rows = 0, gemm_sms = 0;
@@ -611,6 +652,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   Op op_;
   DType grad_dtype_;
   Overlap overlap_;
+  bool tune_;
   CudaExec side_ex_;           // ex_ with the side stream (lane 1)
   CudaExec* cur_ = &ex_;       // the lane work is queued on
   bool side_used_ = false;     // lane 1 got work: the destructor joins it
