@@ -9,11 +9,13 @@
 // before).
 // --logits bf16 keeps the fused ops' chunk logits in bf16 (FusedLinearOptions::logits_dtype) for every case
 // with a logits block; the floor is the same either way.
-// Both sides take cuBLASLt's first-choice algorithm for each GEMM. --tune: both take the fastest of its first
-// 8 candidates instead, timed at each shape's first use (cuda/lt_tune.h; retort with
-// CudaOptions::gemm_autotune). Timed alone, other candidates beat the first choice by up to 10 % on some of
-// these shapes; in this benchmark's steady state the picks were not reliably faster (bench/RESULTS.md,
-// session 14), so the default floor stays cuBLASLt's choice.
+// GEMM algorithms (--gemm-tune, CudaOptions::gemm_tune): by default (acc) the floor's GEMMs and retort's
+// take cuBLASLt's first choice, except retort's accumulating ones (dW += Gᵀ·H over the chunks after the
+// first), which the floor does not have: those take the fastest of cuBLASLt's first 8 candidates, timed at
+// first use (cuda/lt_tune.h). all: every GEMM of both sides that way (timed alone, other candidates beat the
+// first choice by up to 10 % on some of these shapes, but in this benchmark's steady state the picks were not
+// reliably faster: bench/RESULTS.md, session 14). off: cuBLASLt's first choice everywhere (before session
+// 14).
 //
 // Targets (ratio retort / floor, or absolute ms for the K-sparse top-K path, which has no GEMM to compare
 // with): CE 1.08, CE small 1.15, top-K KD + hard CE 1.12, K-sparse top-K 2 ms, online JSD 1.15.
@@ -106,7 +108,7 @@ struct Lt {
   size_t ws_bytes = size_t(32) << 20;
 };
 
-bool g_tune = false;  // --tune
+GemmTune g_tune = GemmTune::Accumulating;  // --gemm-tune off | acc | all
 // The floor's timed algorithm per GEMM shape (m, n, k, ta, tb).
 std::vector<std::pair<std::tuple<int64_t, int64_t, int64_t, bool, bool>, retort::cuda::LtAlgo>> g_floor_algos;
 
@@ -135,7 +137,7 @@ void gemm_rm(Lt& lt, const void* a, bool ta, const void* b, bool tb, float* c, i
       std::find_if(g_floor_algos.begin(), g_floor_algos.end(), [&](const auto& e) { return e.first == key; });
   if (known == g_floor_algos.end()) {
     const std::vector<retort::cuda::LtAlgo> cands =
-        retort::cuda::lt_candidates(lt.h, md, lx, ly, lc, pref, g_tune ? 8 : 1);
+        retort::cuda::lt_candidates(lt.h, md, lx, ly, lc, pref, g_tune == GemmTune::All ? 8 : 1);
     if (cands.empty()) {
       std::fprintf(stderr, "cuBLASLt: no algorithm for %lld x %lld x %lld\n", (long long)m, (long long)n,
                    (long long)k);
@@ -377,12 +379,15 @@ int main(int argc, char** argv) {
       logits_dtype = d == "bf16" ? DType::BF16 : d == "f16" ? DType::F16 : DType::F32;
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::max(5, std::atoi(argv[++i]));
-    } else if (a == "--tune") {
-      g_tune = true;
+    } else if (a == "--gemm-tune" && i + 1 < argc &&
+               (std::string(argv[i + 1]) == "off" || std::string(argv[i + 1]) == "acc" ||
+                std::string(argv[i + 1]) == "all")) {
+      const std::string m = argv[++i];
+      g_tune = m == "off" ? GemmTune::Off : m == "acc" ? GemmTune::Accumulating : GemmTune::All;
     } else {
       std::printf(
           "usage: %s [--quick] [--budget-mib M] [--logits f32|bf16|f16] [--reps R] [--only NAME] "
-          "[--tune]\n"
+          "[--gemm-tune off|acc|all]\n"
           "  --quick         smaller shapes (N / 8, H / 2, V / 4)\n"
           "  --budget-mib M  the fused ops' memory budget for chunk logits (default 2048: chunks of "
           "thousands\n"
@@ -394,10 +399,10 @@ int main(int argc, char** argv) {
           "5)\n"
           "  --only NAME     only the case named NAME, or those whose name contains NAME (e.g. 'K-sparse', "
           "for a profiler)\n"
-          "  --tune          the fastest of cuBLASLt's first 8 candidates for each GEMM shape (timed at "
-          "first "
-          "use),\n"
-          "                  for the floor and for retort (default: cuBLASLt's first choice for both)\n",
+          "  --gemm-tune M   GEMM algorithms timed at first use, the fastest of cuBLASLt's first 8 kept: acc "
+          "(default)\n"
+          "                  retort's accumulating GEMMs only, all: every GEMM of floor and retort, off: "
+          "none\n",
           argv[0]);
       return a == "--help" ? 0 : 2;
     }
@@ -422,7 +427,7 @@ int main(int argc, char** argv) {
       c.v /= 4;
     }
   CudaOptions opts;
-  opts.gemm_autotune = g_tune;
+  opts.gemm_tune = g_tune;
   auto be = make_cuda_backend(0, opts);
   auto s = static_cast<cudaStream_t>(be->stream_handle());
   cudaDeviceProp prop{};
@@ -431,7 +436,10 @@ int main(int argc, char** argv) {
       "device: %s; budget %zu MiB; bf16 inputs, f32 accumulation and gradients; %s chunk logits; GEMM "
       "algorithms: %s%s\n",
       prop.name, budget_mib, dtype_name(logits_dtype),
-      g_tune ? "fastest of cuBLASLt's first 8 (--tune, floor and retort)" : "cuBLASLt's first choice",
+      g_tune == GemmTune::All ? "fastest of cuBLASLt's first 8, floor and retort (--gemm-tune all)"
+      : g_tune == GemmTune::Off
+          ? "cuBLASLt's first choice (--gemm-tune off)"
+          : "cuBLASLt's first choice, retort's accumulating ones timed (--gemm-tune acc)",
       quick ? "; --quick shapes" : "");
   struct Row {
     Case c;

@@ -12,6 +12,13 @@
 
 namespace retort {
 
+// Which of the fused linear losses' GEMMs choose their cuBLASLt algorithm by timing (CudaOptions::gemm_tune).
+enum class GemmTune {
+  Off,           // cuBLASLt's first choice for every GEMM
+  Accumulating,  // timed for the GEMMs that add into their output (dW over chunks, dhidden when asked)
+  All,           // timed for every GEMM shape
+};
+
 struct CudaOptions {
   // f32 matmuls may use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32): several times faster, but products
   // keep only 10 bits of mantissa (about 1e-3 relative error). Off by default.
@@ -31,14 +38,15 @@ struct CudaOptions {
   // The SM count cuBLASLt tunes the GEMMs that run beside a row pass for
   // (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET; 0: the device's). Environment override: RETORT_OVERLAP_SMS.
   int fused_overlap_gemm_sms = 0;
-  // Fused linear losses: time cuBLASLt's first 8 candidate algorithms for each GEMM shape at its first use
-  // (on the GEMM's own operands, once per backend) and keep the fastest, one for beta = 0 and one for
-  // accumulating (cuBLASLt's first choice unless another is > 3 % faster). The first step waits for the
-  // timings (~0.1-0.5 s at LLM sizes), and two processes may pick different algorithms, whose results differ
-  // in f32 rounding. Off by default: on an H100 the picks, timed on a GPU not yet at its power limit, were
-  // not reliably faster in a long run (bench/RESULTS.md, session 14: fused CE 1.128 -> 1.085, online JSD
-  // 1.163 -> 1.165). Environment override: RETORT_GEMM_TUNE=0 / 1.
-  bool gemm_autotune = false;
+  // Fused linear losses: which GEMMs time cuBLASLt's first 8 candidate algorithms for their shape (at the
+  // first call that overwrites its output, on the GEMM's own operands, once per backend) and keep the fastest
+  // (cuBLASLt's first choice unless another is > 3 % faster). The first step waits for the timings (~0.1-0.5
+  // s at LLM sizes), and two processes may pick different algorithms, whose results differ in f32 rounding
+  // (Off for bitwise-reproducible runs). Default Accumulating: on an H100 cuBLASLt's first choice for dW +=
+  // Gᵀ·H is 5-12 % slower than another of its candidates, while for the other GEMMs the picks timed at first
+  // use were not reliably faster in a long run (bench/RESULTS.md, session 14). Environment override:
+  // RETORT_GEMM_TUNE=0 (Off), 1 (Accumulating), 2 (All).
+  GemmTune gemm_tune = GemmTune::Accumulating;
 };
 
 // True when retort was built with CUDA and at least one device is usable; why_not gets the reason otherwise.

@@ -34,17 +34,19 @@ struct Events {
 };
 }  // namespace
 
-int lt_fastest(int n, cudaStream_t s, const std::function<void(int)>& run, int rounds, double margin) {
+int lt_fastest(int n, cudaStream_t s, const std::function<void(int)>& run, int rounds, int runs,
+               double margin) {
   if (n <= 1) return 0;
   rounds = std::max(1, rounds);
+  runs = std::max(1, runs);
   for (int i = 0; i < n; ++i) run(i);  // warm-up (and any lazy module loading)
-  // Events bracket each timed run: rounds × n runs, each between events 2k and 2k + 1.
+  // Events bracket each sample: rounds × n samples, each between events 2k and 2k + 1.
   Events ev(size_t(2 * rounds * n));
   for (int r = 0; r < rounds; ++r)
     for (int i = 0; i < n; ++i) {
       const size_t k = size_t(r * n + i);
       RT_CUDA_CHECK(cudaEventRecord(ev.e[2 * k], s));
-      run(i);
+      for (int j = 0; j < runs; ++j) run(i);
       RT_CUDA_CHECK(cudaEventRecord(ev.e[2 * k + 1], s));
     }
   RT_CUDA_CHECK(cudaEventSynchronize(ev.e.back()));

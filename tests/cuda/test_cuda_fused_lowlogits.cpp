@@ -307,15 +307,15 @@ TEST_F(CudaFusedLowLogits, OverlappedPiecesEqualOneStream) {
         kPieceGradTol));
 }
 
-// CudaOptions::gemm_autotune: each GEMM shape runs the fastest of cuBLASLt's candidates, timed on its first
+// CudaOptions::gemm_tune: each GEMM shape runs the fastest of cuBLASLt's candidates, timed on its first
 // call into the real output. On grid inputs the logits are exact whatever the algorithm, so the losses are
 // bitwise those of cuBLASLt's first choice and the gradients differ only in f32 summation order; the timing
 // runs must leave nothing behind (the GEMM they precede overwrites C). A backend without it times nothing.
 TEST_F(CudaFusedLowLogits, GemmAutotuneAgreesWithFirstChoice) {
   CudaOptions first;
-  first.gemm_autotune = false;
+  first.gemm_tune = GemmTune::Off;
   CudaOptions tuned;
-  tuned.gemm_autotune = true;
+  tuned.gemm_tune = GemmTune::All;
   auto a = make_cuda_backend(0, first);
   auto b = make_cuda_backend(0, tuned);
   for (int64_t chunk : {int64_t(0), int64_t(700)}) {  // dW over one chunk, and accumulated over three

@@ -304,7 +304,8 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
                          side_pending_ ? overlap_.gemm_sms : 0};
     GemmPlan& plan = plan_for(key);
     // The algorithms are timed at the first call whose C may be clobbered first (beta = 0: this call
-    // overwrites it) and while no side-stream work shares the GPU; until then cuBLASLt's first choice.
+    // overwrites it) and while no side-stream work shares the GPU; until then cuBLASLt's first choice. For
+    // the accumulating algorithm (beta != 0) that is the first chunk's dW, before the chunks that add to it.
     if (!plan.tuned && beta == 0.0f && !side_pending_) tune(plan, a.data, b.data, c.data, alpha);
     RT_CUBLAS_CHECK(cublasLtMatmul(ex_.lt, plan.md, &alpha, b.data, plan.lx, a.data, plan.ly, &beta, c.data,
                                    plan.lc, c.data, plan.lc, &plan.algo[beta == 0.0f ? 0 : 1].algo,
@@ -585,7 +586,9 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
                                                          &al_c, sizeof(al_c)));
     RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                          &al_c, sizeof(al_c)));
-    p->cands = lt_candidates(ex_.lt, p->md, p->lx, p->ly, p->lc, pref.p, tune_ ? kTuneCandidates : 1);
+    // Only f32 outputs accumulate (dW, dhidden); a 16-bit one (logits) has nothing to time unless All.
+    const bool timed = tune_ == GemmTune::All || (tune_ == GemmTune::Accumulating && key[17] == CUDA_R_32F);
+    p->cands = lt_candidates(ex_.lt, p->md, p->lx, p->ly, p->lc, pref.p, timed ? kTuneCandidates : 1);
     RT_CHECK(!p->cands.empty(), "cuda fused linear: cuBLASLt has no algorithm for a ", key[11], " x ",
              key[12], " GEMM (inputs ", key[0] == CUDA_R_32F ? "f32" : "16-bit", ")");
     p->algo[0] = p->algo[1] = p->cands[0];
@@ -601,12 +604,12 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   }
 
   // Times plan's candidates on its own operands (the GEMM about to run, whose C this call overwrites) and
-  // keeps the fastest for beta = 0 and, for f32 outputs (the accumulators: dW over chunks, dhidden when
-  // asked), for beta = 1. Once per GEMM shape and backend (ex_.lt_tuned); waits for the stream.
+  // keeps the fastest for beta = 0 (GemmTune::All) and, for f32 outputs (the accumulators: dW over chunks,
+  // dhidden when asked), for beta = 1. Once per GEMM shape and backend (ex_.lt_tuned); waits for the stream.
   void tune(GemmPlan& plan, const void* a, const void* b, void* c, float alpha) {
     plan.tuned = true;
     const int n = int(plan.cands.size());
-    for (int acc = 0; acc < (plan.key[17] == CUDA_R_32F ? 2 : 1); ++acc) {
+    for (int acc = tune_ == GemmTune::All ? 0 : 1; acc < (plan.key[17] == CUDA_R_32F ? 2 : 1); ++acc) {
       const float beta = float(acc);
       const int best = lt_fastest(n, ex_.stream, [&](int i) {
         RT_CUBLAS_CHECK(cublasLtMatmul(ex_.lt, plan.md, &alpha, b, plan.lx, a, plan.ly, &beta, c, plan.lc, c,
@@ -619,13 +622,13 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     ex_.lt_tuned->push_back(LtTuned{std::vector<int64_t>(plan.key.begin(), plan.key.end()), plan.algo});
   }
 
-  // Whether to time cuBLASLt's candidates (CudaOptions::gemm_autotune; RETORT_GEMM_TUNE=0 / 1 overrides).
-  static bool tune_config(const CudaOptions& o) {
+  // Which GEMMs time cuBLASLt's candidates (CudaOptions::gemm_tune; RETORT_GEMM_TUNE=0 / 1 / 2 overrides).
+  static GemmTune tune_config(const CudaOptions& o) {
     const char* e = std::getenv("RETORT_GEMM_TUNE");
-    if (!e || !*e) return o.gemm_autotune;
-    RT_CHECK((e[0] == '0' || e[0] == '1') && !e[1], "cuda fused linear: RETORT_GEMM_TUNE=", e,
-             " must be 0 or 1");
-    return e[0] == '1';
+    if (!e || !*e) return o.gemm_tune;
+    RT_CHECK(e[0] >= '0' && e[0] <= '2' && !e[1], "cuda fused linear: RETORT_GEMM_TUNE=", e,
+             " must be 0 (off), 1 (accumulating GEMMs) or 2 (all)");
+    return GemmTune(e[0] - '0');
   }
   static constexpr int kTuneCandidates = 8;
 
@@ -652,7 +655,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   Op op_;
   DType grad_dtype_;
   Overlap overlap_;
-  bool tune_;
+  GemmTune tune_;
   CudaExec side_ex_;           // ex_ with the side stream (lane 1)
   CudaExec* cur_ = &ex_;       // the lane work is queued on
   bool side_used_ = false;     // lane 1 got work: the destructor joins it
