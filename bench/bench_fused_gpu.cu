@@ -171,13 +171,23 @@ __global__ void hold_kernel(long long ns) {
   while (clock64() - t0 < ns) __nanosleep(1000);
 }
 
+double g_preheat_s = 5.0;  // --preheat S
+
 // Medians of fa and fb, timed alternately after warmup runs of each, in the order a b, b a, a b, ...: the
 // H100 caps its power and its clocks follow the load (the floor's GEMMs draw the most), so each is timed as
-// often right after the other as before it, rather than all of one and then all of the other. Each pair
-// starts behind a 2 ms hold kernel, so neither is timed with the GPU waiting for the host's first launch;
-// host_ms (if given) receives the median host time of queuing one fb.
+// often right after the other as before it, rather than all of one and then all of the other. Before that,
+// fa runs back to back for g_preheat_s seconds: a GPU that starts cool (or warm from an earlier case) runs
+// the first seconds of GEMMs at higher clocks, and the floor, all GEMMs, gains more from that than retort
+// (session 14 saw floors 3-12 % slower after minutes of load than on a fresh GPU, and ratios move with
+// them). Each pair starts behind a 2 ms hold kernel, so neither is timed with the GPU waiting for the
+// host's first launch; host_ms (if given) receives the median host time of queuing one fb.
 std::pair<double, double> time_pair_ms(cudaStream_t s, int warmup, int reps, const std::function<void()>& fa,
                                        const std::function<void()>& fb, double* host_ms = nullptr) {
+  const auto heat0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - heat0).count() < g_preheat_s) {
+    fa();
+    CK(cudaStreamSynchronize(s));
+  }
   for (int i = 0; i < warmup; ++i) {
     fa();
     fb();
@@ -379,6 +389,8 @@ int main(int argc, char** argv) {
       logits_dtype = d == "bf16" ? DType::BF16 : d == "f16" ? DType::F16 : DType::F32;
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::max(5, std::atoi(argv[++i]));
+    } else if (a == "--preheat" && i + 1 < argc) {
+      g_preheat_s = std::max(0.0, std::atof(argv[++i]));
     } else if (a == "--gemm-tune" && i + 1 < argc &&
                (std::string(argv[i + 1]) == "off" || std::string(argv[i + 1]) == "acc" ||
                 std::string(argv[i + 1]) == "all")) {
@@ -387,7 +399,7 @@ int main(int argc, char** argv) {
     } else {
       std::printf(
           "usage: %s [--quick] [--budget-mib M] [--logits f32|bf16|f16] [--reps R] [--only NAME] "
-          "[--gemm-tune off|acc|all]\n"
+          "[--gemm-tune off|acc|all] [--preheat S]\n"
           "  --quick         smaller shapes (N / 8, H / 2, V / 4)\n"
           "  --budget-mib M  the fused ops' memory budget for chunk logits (default 2048: chunks of "
           "thousands\n"
@@ -399,6 +411,7 @@ int main(int argc, char** argv) {
           "5)\n"
           "  --only NAME     only the case named NAME, or those whose name contains NAME (e.g. 'K-sparse', "
           "for a profiler)\n"
+          "  --preheat S     seconds of the floor's GEMMs before each case's timing (default 5; 0: none)\n"
           "  --gemm-tune M   GEMM algorithms timed at first use, the fastest of cuBLASLt's first 8 kept: acc "
           "(default)\n"
           "                  retort's accumulating GEMMs only, all: every GEMM of floor and retort, off: "
@@ -433,9 +446,9 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf(
-      "device: %s; budget %zu MiB; bf16 inputs, f32 accumulation and gradients; %s chunk logits; GEMM "
-      "algorithms: %s%s\n",
-      prop.name, budget_mib, dtype_name(logits_dtype),
+      "device: %s; budget %zu MiB; bf16 inputs, f32 accumulation and gradients; %s chunk logits; %.0f s "
+      "preheat; GEMM algorithms: %s%s\n",
+      prop.name, budget_mib, dtype_name(logits_dtype), g_preheat_s,
       g_tune == GemmTune::All ? "fastest of cuBLASLt's first 8, floor and retort (--gemm-tune all)"
       : g_tune == GemmTune::Off
           ? "cuBLASLt's first choice (--gemm-tune off)"
