@@ -72,7 +72,7 @@ void cuda_reset_peak(Backend& backend);
 // Returns cached (free) blocks to the device. Throws retort::Error if backend is not a CUDA backend.
 void cuda_empty_cache(Backend& backend);
 // How many GEMM shapes the backend's fused linear losses timed cuBLASLt's algorithms for
-// (CudaOptions::gemm_autotune). Throws retort::Error if backend is not a CUDA backend.
+// (CudaOptions::gemm_tune). Throws retort::Error if backend is not a CUDA backend.
 size_t cuda_tuned_gemms(Backend& backend);
 
 }  // namespace retort
