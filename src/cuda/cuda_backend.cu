@@ -8,6 +8,7 @@
 // first such value in a DeviceError in device memory and carry on (skipping the bad row). synchronize() and
 // read() copy that record back after the stream drains and, if it is set, clear it and throw retort::Error
 // naming the op and the value. So a bad id surfaces at the first synchronize()/read() after the graph ran.
+#include <cstdlib>
 #include <string>
 
 #include "../core/op_table.h"
@@ -106,6 +107,15 @@ class CudaBackend final : public Backend {
              opts.fused_overlap_gemm_sms);
     ex_.device = device;
     ex_.opts = opts;
+    // RETORT_GEMM_TUNE=0 / 1 / 2 overrides CudaOptions::gemm_tune (Off / Accumulating / All).
+    const int tune = int(opts.gemm_tune);
+    RT_CHECK(tune >= 0 && tune <= 2,
+             "cuda backend: gemm_tune must be GemmTune::Off, Accumulating or All, got ", tune);
+    if (const char* e = std::getenv("RETORT_GEMM_TUNE"); e && *e) {
+      RT_CHECK(e[0] >= '0' && e[0] <= '2' && !e[1], "cuda backend: RETORT_GEMM_TUNE=", e,
+               " must be 0 (off), 1 (accumulating GEMMs) or 2 (all)");
+      ex_.opts.gemm_tune = GemmTune(e[0] - '0');
+    }
     DeviceScope scope(device);
     try {
       RT_CUDA_CHECK(cudaDeviceGetAttribute(&ex_.sm_count, cudaDevAttrMultiProcessorCount, device));

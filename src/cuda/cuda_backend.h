@@ -44,8 +44,8 @@ struct CudaOptions {
   // s at LLM sizes), and two processes may pick different algorithms, whose results differ in f32 rounding
   // (Off for bitwise-reproducible runs). Default Accumulating: on an H100 cuBLASLt's first choice for dW +=
   // Gᵀ·H is 5-12 % slower than another of its candidates, while for the other GEMMs the picks timed at first
-  // use were not reliably faster in a long run (bench/RESULTS.md, session 14). Environment override:
-  // RETORT_GEMM_TUNE=0 (Off), 1 (Accumulating), 2 (All).
+  // use were not reliably faster in a long run (bench/RESULTS.md, session 14). Environment override, read by
+  // make_cuda_backend (which throws on another value): RETORT_GEMM_TUNE=0 (Off), 1 (Accumulating), 2 (All).
   GemmTune gemm_tune = GemmTune::Accumulating;
 };
 

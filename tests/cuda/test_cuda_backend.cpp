@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "cuda_test_util.h"
@@ -44,6 +45,15 @@ TEST(CudaAvailability, GivesAReasonOrAWorkingBackend) {
     const std::string bad = error_of([&] { make_cuda_backend(0, o); });
     EXPECT_TRUE(mentions(bad, "fused_overlap_pieces >= 1") && mentions(bad, "got ")) << bad;
   }
+  // A GEMM tuning mode out of range, and a bad RETORT_GEMM_TUNE, name themselves.
+  CudaOptions bad_tune;
+  bad_tune.gemm_tune = GemmTune(7);
+  const std::string tmsg = error_of([&] { make_cuda_backend(0, bad_tune); });
+  EXPECT_TRUE(mentions(tmsg, "gemm_tune") && mentions(tmsg, "got 7")) << tmsg;
+  ASSERT_EQ(setenv("RETORT_GEMM_TUNE", "3", 1), 0);
+  const std::string emsg = error_of([] { make_cuda_backend(0); });
+  unsetenv("RETORT_GEMM_TUNE");
+  EXPECT_TRUE(mentions(emsg, "RETORT_GEMM_TUNE=3 must be 0")) << emsg;
 }
 
 class CudaBackendTest : public CudaTest {};

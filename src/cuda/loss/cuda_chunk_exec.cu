@@ -130,7 +130,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
         op_(op),
         grad_dtype_(grad_dtype),
         overlap_(overlap_config(ex.opts)),
-        tune_(tune_config(ex.opts)) {
+        tune_(ex.opts.gemm_tune) {
     RT_ASSERT(grad_dtype == DType::F32 || grad_dtype == DType::BF16 || grad_dtype == DType::F16);
   }
   CudaChunkExecutor(const CudaChunkExecutor&) = delete;
@@ -586,6 +586,14 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
                                                          &al_c, sizeof(al_c)));
     RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                          &al_c, sizeof(al_c)));
+    // Timed by an earlier executor of this backend: no heuristic query at all.
+    for (const LtTuned& t : *ex_.lt_tuned)
+      if (std::equal(key.begin(), key.end(), t.key.begin(), t.key.end())) {
+        p->algo = t.algo;
+        p->tuned = true;
+        plans_.push_back(std::move(p));
+        return *plans_.back();
+      }
     // Only f32 outputs accumulate (dW, dhidden); a 16-bit one (logits) has nothing to time unless All.
     const bool timed = tune_ == GemmTune::All || (tune_ == GemmTune::Accumulating && key[17] == CUDA_R_32F);
     p->cands = lt_candidates(ex_.lt, p->md, p->lx, p->ly, p->lc, pref.p, timed ? kTuneCandidates : 1);
@@ -593,12 +601,6 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
              key[12], " GEMM (inputs ", key[0] == CUDA_R_32F ? "f32" : "16-bit", ")");
     p->algo[0] = p->algo[1] = p->cands[0];
     p->tuned = p->cands.size() < 2;
-    for (const LtTuned& t : *ex_.lt_tuned)  // timed by an earlier executor of this backend
-      if (std::equal(key.begin(), key.end(), t.key.begin(), t.key.end())) {
-        p->algo[0] = t.algo[0];
-        p->algo[1] = t.algo[1];
-        p->tuned = true;
-      }
     plans_.push_back(std::move(p));
     return *plans_.back();
   }
@@ -622,14 +624,6 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     ex_.lt_tuned->push_back(LtTuned{std::vector<int64_t>(plan.key.begin(), plan.key.end()), plan.algo});
   }
 
-  // Which GEMMs time cuBLASLt's candidates (CudaOptions::gemm_tune; RETORT_GEMM_TUNE=0 / 1 / 2 overrides).
-  static GemmTune tune_config(const CudaOptions& o) {
-    const char* e = std::getenv("RETORT_GEMM_TUNE");
-    if (!e || !*e) return o.gemm_tune;
-    RT_CHECK(e[0] >= '0' && e[0] <= '2' && !e[1], "cuda fused linear: RETORT_GEMM_TUNE=", e,
-             " must be 0 (off), 1 (accumulating GEMMs) or 2 (all)");
-    return GemmTune(e[0] - '0');
-  }
   static constexpr int kTuneCandidates = 8;
 
   struct Overlap {
@@ -655,7 +649,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   Op op_;
   DType grad_dtype_;
   Overlap overlap_;
-  GemmTune tune_;
+  GemmTune tune_;              // CudaOptions::gemm_tune, or RETORT_GEMM_TUNE (read when the backend was made)
   CudaExec side_ex_;           // ex_ with the side stream (lane 1)
   CudaExec* cur_ = &ex_;       // the lane work is queued on
   bool side_used_ = false;     // lane 1 got work: the destructor joins it
