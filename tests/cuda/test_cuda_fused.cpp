@@ -272,6 +272,57 @@ TEST_F(CudaFused, TopKDense) {
   }
 }
 
+TEST_F(CudaFused, TopKAsCrossEntropyRows) {
+  // T = 1 with beta = 0, or normalize_topk: the chunk's rows run as cross-entropy rows with a per-row
+  // coefficient between a slot-gathering and a slot-fixup kernel (distill_rows.cu). Duplicate ids (K = 6 of
+  // V = 11), masked and ignored rows, every reduction and output, w_hard or w_soft zero, and a vocabulary of
+  // three cluster segments (V = 60,000 bf16 rows on Hopper).
+  for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+    TopKCfg cfg;
+    cfg.k = 6;
+    cfg.r.w_hard = 0.5;
+    cfg.r.red = red;
+    EXPECT_TRUE(check_cuda(topk_case(std::string("cfltopk_ce_fkl") + red_name(red), cfg)));
+  }
+  for (double beta : {0.0, 0.5, 1.0}) {
+    TopKCfg cfg;
+    cfg.k = 6;
+    cfg.r.beta = beta;
+    cfg.r.normalize = true;
+    cfg.r.w_hard = 0.75;
+    EXPECT_TRUE(check_cuda(topk_case("cfltopk_ce_norm" + std::to_string(beta), cfg)));
+  }
+  for (double wh : {0.0, 1.0}) {
+    TopKCfg cfg;
+    cfg.k = 5;
+    cfg.r.w_hard = wh;
+    cfg.r.w_soft = 1.0 - wh;
+    cfg.chunk = 4;
+    EXPECT_TRUE(check_cuda(topk_case("cfltopk_ce_w" + std::to_string(wh), cfg)));
+  }
+  for (Out what : {Out::PerRow, Out::Hard, Out::Soft, Out::Lse}) {
+    TopKCfg cfg;
+    cfg.k = 6;
+    cfg.r.w_hard = 0.25;
+    cfg.what = what;
+    EXPECT_TRUE(check_cuda(topk_case("cfltopk_ce_out" + std::to_string(int(what)), cfg)));
+  }
+  TopKCfg wide;
+  wide.n = 5;
+  wide.h = 3;
+  wide.v = 60000;
+  wide.k = 64;
+  wide.chunk = 2;
+  wide.r.w_hard = 0.5;
+  wide.dt = DType::BF16;
+  LossCase c = topk_case("cfltopk_ce_wide", wide);
+  CudaTol tol;
+  loosen_for(wide.dt, c, tol);
+  tol.finite_differences = false;               // 180k weight entries
+  tol.cpu_grad = std::max(tol.cpu_grad, 2e-6);  // as CrossEntropyGpt2Vocabulary: dhidden's long sums
+  EXPECT_TRUE(check_cuda(c, tol));
+}
+
 TEST_F(CudaFused, TopKSparse) {
   // normalize_topk, w_hard = 0: K dot products per row and K-sparse gradient updates. beta = 0 (forward KL)
   // takes the one-pass kernel (sparse_forward_kl: logits, loss and dhidden as an online softmax-weighted sum

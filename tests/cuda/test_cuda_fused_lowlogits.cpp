@@ -154,12 +154,13 @@ TEST_F(CudaFusedLowLogits, CrossEntropyGpt2Vocabulary) {
 
 // ---- top-K distillation over the full vocabulary, with a hard loss --------------------------------------
 
-LossCase topk_case(const std::string& name, double beta) {
+LossCase topk_case(const std::string& name, double beta, double t = 2.0, bool normalize = false) {
   const int64_t n = 7, h = 5, v = 11, k = 4;
   TopKRef r;
   r.ignore = -1;
   r.beta = beta;
-  r.t = 2.0;
+  r.t = t;
+  r.normalize = normalize;
   r.w_hard = 0.5;
   LossCase c;
   c.name = name;
@@ -175,6 +176,7 @@ LossCase topk_case(const std::string& name, double beta) {
     o.beta = float(r.beta);
     o.temperature = float(r.t);
     o.w_hard = float(r.w_hard);
+    o.normalize_topk = r.normalize;
     o.ignore_index = r.ignore;
     return fused_linear_topk_kd(ctx, in[0], in[1], in[2], in[3], in[4], in[5], in[6], o, low(3, DType::BF16))
         .loss;
@@ -188,6 +190,9 @@ LossCase topk_case(const std::string& name, double beta) {
 
 TEST_F(CudaFusedLowLogits, TopKDenseWithHardLoss) {
   for (double beta : {0.0, 0.5}) EXPECT_TRUE(check_low(topk_case("cfll_topk" + std::to_string(beta), beta)));
+  // T = 1: as cross-entropy rows (beta = 0, or normalize_topk), 16-bit gradient fixed up at the slot columns.
+  EXPECT_TRUE(check_low(topk_case("cfll_topk_ce_fkl", 0.0, 1.0)));
+  EXPECT_TRUE(check_low(topk_case("cfll_topk_ce_norm", 0.5, 1.0, true)));
 }
 
 // ---- online distillation: student and teacher logits both 16-bit ---------------------------------------

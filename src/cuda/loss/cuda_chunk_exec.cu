@@ -425,6 +425,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
         o.normalize_topk = s.normalize_topk;
         o.hard = out.hard;
         o.soft = out.soft;
+        if (b.grad && !gathered && o.K <= kMaxFastSlots) o.scratch = temp(topk_scratch_bytes(b.rows, o.K));
         topk_distill_rows(b, o, sink, stream);
         return;
       }

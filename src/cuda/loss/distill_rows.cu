@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "../../core/error.h"
 #include "../cuda_common.cuh"
@@ -198,6 +199,177 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- top-K rows as cross-entropy rows
+// ----------------------------------------------------------------------
+//
+// At T = 1 with beta = 0 (forward KL over the teacher's slots) or normalize_topk, the dense part of the
+// gradient is one softmax term: scale·(w_hard·[labels] + w_soft·Σ_k p_k [not normalize_topk])·q_j, minus
+// scale·w_hard at the label; only the K slot columns differ. So the row runs as a cross-entropy row with a
+// per-row coefficient (row_losses.cu: one read of the row, the cluster kernel on Hopper), between
+//   topk_gather_kernel  a warp per row: labels checked (bad or ignored: -1), ids checked, the student logits
+//                       at the valid slots saved, and the row's coefficient;
+//   topk_fixup_kernel   a warp per row: the slot terms, the divergence and the losses from the saved slot
+//                       logits and the lse; each distinct slot column rewritten once, by the lane of its
+//                       first slot, as the cross-entropy kernel's value at that logit (the same float
+//                       operations, so the gradient is rounded once) plus the slots' terms in slot order.
+
+struct FastView {  // topk_scratch_bytes: lab [rows] i64, coef, lse, hard [rows] f32, xs [rows, K] f32
+  int64_t* lab;
+  float *coef, *lse, *hard, *xs;
+  FastView(void* base, int64_t rows, int64_t k) {
+    char* p = static_cast<char*>(base);
+    lab = reinterpret_cast<int64_t*>(p);
+    coef = reinterpret_cast<float*>(p + rows * sizeof(int64_t));
+    lse = coef + rows;
+    hard = lse + rows;
+    xs = hard + rows;
+    (void)k;
+  }
+};
+
+constexpr int kFastWarps = 8;  // rows per CTA of the gather and fixup kernels
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Slot k of row r: its id when valid, else -1 (a bad id reported when `report`).
+__device__ __forceinline__ int slot_id(const TopKRows& o, int64_t r, int64_t k, int64_t v, float& lp,
+                                       const ErrorSink* report) {
+  lp = load_f(side_at(o.logprobs, r, k), o.logprobs.dtype);
+  if (lp == -INFINITY || (o.mask.data && !nonzero(side_at(o.mask, r, k), o.mask.dtype))) return -1;
+  const long long id = load_i(side_at(o.ids, r, k), o.ids.dtype);
+  if (id < 0 || id >= v) {
+    if (report && report->record) report_error(report->record, report->op, kErrIdOutOfRange, id, v);
+    return -1;
+  }
+  return int(id);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kFastWarps * 32)
+    topk_gather_kernel(RowBlock b, TopKRows o, ErrorSink err, FastView w, bool hard_on) {
+  const int lane = int(threadIdx.x & 31);
+  const int64_t v = b.V, kk = o.K, nw = int64_t(gridDim.x) * kFastWarps;
+  for (int64_t r = int64_t(blockIdx.x) * kFastWarps + (threadIdx.x >> 5); r < b.rows; r += nw) {
+    const T* row = static_cast<const T*>(b.logits) + r * b.stride;
+    const long long y = load_i(side_at(o.labels, r, 0), o.labels.dtype);
+    bool ignored = y == o.ignore_index;
+    if (!ignored && (y < 0 || y >= v)) {
+      if (lane == 0 && err.record) report_error(err.record, err.op, kErrLabelOutOfRange, y, v);
+      ignored = true;
+    }
+    float ps = 0.0f;
+    for (int64_t k = lane; k < kk; k += 32) {  // ids checked on every row, ignored ones too
+      float lp;
+      const int id = slot_id(o, r, k, v, lp, &err);
+      w.xs[r * kk + k] = id >= 0 ? rowk::to_f<T>(row[id]) : 0.0f;
+      if (id >= 0) ps += expf(lp);
+    }
+    ps = warp_sum(ps);
+    if (lane == 0) {
+      w.lab[r] = ignored ? -1 : y;
+      w.coef[r] = (hard_on ? o.w_hard : 0.0f) + (o.normalize_topk ? 0.0f : o.w_soft * ps);
+    }
+  }
+}
+
+template <typename G>
+__global__ void __launch_bounds__(kFastWarps * 32)
+    topk_fixup_kernel(RowBlock b, TopKRows o, FastView w, bool hard_on) {
+  __shared__ int sid_all[kFastWarps][kMaxFastSlots];
+  __shared__ float lq_all[kFastWarps][kMaxFastSlots], lp_all[kFastWarps][kMaxFastSlots];
+  const int lane = int(threadIdx.x & 31), wi = int(threadIdx.x >> 5);
+  int* sid = sid_all[wi];
+  float *lq = lq_all[wi], *lpv = lp_all[wi];
+  const int64_t v = b.V, kk = o.K, nw = int64_t(gridDim.x) * kFastWarps;
+  const float beta = o.beta, scale = grad_scale(b);
+  for (int64_t r = int64_t(blockIdx.x) * kFastWarps + wi; r < b.rows; r += nw) {
+    const long long y = w.lab[r];
+    if (y < 0) {  // ignored: the cross-entropy kernel wrote a zero gradient row
+      if (lane == 0) {
+        write_row_outputs(b, o.hard, o.soft, r, 0.0f, 0.0f, 0.0f);
+        if (b.lse) b.lse[r] = w.lse[r];
+      }
+      continue;
+    }
+    const float lse = w.lse[r];
+    const float* xs = w.xs + r * kk;
+    float mx = -INFINITY, cnt = 0.0f;
+    for (int64_t k = lane; k < kk; k += 32) {
+      float lp;
+      const int id = slot_id(o, r, k, v, lp, nullptr);
+      sid[k] = id;
+      lpv[k] = lp;
+      if (id >= 0) {
+        mx = fmaxf(mx, xs[k]);
+        cnt += 1.0f;
+      }
+    }
+    const float n = warp_sum(cnt);
+    float ms = 0.0f, ls = 0.0f;  // the slot normalizer (normalize_topk)
+    if (o.normalize_topk && n > 0.0f) {
+      ms = warp_max(mx);
+      float se = 0.0f;
+      for (int64_t k = lane; k < kk; k += 32)
+        if (sid[k] >= 0) se += expf(xs[k] - ms);
+      ls = logf(warp_sum(se));
+    }
+    double dpart = 0.0;
+    float gpart = 0.0f;
+    for (int64_t k = lane; k < kk; k += 32)
+      if (sid[k] >= 0) {
+        lq[k] = o.normalize_topk ? (xs[k] - ms) - ls : xs[k] - lse;
+        gpart += div_term(beta, lpv[k], lq[k], dpart);
+      }
+    const float soft = float(warp_sum(dpart)), gs = warp_sum(gpart);
+    const float hard = w.hard[r];
+    if (lane == 0) {
+      write_row_outputs(b, o.hard, o.soft, r,
+                        (hard_on ? o.w_hard * hard : 0.0f) + (o.w_soft != 0.0f ? o.w_soft * soft : 0.0f),
+                        hard, soft);
+      if (b.lse) b.lse[r] = lse;
+    }
+    __syncwarp();  // every lane's lq and sid are visible to the others
+    if (b.grad && o.w_soft != 0.0f && n > 0.0f) {
+      G* grow = static_cast<G*>(b.grad) + r * b.grad_stride;
+      const float cs = scale * o.w_soft, coef = scale * w.coef[r], hit = hard_on ? scale * o.w_hard : 0.0f;
+      const float lse2 = lse * kLog2e;
+      for (int64_t k = lane; k < kk; k += 32) {
+        const int id = sid[k];
+        if (id < 0) continue;
+        bool first = true;
+        for (int64_t q = 0; q < k && first; ++q) first = sid[q] != id;
+        if (!first) continue;
+        // The cross-entropy kernel's value at this logit (row_losses.cu, CePolicy::Grad), then the slots.
+        float g = fmaf(rowk::fast_exp2(fmaf(xs[k], kLog2e, -lse2)), coef, -0.0f);
+        if (id == y) g -= hit;
+        for (int64_t q = k; q < kk; ++q) {
+          if (sid[q] != id) continue;
+          double unused = 0.0;
+          float t = cs * div_term(beta, lpv[q], lq[q], unused);
+          if (o.normalize_topk) t -= cs * expf(lq[q]) * gs;
+          g += t;
+        }
+        grow[id] = rowk::from_f<G>(g);
+      }
+    }
+    __syncwarp();  // the slot arrays are rewritten by the next row
+  }
+}
+
 }  // namespace
 
 void topk_distill_rows(const RowBlock& b, const TopKRows& o, const ErrorSink& err, void* stream) {
@@ -211,6 +383,36 @@ void topk_distill_rows(const RowBlock& b, const TopKRows& o, const ErrorSink& er
   RT_CHECK(gathered ? o.K == b.V : is_int(o.ids.dtype), op, ": gathered logits need V = K (got V = ", b.V,
            ", K = ", o.K, "); teacher ids must be i32 or i64");
   if (b.rows == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  static const bool fast_off = [] {  // RETORT_TOPK_FAST=0: always the general kernel (for comparisons)
+    const char* e = std::getenv("RETORT_TOPK_FAST");
+    return e && e[0] == '0';
+  }();
+  if (!fast_off && o.scratch && b.grad && !gathered && o.labels.data && o.temperature == 1.0f &&
+      (o.beta == 0.0f || o.normalize_topk) && o.K <= kMaxFastSlots) {
+    const FastView w(o.scratch, b.rows, o.K);
+    const bool hard_on = o.w_hard != 0.0f;
+    const int grid = int(std::min<int64_t>((b.rows + kFastWarps - 1) / kFastWarps, 4096));
+    dispatch(b.dtype, b.grad_dtype, op, [&]<typename T, typename G>() {
+      topk_gather_kernel<T><<<grid, kFastWarps * 32, 0, s>>>(b, o, err, w, hard_on);
+    });
+    check(cudaGetLastError(), "topk_gather_kernel launch");
+    RowBlock bc = b;
+    bc.loss = w.hard;
+    bc.lse = w.lse;
+    CrossEntropyRows co;
+    co.labels = w.lab;
+    co.label_dtype = DType::I64;
+    co.ignore_index = -1;
+    co.row_coef = w.coef;
+    co.hit_weight = hard_on ? o.w_hard : 0.0f;
+    cross_entropy_rows(bc, co, nullptr, stream);
+    dispatch(b.dtype, b.grad_dtype, op, [&]<typename T, typename G>() {
+      topk_fixup_kernel<G><<<grid, kFastWarps * 32, 0, s>>>(b, o, w, hard_on);
+    });
+    check(cudaGetLastError(), "topk_fixup_kernel launch");
+    return;
+  }
   TopKFlags f{};
   f.gathered = gathered;
   f.normalize = gathered || o.normalize_topk;
@@ -221,7 +423,6 @@ void topk_distill_rows(const RowBlock& b, const TopKRows& o, const ErrorSink& er
   while (f.pow2 < o.K) f.pow2 <<= 1;
   const size_t smem = (f.sort ? size_t(f.pow2) * sizeof(unsigned long long) : 0) +
                       size_t(o.K) * (3 * sizeof(float) + sizeof(int));
-  auto s = static_cast<cudaStream_t>(stream);
   dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, op, [&]<typename T, typename G>() {
     auto kernel = topk_kernel<T, G>;
     int dev = 0, optin = 0;

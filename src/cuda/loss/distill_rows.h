@@ -49,7 +49,17 @@ struct TopKRows {
   bool normalize_topk = false;  // always on when gathered
   float* hard = nullptr;        // [rows] unweighted cross-entropy part (may be nullptr)
   float* soft = nullptr;        // [rows] unweighted divergence × T² part (may be nullptr)
+  // Device workspace of topk_scratch_bytes(rows, K) bytes (16-byte aligned), or nullptr. With it, rows whose
+  // gradient's dense part is a plain softmax term (T = 1, beta = 0 or normalize_topk; labels given; K <=
+  // kMaxFastSlots) run as cross-entropy rows (one read of each row; the cluster kernel on Hopper) between a
+  // slot-gathering kernel and a slot-fixup kernel.
+  void* scratch = nullptr;
 };
+
+inline constexpr int64_t kMaxFastSlots = 128;
+inline size_t topk_scratch_bytes(int64_t rows, int64_t K) {
+  return size_t(rows) * (sizeof(int64_t) + 3 * sizeof(float) + size_t(K) * sizeof(float)) + 64;
+}
 
 struct DistillRows {
   const void* teacher = nullptr;  // [rows, V] f32 / bf16 / f16, dim-0-contiguous rows

@@ -349,16 +349,24 @@ __device__ __forceinline__ void block_max(float (&m)[N], float (&red)[32][N]) {
   }
 }
 
-// CTA-wide maximum of buf[0, n) (shared memory, 16-byte aligned; kCT threads): every thread gets it.
-template <int kCT, typename T>
-__device__ __forceinline__ float cta_max(const T* buf, int64_t n, float (&red)[32][1]) {
-  const int nv = int(n / 8);
+// CTA-wide maximum of buf[0, n) (shared memory, 16-byte aligned; nt threads, a multiple of 32): every
+// thread gets it.
+template <typename T>
+__device__ __forceinline__ float cta_max(const T* buf, int n, int nt, float (&red)[32][1]) {
+  const int nv = n / 8;
   SegMax<T> acc;
-  for (int k = int(threadIdx.x); k < nv; k += kCT) acc.add(load_raw8<false>(buf + k * 8));
-  float m[1] = {acc.get()};
-  for (int64_t j = int64_t(nv) * 8 + threadIdx.x; j < n; j += kCT) m[0] = fmaxf(m[0], to_f<T>(buf[j]));
-  block_max<kCT>(m, red);
-  return m[0];
+  for (int k = int(threadIdx.x); k < nv; k += nt) acc.add(load_raw8<false>(buf + k * 8));
+  float m = acc.get();
+  for (int j = nv * 8 + int(threadIdx.x); j < n; j += nt) m = fmaxf(m, to_f<T>(buf[j]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const int lane = int(threadIdx.x & 31);
+  if (lane == 0) red[threadIdx.x >> 5][0] = m;
+  __syncthreads();
+  m = lane < nt / 32 ? red[lane][0] : -INFINITY;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
 }
 
 __device__ __forceinline__ int64_t load_index(const void* p, bool is_i64, int64_t i) {
@@ -424,16 +432,16 @@ void dispatch(DType t, DType g, const char* op, F&& f) {
 // Host side: the most clusters of cfg's shape that fit on the device at once, with the kernel's dynamic
 // shared memory limit raised to cfg.dynamicSmemBytes first. Both calls cost host time on every launch (and
 // the GPU waits for it when nothing is queued ahead), so they run once per kernel, shared memory size,
-// cluster size and device.
+// cluster size, block size and device.
 template <typename Kernel>
 int max_active_clusters(Kernel kernel, const cudaLaunchConfig_t& cfg, int cluster_size, const char* what) {
   static std::mutex mu;
-  static std::map<std::tuple<const void*, size_t, int, int>, int> known;
+  static std::map<std::tuple<const void*, size_t, int, int, unsigned>, int> known;
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) RT_FAIL("cuda: cudaGetDevice failed: ", cudaGetErrorString(e));
-  const auto key =
-      std::make_tuple(reinterpret_cast<const void*>(kernel), cfg.dynamicSmemBytes, cluster_size, dev);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), cfg.dynamicSmemBytes, cluster_size,
+                                   dev, cfg.blockDim.x);
   std::lock_guard<std::mutex> lock(mu);
   auto it = known.find(key);
   if (it == known.end()) {

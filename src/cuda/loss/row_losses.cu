@@ -23,14 +23,28 @@ namespace {
 using namespace rowk;
 
 constexpr int kThreads = 512;
-// Threads per cluster CTA: 1024 (one CTA per SM) or 512 (two per SM, so one streams while the other
-// computes).
-int cluster_threads() {
-  static int v = [] {
+// Threads per cluster CTA (one CTA per SM) for a segment of nv 8-wide vectors: of 512, 640, ..., 1024, the
+// count whose last round of vectors is fullest (every thread of a CTA waits at each row's barriers for the
+// threads with one vector more: V = 128,256 in 3 segments is 5.2 vectors per thread at 1024 threads, 6.96 at
+// 768), the larger one on a tie (fewer vectors, so less latency, per thread). RETORT_CLUSTER_THREADS=n (a
+// multiple of 32 in [256, 1024]) overrides, for tuning.
+int cluster_threads(int64_t nv) {
+  static const int forced = [] {
     const char* e = std::getenv("RETORT_CLUSTER_THREADS");
-    return e && std::atoi(e) == 512 ? 512 : 1024;
+    const int v = e ? std::atoi(e) : 0;
+    return v >= 256 && v <= 1024 && v % 32 == 0 ? v : 0;
   }();
-  return v;
+  if (forced) return forced;
+  int best = 1024;
+  double best_fill = 0.0;
+  for (int t = 1024; t >= 512; t -= 128) {
+    const double per = double(nv) / t, fill = per / std::ceil(per);
+    if (fill > best_fill + 0.01) {
+      best = t;
+      best_fill = fill;
+    }
+  }
+  return best;
 }
 // Shared memory for one row segment of a cluster CTA (it holds two: RETORT_SEGMENT_KB overrides, for tuning).
 int64_t segment_bytes() {
@@ -80,7 +94,10 @@ __device__ __forceinline__ float grad_scale(const RowBlock& b) {
 // finish() needs (the gradient may overwrite the row once the statistics are merged); acc() makes the
 // per-thread pass-1 accumulator (an object with apply<N>(j0, x)); fold(acc, on, aux) extracts its statistics
 // (an online-softmax state plus one additive extra); finish(b, r, row, on, aux) writes the row's loss and lse
-// (thread 0 only); and grad<G>(out_row, on, aux, scale) makes the pass-2 functor that writes the gradient.
+// (thread 0 only); and grad<G>(out, on, aux, scale, c0, n) makes the pass-2 functor that writes the gradient
+// (out is column c0 of the row, and the functor sees columns c0 .. c0 + n - 1 as 0 .. n - 1). For the cluster
+// kernel also: plain_sum() (uniform) says pass 1 is a plain sum of exp(x - max), with no transform or extra,
+// and prefetch(b, r) loads row r's side data ahead (during the previous row's gradient pass).
 
 // Two passes per row from global memory; the second read is meant to hit L2. Works on every architecture and
 // for rows of any length.
@@ -126,10 +143,43 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 constexpr int kMaxBuffers = 3;
 
-template <class P, typename T, typename G, int kCT>
-__global__ void __launch_bounds__(kCT)
+// Visits a segment buf[0, n) in shared memory (16-byte aligned) with 32-bit indices: f.template
+// apply<N>(j, x) gets N consecutive values from column j of the segment (8-wide when vec, else one by one).
+template <typename T, typename F>
+__device__ __forceinline__ void seg_for(const T* buf, int n, int nt, bool vec, F& f) {
+  int j = int(threadIdx.x);
+  if (vec) {
+    const int nv = n >> 3;
+    for (int v = j; v < nv; v += nt) {
+      float x[8];
+      unpack8(load_raw8<false>(buf + v * 8), x);
+      f.template apply<8>(v * 8, x);
+    }
+    j += nv * 8;
+  }
+  for (; j < n; j += nt) {
+    float x[1] = {to_f<T>(buf[j])};
+    f.template apply<1>(j, x);
+  }
+}
+
+// Pass 1 of a policy whose transform is the identity (plain_sum()): the segment's maximum is known, so the
+// sum of exp(x - m) needs no running maximum.
+struct SumExp {
+  float s, ml;  // ml = m·log2(e)
+  template <int N>
+  __device__ __forceinline__ void apply(int, const float* x) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) s += fast_exp2(fmaf(x[i], kLog2e, -ml));
+  }
+};
+
+// Up to 1024 threads per CTA (launch_rows picks the count that splits a segment's vectors most evenly).
+template <class P, typename T, typename G>
+__global__ void __launch_bounds__(1024)
     rows_cluster_kernel(RowBlock b, P p, int64_t seg, int nbuf, bool gvec) {
 #ifdef RT_HAS_CLUSTERS
+  const int nt = int(blockDim.x);
   extern __shared__ uint4 dyn_smem[];
   T* const base = reinterpret_cast<T*>(dyn_smem);
   __shared__ alignas(8) uint64_t bars[kMaxBuffers];
@@ -181,11 +231,13 @@ __global__ void __launch_bounds__(kCT)
   uint32_t phases = 0;  // bit i: the parity to wait for on buffer i
   for (int k = 0; k < nbuf - 1; ++k)
     if (first + k * step < b.rows) issue(first + k * step, k);
-  int it = 0;
-  for (int64_t r = first; r < b.rows; r += step, ++it) {
-    const int cur = it % nbuf;
+  const float scale = grad_scale(b);  // read once: written before this kernel, if on the device
+  if (first < b.rows) p.prefetch(b, first);
+  int it = 0, cur = 0, next_buf = nbuf - 1;  // it % nbuf and (it + nbuf - 1) % nbuf
+  for (int64_t r = first; r < b.rows; r += step, ++it, cur = cur + 1 == nbuf ? 0 : cur + 1,
+               next_buf = next_buf + 1 == nbuf ? 0 : next_buf + 1) {
     const int64_t ahead = r + int64_t(nbuf - 1) * step;
-    if (ahead < b.rows) issue(ahead, (it + nbuf - 1) % nbuf);  // the buffer row i-1 used, released below
+    if (ahead < b.rows) issue(ahead, next_buf);  // the buffer row i-1 used, released below
     if (seg_bytes) {
       asm volatile(
           "{\n .reg .pred done;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
@@ -204,13 +256,22 @@ __global__ void __launch_bounds__(kCT)
     // The segment's maximum first: the policies' transforms are monotone (softcap's is clamped to it), so
     // every thread's softmax state starts at the CTA's transformed maximum and stays there, and the CTA's
     // merge is a plain sum. (A NaN maximum, all values NaN, stays NaN, as do the sums.)
-    const float mt = p.transform_max(cta_max<kCT>(buf, n, maxes));
-    auto acc = p.acc();
-    p.start_at(acc, mt);
-    for_row<1, false>(buf, n, true, acc, c0);
+    const float mt = p.transform_max(cta_max(buf, int(n), nt, maxes));
     Online on;
-    float aux;
-    p.fold(acc, on, aux);
+    float aux = 0.0f;
+    if (p.plain_sum()) {  // uniform
+      on.m = mt;
+      if (mt != -INFINITY) {  // else every value is -inf: nothing to add
+        SumExp se{0.0f, mt * kLog2e};
+        seg_for(buf, int(n), nt, true, se);
+        on.s = se.s;
+      }
+    } else {
+      auto acc = p.acc();
+      p.start_at(acc, mt);
+      seg_for(buf, int(n), nt, true, acc);
+      p.fold(acc, on, aux);
+    }
     const int slot = it & 1;
     {
       float4 x = make_float4(on.s, on.t, aux, 0.0f);
@@ -223,7 +284,7 @@ __global__ void __launch_bounds__(kCT)
       if ((threadIdx.x & 31) == 0) sums[threadIdx.x >> 5] = x;
       __syncthreads();
       if (threadIdx.x < 32) {
-        x = threadIdx.x < kCT / 32 ? sums[threadIdx.x] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        x = int(threadIdx.x) < nt / 32 ? sums[threadIdx.x] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
           x.x += __shfl_xor_sync(0xffffffffu, x.x, o);
@@ -263,8 +324,9 @@ __global__ void __launch_bounds__(kCT)
     on = *merged;
     aux = merged_aux;
     if (rank == 0 && threadIdx.x == 0) p.finish(b, r, row, on, aux);
-    auto gr = p.template grad<G>(static_cast<G*>(b.grad) + r * b.grad_stride, on, aux, grad_scale(b));
-    for_row<1, false>(buf, n, gvec, gr, c0);
+    if (r + step < b.rows) p.prefetch(b, r + step);  // the next row's side data, in flight during pass 2
+    auto gr = p.template grad<G>(static_cast<G*>(b.grad) + r * b.grad_stride + c0, on, aux, scale, c0, n);
+    seg_for(buf, int(n), nt, gvec, gr);
     __syncthreads();  // the buffer and `merged` are rewritten two rows on / by the next row
   }
   cl.sync();  // no CTA leaves while a peer may still read its state
@@ -280,7 +342,17 @@ struct CePolicy {
   int64_t label;
   bool valid;
   float inv_v;
-  float zy;  // the (softcapped) logit at the label, thread 0 only (see begin_row)
+  float zy;                             // the (softcapped) logit at the label, thread 0 only (see begin_row)
+  int64_t pf_row = -1, pf_label = 0;    // a label loaded ahead of its row (cluster kernel: during pass 2)
+  float pf_coef = 0.0f, coef_r = 0.0f;  // o.row_coef at pf_row and at this row
+
+  // Pass 1 without a running maximum (the cluster kernel): no transform, no extra sum.
+  __device__ __forceinline__ bool plain_sum() const { return o.softcap == 0.0f && o.label_smoothing == 0.0f; }
+  __device__ __forceinline__ void prefetch(const RowBlock&, int64_t r) {
+    pf_label = load_index(o.labels, o.label_dtype == DType::I64, r);
+    if (o.row_coef) pf_coef = o.row_coef[r];
+    pf_row = r;
+  }
 
   __device__ __forceinline__ float xf(float z) const {
     return o.softcap > 0.0f ? o.softcap * tanhf(z * inv_cap) : z;
@@ -294,7 +366,8 @@ struct CePolicy {
   template <typename T>
   __device__ __forceinline__ void begin_row(const RowBlock& b, int64_t r, const T* row) {
     inv_v = 1.0f / float(b.V);
-    label = load_index(o.labels, o.label_dtype == DType::I64, r);
+    label = pf_row == r ? pf_label : load_index(o.labels, o.label_dtype == DType::I64, r);
+    if (o.row_coef) coef_r = pf_row == r ? pf_coef : o.row_coef[r];
     valid = label != o.ignore_index;
     if (valid && (label < 0 || label >= b.V)) {
       if (threadIdx.x == 0 && err) atomicCAS(err, 0, int(r) + 1);
@@ -361,9 +434,9 @@ struct CePolicy {
   struct Grad {
     G* out;
     float lse2, scale, cap, inv_cap, coef, offset, hit;
-    int64_t label;
+    int label;  // relative to out; -1 when the label column is not in [out, out + n)
     template <int N>
-    __device__ __forceinline__ void apply(int64_t j0, float* z) {
+    __device__ __forceinline__ void apply(int j0, float* z) {
       float g[8];
       if (cap > 0.0f) {
 #pragma unroll
@@ -377,7 +450,7 @@ struct CePolicy {
         for (int i = 0; i < N; ++i) g[i] = fmaf(fast_exp2(fmaf(z[i], kLog2e, -lse2)), coef, -offset);
       }
       // The label column: one range test per vector, the unrolled compare only when it is inside.
-      if (label >= j0 && label < j0 + N) {
+      if (unsigned(label - j0) < unsigned(N)) {
 #pragma unroll
         for (int i = 0; i < N; ++i)
           if (j0 + i == label) {
@@ -396,8 +469,10 @@ struct CePolicy {
       }
     }
   };
+  // out is column c0 of the row, and the functor sees columns [c0, c0 + n) as 0, 1, ...
   template <typename G>
-  __device__ __forceinline__ Grad<G> grad(G* out, const Online& on, float, float scale) const {
+  __device__ __forceinline__ Grad<G> grad(G* out, const Online& on, float, float scale, int64_t c0 = 0,
+                                          int64_t n = INT64_MAX) const {
     const float lse = on.lse();
     // An ignored row gets a zero gradient: scale 0 (the softmax of a finite row is finite).
     const float sc = valid ? scale : 0.0f;
@@ -407,10 +482,10 @@ struct CePolicy {
                    sc,
                    o.softcap,
                    inv_cap,
-                   sc * (1.0f + 2.0f * o.z_loss * lse),
+                   o.row_coef ? sc * coef_r : sc * (1.0f + 2.0f * o.z_loss * lse),
                    sc * o.label_smoothing * inv_v,
-                   sc * (1.0f - o.label_smoothing),
-                   label};
+                   sc * (1.0f - o.label_smoothing) * o.hit_weight,
+                   valid && label >= c0 && label - c0 < n ? int(label - c0) : -1};
   }
 };
 
@@ -423,6 +498,8 @@ struct EntropyPolicy {
   }
   template <typename T>
   __device__ __forceinline__ void begin_row(const RowBlock&, int64_t, const T*) {}
+  __device__ __forceinline__ static bool plain_sum() { return false; }
+  __device__ __forceinline__ static void prefetch(const RowBlock&, int64_t) {}
   struct Acc {
     Online on;
     float inv_t;
@@ -476,7 +553,8 @@ struct EntropyPolicy {
     }
   };
   template <typename G>
-  __device__ __forceinline__ Grad<G> grad(G* out, const Online& on, float, float scale) const {
+  __device__ __forceinline__ Grad<G> grad(G* out, const Online& on, float, float scale, int64_t = 0,
+                                          int64_t = 0) const {
     return Grad<G>{out, on.m, logf(on.s), entropy(on), inv_t, inv_t * scale};
   }
 };
@@ -626,18 +704,17 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       // Segments are whole 8-element vectors so every CTA's slice stays 16-byte aligned.
       const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
       // Three buffers when they fit (two rows streaming in while one is used), else two.
-      const int64_t budget = kSmemBudget * cluster_threads() / 1024;  // two 512-thread CTAs share an SM
-      const int nbuf = 3 * seg * int64_t(sizeof(T)) <= budget ? 3 : 2;
+      const int nbuf = 3 * seg * int64_t(sizeof(T)) <= kSmemBudget ? 3 : 2;
       const size_t smem = size_t(nbuf) * size_t(seg) * sizeof(T);
-      auto kernel =
-          cluster_threads() == 512 ? rows_cluster_kernel<P, T, G, 512> : rows_cluster_kernel<P, T, G, 1024>;
+      const int threads = cluster_threads(seg / 8);
+      auto kernel = rows_cluster_kernel<P, T, G>;
       cudaLaunchConfig_t cfg = {};
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeClusterDimension;
       attr[0].val.clusterDim.x = cs;
       attr[0].val.clusterDim.y = 1;
       attr[0].val.clusterDim.z = 1;
-      cfg.blockDim = dim3(cluster_threads());
+      cfg.blockDim = dim3(threads);
       cfg.dynamicSmemBytes = smem;
       cfg.stream = s;
       cfg.attrs = attr;
@@ -650,7 +727,7 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
         std::fprintf(
             stderr,
             "%s: cluster path, %d CTAs per row, segment %lld elements, %d buffers, %d clusters, %d threads\n",
-            what, cs, (long long)seg, nbuf, clusters, cluster_threads());
+            what, cs, (long long)seg, nbuf, clusters, threads);
       int64_t seg_arg = seg;
       int nbuf_arg = nbuf;
       bool gvec_arg = gvec;

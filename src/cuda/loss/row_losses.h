@@ -1,9 +1,9 @@
 // CUDA row-loss kernels: the device side of the row-loss contract in DESIGN.md ("Row losses").
-// A block of logits [rows, V] (f32, bf16 or f16; row stride in elements) and per-row side data in; per-row loss
-// and log-sum-exp (f32) out; optionally the gradient of the reduced loss w.r.t. the logits, written to `grad`
-// (which may alias the logits: every element is read before it is written, by the same thread) already scaled
-// by `scale` × (*scale_dev if given). Rows are independent: the fused linear scheduler calls these on chunks.
-// Host-only header: no CUDA types, so .cpp files can include it.
+// A block of logits [rows, V] (f32, bf16 or f16; row stride in elements) and per-row side data in; per-row
+// loss and log-sum-exp (f32) out; optionally the gradient of the reduced loss w.r.t. the logits, written to
+// `grad` (which may alias the logits: every element is read before it is written, by the same thread) already
+// scaled by `scale` × (*scale_dev if given). Rows are independent: the fused linear scheduler calls these on
+// chunks. Host-only header: no CUDA types, so .cpp files can include it.
 #pragma once
 #include <cstdint>
 
@@ -18,7 +18,7 @@ struct RowBlock {
   void* grad = nullptr;                 // nullptr: forward only
   DType grad_dtype = DType::F32;
   int64_t grad_stride = 0;
-  float scale = 1.0f;               // gradient multiplier known before the pass
+  float scale = 1.0f;                // gradient multiplier known before the pass
   const float* scale_dev = nullptr;  // optional device scalar multiplied in (e.g. 1 / valid rows)
   float* loss = nullptr;             // [rows] per-row loss (f32), may be nullptr
   float* lse = nullptr;              // [rows] per-row log-sum-exp of the (transformed) logits, may be nullptr
@@ -29,6 +29,10 @@ struct CrossEntropyRows {
   DType label_dtype = DType::I32;
   int64_t ignore_index = -100;
   float label_smoothing = 0.0f, z_loss = 0.0f, softcap = 0.0f;
+  // Top-K distillation's dense part (distill_rows.cu): with row_coef, the gradient's softmax term is
+  // scale·row_coef[r]·p (instead of scale·(1 + 2·z_loss·lse)·p) and the label column's is −scale·hit_weight.
+  const float* row_coef = nullptr;
+  float hit_weight = 1.0f;
 };
 
 struct EntropyRows {
