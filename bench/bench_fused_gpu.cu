@@ -9,13 +9,13 @@
 // before).
 // --logits bf16 keeps the fused ops' chunk logits in bf16 (FusedLinearOptions::logits_dtype) for every case
 // with a logits block; the floor is the same either way.
-// GEMM algorithms (--gemm-tune, CudaOptions::gemm_tune): by default (acc) the floor's GEMMs and retort's
-// take cuBLASLt's first choice, except retort's accumulating ones (dW += Gᵀ·H over the chunks after the
-// first), which the floor does not have: those take the fastest of cuBLASLt's first 8 candidates, timed at
-// first use (cuda/lt_tune.h). all: every GEMM of both sides that way (timed alone, other candidates beat the
-// first choice by up to 10 % on some of these shapes, but in this benchmark's steady state the picks were not
-// reliably faster: bench/RESULTS.md, session 14). off: cuBLASLt's first choice everywhere (before session
-// 14).
+// GEMM algorithms. The floor (--floor best, the default): each of its GEMMs takes the fastest of cuBLASLt's
+// first 8 candidates, timed after the preheat (in steady state: a pick timed on a cool GPU need not hold
+// under the power cap), so the floor is the best cuBLASLt does on these shapes, not its heuristic's first
+// choice (up to 17 % slower on an H100: bench/RESULTS.md, session 15); --floor first: the first choice.
+// retort
+// (--gemm-tune, CudaOptions::gemm_tune, default the product's): its executor times its GEMMs at first use
+// (cuda/lt_tune.h) — all of them (all), the accumulating ones only (acc), or none (off).
 //
 // Targets (ratio retort / floor, or absolute ms for the K-sparse top-K path, which has no GEMM to compare
 // with): CE 1.08, CE small 1.15, top-K KD + hard CE 1.12, K-sparse top-K 2 ms, online JSD 1.15.
@@ -108,9 +108,18 @@ struct Lt {
   size_t ws_bytes = size_t(32) << 20;
 };
 
-GemmTune g_tune = GemmTune::Accumulating;  // --gemm-tune off | acc | all
-// The floor's timed algorithm per GEMM shape (m, n, k, ta, tb).
-std::vector<std::pair<std::tuple<int64_t, int64_t, int64_t, bool, bool>, retort::cuda::LtAlgo>> g_floor_algos;
+GemmTune g_tune = CudaOptions{}.gemm_tune;  // retort's: --gemm-tune off | acc | all (default: the product's)
+// The floor's algorithms (--floor best | first): the fastest of cuBLASLt's first 8 candidates, timed once the
+// GPU is in steady state (after the preheat), or cuBLASLt's first choice.
+bool g_floor_best = true;
+bool g_floor_steady = false;  // set by time_pair_ms once the preheat is done
+struct FloorAlgo {
+  std::tuple<int64_t, int64_t, int64_t, bool, bool> key;  // m, n, k, ta, tb
+  std::vector<retort::cuda::LtAlgo> cands;
+  size_t pick = 0;
+  bool timed = false;
+};
+std::vector<FloorAlgo> g_floor_algos;
 
 // C [m, n] f32 (row-major) = op(A)·op(B), A and B bf16 row-major: A [m, k] (or [k, m] when ta), B [k, n]
 // (or [n, k] when tb). cuBLASLt is column-major, so it computes Cᵀ = op(B)ᵀ·op(A)ᵀ on the same memory.
@@ -134,24 +143,32 @@ void gemm_rm(Lt& lt, const void* a, bool ta, const void* b, bool tb, float* c, i
   const float alpha = 1.0f, beta = 0.0f;
   const auto key = std::make_tuple(m, n, k, ta, tb);
   auto known =
-      std::find_if(g_floor_algos.begin(), g_floor_algos.end(), [&](const auto& e) { return e.first == key; });
+      std::find_if(g_floor_algos.begin(), g_floor_algos.end(), [&](const auto& e) { return e.key == key; });
   if (known == g_floor_algos.end()) {
-    const std::vector<retort::cuda::LtAlgo> cands =
-        retort::cuda::lt_candidates(lt.h, md, lx, ly, lc, pref, g_tune == GemmTune::All ? 8 : 1);
-    if (cands.empty()) {
+    FloorAlgo f;
+    f.key = key;
+    f.cands = retort::cuda::lt_candidates(lt.h, md, lx, ly, lc, pref, g_floor_best ? 8 : 1);
+    if (f.cands.empty()) {
       std::fprintf(stderr, "cuBLASLt: no algorithm for %lld x %lld x %lld\n", (long long)m, (long long)n,
                    (long long)k);
       std::exit(1);
     }
-    const int best = retort::cuda::lt_fastest(int(cands.size()), s, [&](int i) {
-      LT(cublasLtMatmul(lt.h, md, &alpha, b, lx, a, ly, &beta, c, lc, c, lc, &cands[size_t(i)].algo, lt.ws,
-                        lt.ws_bytes, s));
-    });
-    g_floor_algos.emplace_back(key, cands[size_t(best)]);
+    f.timed = f.cands.size() < 2;
+    g_floor_algos.push_back(std::move(f));
     known = g_floor_algos.end() - 1;
   }
-  LT(cublasLtMatmul(lt.h, md, &alpha, b, lx, a, ly, &beta, c, lc, c, lc, &known->second.algo, lt.ws,
-                    lt.ws_bytes, s));
+  if (!known->timed && g_floor_steady) {  // 7 round-robin samples of 3 runs each, in steady state
+    known->timed = true;
+    known->pick = size_t(retort::cuda::lt_fastest(
+        int(known->cands.size()), s,
+        [&](int i) {
+          LT(cublasLtMatmul(lt.h, md, &alpha, b, lx, a, ly, &beta, c, lc, c, lc,
+                            &known->cands[size_t(i)].algo, lt.ws, lt.ws_bytes, s));
+        },
+        7, 3));
+  }
+  LT(cublasLtMatmul(lt.h, md, &alpha, b, lx, a, ly, &beta, c, lc, c, lc, &known->cands[known->pick].algo,
+                    lt.ws, lt.ws_bytes, s));
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatrixLayoutDestroy(lc);
   cublasLtMatrixLayoutDestroy(ly);
@@ -183,11 +200,13 @@ double g_preheat_s = 5.0;  // --preheat S
 // host's first launch; host_ms (if given) receives the median host time of queuing one fb.
 std::pair<double, double> time_pair_ms(cudaStream_t s, int warmup, int reps, const std::function<void()>& fa,
                                        const std::function<void()>& fb, double* host_ms = nullptr) {
+  g_floor_steady = false;
   const auto heat0 = std::chrono::steady_clock::now();
   while (std::chrono::duration<double>(std::chrono::steady_clock::now() - heat0).count() < g_preheat_s) {
     fa();
     CK(cudaStreamSynchronize(s));
   }
+  g_floor_steady = true;  // the floor's algorithms not yet timed are timed at its next run (--floor best)
   for (int i = 0; i < warmup; ++i) {
     fa();
     fb();
@@ -391,6 +410,9 @@ int main(int argc, char** argv) {
       reps = std::max(5, std::atoi(argv[++i]));
     } else if (a == "--preheat" && i + 1 < argc) {
       g_preheat_s = std::max(0.0, std::atof(argv[++i]));
+    } else if (a == "--floor" && i + 1 < argc &&
+               (std::string(argv[i + 1]) == "best" || std::string(argv[i + 1]) == "first")) {
+      g_floor_best = std::string(argv[++i]) == "best";
     } else if (a == "--gemm-tune" && i + 1 < argc &&
                (std::string(argv[i + 1]) == "off" || std::string(argv[i + 1]) == "acc" ||
                 std::string(argv[i + 1]) == "all")) {
@@ -399,7 +421,7 @@ int main(int argc, char** argv) {
     } else {
       std::printf(
           "usage: %s [--quick] [--budget-mib M] [--logits f32|bf16|f16] [--reps R] [--only NAME] "
-          "[--gemm-tune off|acc|all] [--preheat S]\n"
+          "[--gemm-tune off|acc|all] [--floor best|first] [--preheat S]\n"
           "  --quick         smaller shapes (N / 8, H / 2, V / 4)\n"
           "  --budget-mib M  the fused ops' memory budget for chunk logits (default 2048: chunks of "
           "thousands\n"
@@ -412,10 +434,12 @@ int main(int argc, char** argv) {
           "  --only NAME     only the case named NAME, or those whose name contains NAME (e.g. 'K-sparse', "
           "for a profiler)\n"
           "  --preheat S     seconds of the floor's GEMMs before each case's timing (default 5; 0: none)\n"
-          "  --gemm-tune M   GEMM algorithms timed at first use, the fastest of cuBLASLt's first 8 kept: acc "
-          "(default)\n"
-          "                  retort's accumulating GEMMs only, all: every GEMM of floor and retort, off: "
-          "none\n",
+          "  --gemm-tune M   retort's GEMMs timed at first use, the fastest of cuBLASLt's first 8 kept: all "
+          "(default),\n"
+          "                  acc: the accumulating ones only, off: none (cuBLASLt's first choice)\n"
+          "  --floor F       the floor's GEMM algorithms: best (default: the fastest of cuBLASLt's first 8, "
+          "timed\n"
+          "                  after the preheat) or first (cuBLASLt's first choice)\n",
           argv[0]);
       return a == "--help" ? 0 : 2;
     }
@@ -447,12 +471,13 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf(
       "device: %s; budget %zu MiB; bf16 inputs, f32 accumulation and gradients; %s chunk logits; %.0f s "
-      "preheat; GEMM algorithms: %s%s\n",
+      "preheat; GEMM algorithms: %s; %s%s\n",
       prop.name, budget_mib, dtype_name(logits_dtype), g_preheat_s,
-      g_tune == GemmTune::All ? "fastest of cuBLASLt's first 8, floor and retort (--gemm-tune all)"
-      : g_tune == GemmTune::Off
-          ? "cuBLASLt's first choice (--gemm-tune off)"
-          : "cuBLASLt's first choice, retort's accumulating ones timed (--gemm-tune acc)",
+      g_floor_best ? "floor: the fastest of cuBLASLt's first 8 in steady state (--floor best)"
+                   : "floor: cuBLASLt's first choice (--floor first)",
+      g_tune == GemmTune::All   ? "retort: every GEMM timed at first use (--gemm-tune all)"
+      : g_tune == GemmTune::Off ? "retort: cuBLASLt's first choice (--gemm-tune off)"
+                                : "retort: its accumulating GEMMs timed at first use (--gemm-tune acc)",
       quick ? "; --quick shapes" : "");
   struct Row {
     Case c;

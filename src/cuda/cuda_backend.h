@@ -42,11 +42,12 @@ struct CudaOptions {
   // first call that overwrites its output, on the GEMM's own operands, once per backend) and keep the fastest
   // (cuBLASLt's first choice unless another is > 3 % faster). The first step waits for the timings (~0.1-0.5
   // s at LLM sizes), and two processes may pick different algorithms, whose results differ in f32 rounding
-  // (Off for bitwise-reproducible runs). Default Accumulating: on an H100 cuBLASLt's first choice for dW +=
-  // Gᵀ·H is 5-12 % slower than another of its candidates, while for the other GEMMs the picks timed at first
-  // use were not reliably faster in a long run (bench/RESULTS.md, session 14). Environment override, read by
-  // make_cuda_backend (which throws on another value): RETORT_GEMM_TUNE=0 (Off), 1 (Accumulating), 2 (All).
-  GemmTune gemm_tune = GemmTune::Accumulating;
+  // (Off for bitwise-reproducible runs); at most 64 shapes per backend are timed, later ones take the first
+  // choice. Default All: on an H100 cuBLASLt's first choice is 11-17 % slower than another of its first 8
+  // candidates for the 16-bit logits GEMMs in steady state, and 5-12 % for dW += Gᵀ·H (bench/RESULTS.md,
+  // sessions 14 and 15). Environment override, read by make_cuda_backend (which throws on another value):
+  // RETORT_GEMM_TUNE=0 (Off), 1 (Accumulating), 2 (All).
+  GemmTune gemm_tune = GemmTune::All;
 };
 
 // True when retort was built with CUDA and at least one device is usable; why_not gets the reason otherwise.

@@ -595,8 +595,12 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
         plans_.push_back(std::move(p));
         return *plans_.back();
       }
-    // Only f32 outputs accumulate (dW, dhidden); a 16-bit one (logits) has nothing to time unless All.
-    const bool timed = tune_ == GemmTune::All || (tune_ == GemmTune::Accumulating && key[17] == CUDA_R_32F);
+    // Only f32 outputs accumulate (dW, dhidden); a 16-bit one (logits) has nothing to time unless All. At
+    // most kMaxTunedShapes shapes per backend are timed (rows that change every step, such as a last short
+    // chunk of varying size, would otherwise time a new shape each step); later ones take the first choice.
+    const bool timed =
+        (tune_ == GemmTune::All || (tune_ == GemmTune::Accumulating && key[17] == CUDA_R_32F)) &&
+        ex_.lt_tuned->size() < kMaxTunedShapes;
     p->cands = lt_candidates(ex_.lt, p->md, p->lx, p->ly, p->lc, pref.p, timed ? kTuneCandidates : 1);
     RT_CHECK(!p->cands.empty(), "cuda fused linear: cuBLASLt has no algorithm for a ", key[11], " x ",
              key[12], " GEMM (inputs ", key[0] == CUDA_R_32F ? "f32" : "16-bit", ")");
@@ -626,6 +630,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   }
 
   static constexpr int kTuneCandidates = 8;
+  static constexpr size_t kMaxTunedShapes = 64;
 
   struct Overlap {
     int pieces = 1, min_rows = 0, gemm_sms = 0;
