@@ -39,14 +39,15 @@ struct CudaOptions {
   // (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET; 0: the device's). Environment override: RETORT_OVERLAP_SMS.
   int fused_overlap_gemm_sms = 0;
   // Fused linear losses: which GEMMs time cuBLASLt's first 8 candidate algorithms for their shape (at the
-  // first call that overwrites its output, on the GEMM's own operands, once per backend) and keep the fastest
-  // (cuBLASLt's first choice unless another is > 3 % faster). The first step waits for the timings (~0.1-0.5
-  // s at LLM sizes), and two processes may pick different algorithms, whose results differ in f32 rounding
-  // (Off for bitwise-reproducible runs); at most 64 shapes per backend are timed, later ones take the first
-  // choice. Default All: on an H100 cuBLASLt's first choice is 11-17 % slower than another of its first 8
-  // candidates for the 16-bit logits GEMMs in steady state, and 5-12 % for dW += Gᵀ·H (bench/RESULTS.md,
-  // sessions 14 and 15). Environment override, read by make_cuda_backend (which throws on another value):
-  // RETORT_GEMM_TUNE=0 (Off), 1 (Accumulating), 2 (All).
+  // first call that overwrites its output, on the GEMM's own operands, per backend; and once more at such a
+  // call 2 s or more later, when the GPU runs at the clocks its power cap allows under load) and keep the
+  // fastest (cuBLASLt's first choice unless another is > 3 % faster). The steps that time wait for the
+  // timings (~0.1-0.5 s at LLM sizes), and two processes may pick different algorithms, whose results differ
+  // in f32 rounding (Off for bitwise-reproducible runs); at most 64 shapes per backend are timed, later ones
+  // take the first choice. Default All: on an H100 cuBLASLt's first choice is 11-17 % slower than another of
+  // its first 8 candidates for the 16-bit logits GEMMs in steady state, and 5-12 % for dW += Gᵀ·H
+  // (bench/RESULTS.md, sessions 14 and 15). Environment override, read by make_cuda_backend (which throws on
+  // another value): RETORT_GEMM_TUNE=0 (Off), 1 (Accumulating), 2 (All).
   GemmTune gemm_tune = GemmTune::All;
 };
 

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -135,10 +136,16 @@ struct DeviceError {
 // ---- launch environment
 // ------------------------------------------------------------------------------------
 // A cuBLASLt algorithm chosen by timing (lt_tune.h) for one GEMM, by the chunk executor's description of it
-// (its GemmKey): for beta = 0 and for beta != 0.
+// (its GemmKey): for beta = 0 and for beta != 0. Timed twice: at the shape's first call, and once more at
+// its first call (that overwrites C) at least kSettleSeconds later, when the GPU has been under load and runs
+// at the clocks its power cap allows (the picks of a cool GPU need not hold there).
 struct LtTuned {
+  static constexpr double kSettleSeconds = 2.0;
   std::vector<int64_t> key;
   std::array<LtAlgo, 2> algo;
+  std::vector<LtAlgo> cands;                    // the timed candidates
+  std::chrono::steady_clock::time_point first;  // when first timed
+  bool settled = false;                         // timed the second time
 };
 
 struct CudaExec {

@@ -95,6 +95,7 @@ struct GemmPlan {
   std::vector<LtAlgo> cands;     // cuBLASLt's candidates, its first choice first
   std::array<LtAlgo, 2> algo{};  // for beta = 0 and for beta != 0 (accumulating into C)
   bool tuned = false;            // algo[] timed (lt_fastest), or never to be
+  int64_t entry = -1;            // its index in CudaExec::lt_tuned once timed
   GemmPlan() = default;
   GemmPlan(const GemmPlan&) = delete;
   GemmPlan& operator=(const GemmPlan&) = delete;
@@ -306,7 +307,23 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     // The algorithms are timed at the first call whose C may be clobbered first (beta = 0: this call
     // overwrites it) and while no side-stream work shares the GPU; until then cuBLASLt's first choice. For
     // the accumulating algorithm (beta != 0) that is the first chunk's dW, before the chunks that add to it.
-    if (!plan.tuned && beta == 0.0f && !side_pending_) tune(plan, a.data, b.data, c.data, alpha);
+    // Once more at such a call LtTuned::kSettleSeconds later, in the clocks of a GPU under load.
+    if (beta == 0.0f && !side_pending_) {
+      if (!plan.tuned) {
+        tune(plan, a.data, b.data, c.data, alpha);
+      } else if (plan.entry >= 0 && retime_on()) {
+        LtTuned& e = (*ex_.lt_tuned)[size_t(plan.entry)];
+        if (!e.settled && std::chrono::duration<double>(std::chrono::steady_clock::now() - e.first).count() >=
+                              LtTuned::kSettleSeconds) {
+          e.settled = true;
+          if (plan.cands.empty()) plan.cands = e.cands;
+          retime(plan, a.data, b.data, c.data, alpha);
+          e.algo = plan.algo;
+        } else if (e.settled) {
+          plan.algo = e.algo;
+        }
+      }
+    }
     RT_CUBLAS_CHECK(cublasLtMatmul(ex_.lt, plan.md, &alpha, b.data, plan.lx, a.data, plan.ly, &beta, c.data,
                                    plan.lc, c.data, plan.lc, &plan.algo[beta == 0.0f ? 0 : 1].algo,
                                    ex_.workspace, ex_.workspace_bytes, ex_.stream));
@@ -588,13 +605,16 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                          &al_c, sizeof(al_c)));
     // Timed by an earlier executor of this backend: no heuristic query at all.
-    for (const LtTuned& t : *ex_.lt_tuned)
+    for (size_t i = 0; i < ex_.lt_tuned->size(); ++i) {
+      const LtTuned& t = (*ex_.lt_tuned)[i];
       if (std::equal(key.begin(), key.end(), t.key.begin(), t.key.end())) {
         p->algo = t.algo;
         p->tuned = true;
+        p->entry = int64_t(i);
         plans_.push_back(std::move(p));
         return *plans_.back();
       }
+    }
     // Only f32 outputs accumulate (dW, dhidden); a 16-bit one (logits) has nothing to time unless All. At
     // most kMaxTunedShapes shapes per backend are timed (rows that change every step, such as a last short
     // chunk of varying size, would otherwise time a new shape each step); later ones take the first choice.
@@ -612,9 +632,16 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
 
   // Times plan's candidates on its own operands (the GEMM about to run, whose C this call overwrites) and
   // keeps the fastest for beta = 0 (GemmTune::All) and, for f32 outputs (the accumulators: dW over chunks,
-  // dhidden when asked), for beta = 1. Once per GEMM shape and backend (ex_.lt_tuned); waits for the stream.
+  // dhidden when asked), for beta = 1, and records them per GEMM shape and backend (ex_.lt_tuned), where
+  // gemm() has them timed once more (retime) after LtTuned::kSettleSeconds. Waits for the stream.
   void tune(GemmPlan& plan, const void* a, const void* b, void* c, float alpha) {
     plan.tuned = true;
+    retime(plan, a, b, c, alpha);
+    plan.entry = int64_t(ex_.lt_tuned->size());
+    ex_.lt_tuned->push_back(LtTuned{std::vector<int64_t>(plan.key.begin(), plan.key.end()), plan.algo,
+                                    plan.cands, std::chrono::steady_clock::now(), false});
+  }
+  void retime(GemmPlan& plan, const void* a, const void* b, void* c, float alpha) {
     const int n = int(plan.cands.size());
     for (int acc = tune_ == GemmTune::All ? 0 : 1; acc < (plan.key[17] == CUDA_R_32F ? 2 : 1); ++acc) {
       const float beta = float(acc);
@@ -626,9 +653,16 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
       plan.algo[acc] = plan.cands[size_t(best)];
     }
     if (plan.key[17] != CUDA_R_32F) plan.algo[1] = plan.algo[0];
-    ex_.lt_tuned->push_back(LtTuned{std::vector<int64_t>(plan.key.begin(), plan.key.end()), plan.algo});
   }
 
+  // RETORT_GEMM_RETIME=0: no second timing (for comparisons).
+  static bool retime_on() {
+    static const bool on = [] {
+      const char* e = std::getenv("RETORT_GEMM_RETIME");
+      return !(e && e[0] == '0');
+    }();
+    return on;
+  }
   static constexpr int kTuneCandidates = 8;
   static constexpr size_t kMaxTunedShapes = 64;
 
