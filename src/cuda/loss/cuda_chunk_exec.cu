@@ -351,6 +351,14 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     RT_ASSERT(src.dtype == dst.dtype && src.rows == dst.rows && src.cols == dst.cols &&
               dst.col_stride == dtype_size(dst.dtype) &&
               dst.row_stride == size_t(dst.cols) * dtype_size(dst.dtype));
+    if (src.rows > 0 && src.col_stride == dtype_size(src.dtype) && src.row_stride % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(src.data) % 16 == 0 && dst.row_stride % 16 == 0) {
+      // Rows of whole 16-byte pieces (the padded weight copy): the copy engine's strided copy, at HBM speed
+      // (the element-wise kernel took 0.12 ms for GPT-2's 77 MB weight on an H100).
+      RT_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, dst.row_stride, src.data, src.row_stride, dst.row_stride,
+                                      size_t(src.rows), cudaMemcpyDeviceToDevice, ex_.stream));
+      return;
+    }
     fused::copy_block(ex_, src, dst.dtype, dst.data);
   }
 

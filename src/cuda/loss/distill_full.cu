@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
   const int64_t first = blockIdx.x / cs, step = gridDim.x / cs;
   const float temp = o.temperature, inv_t = 1.0f / temp, kt = inv_t * kLog2e, beta = o.beta;
   const bool want_grad = b.grad != nullptr;
-  constexpr int nw = kCT / 32;  // blockDim.x is kCT
+  const int nt = int(blockDim.x), nw = nt / 32;  // at most kCT threads (cluster_plan's count)
   const int lane = int(threadIdx.x & 31), wid = int(threadIdx.x >> 5);
   if (threadIdx.x == 0) {
     for (int i = 0; i < nbuf; ++i)
@@ -319,12 +319,14 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
   uint32_t phases = 0;
   for (int k = 0; k < nbuf - 1; ++k)
     if (first + k * step < b.rows) issue(first + k * step, k);
-  int it = 0;
+  // Read once (a device scalar written before this kernel): a load per row would wait in the middle of it.
+  const float scale = want_grad ? grad_scale(b) : 0.0f;
+  int it = 0, cur = 0, next_buf = nbuf - 1;  // it % nbuf and (it + nbuf - 1) % nbuf
   const int nv = int(n / 8);  // segments are whole 8-element vectors (V % 8 == 0), of at most 2^20 bytes
-  for (int64_t r = first; r < b.rows; r += step, ++it) {
-    const int cur = it % nbuf;
+  for (int64_t r = first; r < b.rows; r += step, ++it, cur = cur + 1 == nbuf ? 0 : cur + 1,
+               next_buf = next_buf + 1 == nbuf ? 0 : next_buf + 1) {
     const int64_t ahead = r + int64_t(nbuf - 1) * step;
-    if (ahead < b.rows) issue(ahead, (it + nbuf - 1) % nbuf);  // the buffer the previous row used
+    if (ahead < b.rows) issue(ahead, next_buf);  // the buffer the previous row used
     // The label is the same for every CTA of the cluster, so every branch below is uniform across it. (Read
     // before the wait: its load overlaps the copy's.)
     const RowLabel lab = row_label(o.labels, r, o.ignore_index, v, err);
@@ -352,12 +354,12 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
     float cmz, cmw;
     {
       rowk::SegMax<T> az, aw;
-      for (int k = int(threadIdx.x); k < nv; k += kCT) {
+      for (int k = int(threadIdx.x); k < nv; k += nt) {
         az.add(rowk::load_raw8<false>(zs + k * 8));
         aw.add(rowk::load_raw8<false>(ws + k * 8));
       }
       float m[2] = {az.get(), aw.get()};
-      rowk::block_max<kCT>(m, wmax);
+      rowk::block_max_n(m, wmax, nw);
       cmz = m[0];
       cmw = m[1];
     }
@@ -366,7 +368,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
       // A segment of −inf only: its sums are 0 (exp2(−inf − 0)), and its maximum tells the merge it has none.
       const float oz = cmz == -INFINITY ? 0.0f : cmz, ow = cmw == -INFINITY ? 0.0f : cmw;
       auto sums = [&]<bool kBoth>() {
-        for (int k = int(threadIdx.x); k < nv; k += kCT) {
+        for (int k = int(threadIdx.x); k < nv; k += nt) {
           float z[8], w[8], ez[8], e1[8], ew[8];
           rowk::load8<false>(zs + k * 8, z);
           rowk::load8<false>(ws + k * 8, w);
@@ -450,7 +452,6 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
     }
     const float log_sw = logf(sw.st);
     const float hard = f.want_hard ? (sz.m - zy) + log_s1 : 0.0f;
-    const float scale = want_grad ? grad_scale(b) : 0.0f;
     const float cs_soft = want_grad && o.w_soft != 0.0f ? scale * o.w_soft * temp : 0.0f;
     const float ch = want_grad && f.hard_on ? scale * o.w_hard : 0.0f;
     // The hard loss's gradient ch·softmax(z) at T = 1: with T = 1 that softmax is q, and ch goes into q's
@@ -491,7 +492,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
     float sa = 0.0f, sb = 0.0f;
     auto pass2 = [&]<bool kHsep>() {
       [[maybe_unused]] const float cq = cs_soft + chq;
-      for (int k = int(threadIdx.x); k < nv; k += kCT) {
+      for (int k = int(threadIdx.x); k < nv; k += nt) {
         float z[8], w[8];
         [[maybe_unused]] float g[8];
         rowk::load8<false>(zs + k * 8, z);
@@ -570,7 +571,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
       // With q·2^15 kept by pass 2, the 2^-15 goes into the coefficients (exact: powers of 2).
       const float a3k = a3 * (1.0f / 32768.0f), b3k = b3 * (1.0f / 32768.0f);
       auto pass3 = [&]<bool kHsep>() {
-        for (int k = int(threadIdx.x); k < nv; k += kCT) {
+        for (int k = int(threadIdx.x); k < nv; k += nt) {
           float z[8], w[8], g[8];
           if constexpr (kMode == 2 && kKeepT && !kHsep) {
             load_t(zs + k * 8, z);  // q·2^15
@@ -627,7 +628,8 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
 // The cluster plan for a row pair of V elements of T: CTAs per row and segment length, or cs = 0 when the
 // rows are not eligible (not Hopper, dtypes differ, rows not 16-byte aligned vectors, or too long).
 struct ClusterPlan {
-  int cs = 0, nbuf = 0, threads = 0;
+  int cs = 0, nbuf = 0, threads = 0;  // threads: the kernel's bound (512: two CTAs per SM, or 1024)
+  int block = 0;                      // the threads launched per CTA, <= threads
   int64_t seg = 0;
 };
 
@@ -648,18 +650,30 @@ ClusterPlan cluster_plan(const RowBlock& b, const DistillRows& o, size_t elsize)
     const char* e = std::getenv("RETORT_DISTILL_CTAS");
     return e ? std::atoi(e) : 0;
   }();
-  // The fewest CTAs whose segments (student + teacher, two buffers) fit; one buffer when two never do.
+  // The fewest CTAs whose segments (student + teacher, two buffers) fit; one buffer when two never do. The
+  // CTAs have 512 (two per SM) or 1024 threads; RETORT_DISTILL_THREADS=n (a multiple of 32, at most that)
+  // launches fewer, for tuning. (Counts that split a segment's vectors more evenly, as the cross-entropy
+  // kernel picks, were slower here: 480 threads for V = 128,256 in 5 segments, fused JSD 1.172 / 1.164
+  // against 1.156 / 1.149 at 512, H100, session 15: two CTAs per SM need every warp to hide the latency.)
   for (int threads : {512, 1024}) {
     if (threads == 512 && distill_force_1024()) continue;
     for (int nbuf = kMaxBufs; nbuf >= 1 && p.cs == 0; --nbuf)
       for (int cs = want > 0 ? std::min(want, kMaxClusterCtas) : 1; cs <= kMaxClusterCtas; ++cs) {
         const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
         if (int64_t(nbuf) * 2 * seg * int64_t(elsize) <= cluster_smem(threads)) {
-          p = ClusterPlan{cs, nbuf, threads, seg};
+          p = ClusterPlan{cs, nbuf, threads, threads, seg};
           break;
         }
       }
     if (p.cs) break;
+  }
+  if (p.cs) {
+    static const int forced = [] {
+      const char* e = std::getenv("RETORT_DISTILL_THREADS");
+      const int v = e ? std::atoi(e) : 0;
+      return v >= 64 && v % 32 == 0 ? v : 0;
+    }();
+    p.block = forced && forced <= p.threads ? forced : p.threads;
   }
   return p;
 }
@@ -710,7 +724,7 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
       attr[0].val.clusterDim.y = 1;
       attr[0].val.clusterDim.z = 1;
       cudaLaunchConfig_t cfg = {};
-      cfg.blockDim = dim3(unsigned(cp.threads));
+      cfg.blockDim = dim3(unsigned(cp.block));
       cfg.gridDim = dim3(unsigned(cp.cs));
       cfg.dynamicSmemBytes = smem;
       cfg.stream = s;
@@ -723,7 +737,7 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
         std::fprintf(stderr,
                      "distill_rows: cluster path, %d CTAs per row, segment %lld, %d buffers, %d clusters, "
                      "%d threads\n",
-                     cp.cs, static_cast<long long>(cp.seg), cp.nbuf, clusters, cp.threads);
+                     cp.cs, static_cast<long long>(cp.seg), cp.nbuf, clusters, cp.block);
       const bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
       int64_t seg = cp.seg;
       int nbuf = cp.nbuf;

@@ -349,6 +349,26 @@ __device__ __forceinline__ void block_max(float (&m)[N], float (&red)[32][N]) {
   }
 }
 
+// block_max for a CTA of nw warps (a runtime count, at most 32).
+template <int N>
+__device__ __forceinline__ void block_max_n(float (&m)[N], float (&red)[32][N], int nw) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
+  const int lane = int(threadIdx.x & 31);
+  if (lane == 0)
+#pragma unroll
+    for (int i = 0; i < N; ++i) red[threadIdx.x >> 5][i] = m[i];
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    m[i] = lane < nw ? red[lane][i] : -INFINITY;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
+  }
+}
+
 // CTA-wide maximum of buf[0, n) (shared memory, 16-byte aligned; nt threads, a multiple of 32): every
 // thread gets it.
 template <typename T>
