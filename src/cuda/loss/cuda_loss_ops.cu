@@ -248,6 +248,8 @@ void topk_l(CudaExec& ex, Tensor* node) {
   t.w_soft = node->fp[kFpSoft];
   t.hard = o.hard;
   t.soft = o.soft;
+  // Workspace for the rows that run as cross-entropy rows (distill_rows.h; used only where they qualify).
+  if (o.grad && t.ids.data && t.K <= kMaxFastSlots) t.scratch = s.bytes(topk_scratch_bytes(xr.rows, t.K));
   topk_distill_rows(block_of(xr, o, sc), t, ErrorSink{ex.dev_error, node->op}, ex.stream);
   reduce(s, node, o, sc);
 }
