@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
         aw.add(rowk::load_raw8<false>(ws + k * 8));
       }
       float m[2] = {az.get(), aw.get()};
-      rowk::block_max_n(m, wmax, nw);
+      rowk::block_max(m, wmax, nw);
       cmz = m[0];
       cmw = m[1];
     }

@@ -328,30 +328,10 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return r;
 }
 
-// CTA-wide maxima of N values per thread (kCT threads; NaN skipped, as by fmaxf): every thread gets them.
-// red holds 32 entries.
-template <int kCT, int N>
-__device__ __forceinline__ void block_max(float (&m)[N], float (&red)[32][N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
-  const int lane = int(threadIdx.x & 31);
-  if (lane == 0)
-#pragma unroll
-    for (int i = 0; i < N; ++i) red[threadIdx.x >> 5][i] = m[i];
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    m[i] = lane < kCT / 32 ? red[lane][i] : -INFINITY;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
-  }
-}
-
-// block_max for a CTA of nw warps (a runtime count, at most 32).
+// CTA-wide maxima of N values per thread (nw warps, at most 32; NaN skipped, as by fmaxf): every thread gets
+// them. red holds 32 entries.
 template <int N>
-__device__ __forceinline__ void block_max_n(float (&m)[N], float (&red)[32][N], int nw) {
+__device__ __forceinline__ void block_max(float (&m)[N], float (&red)[32][N], int nw) {
 #pragma unroll
   for (int i = 0; i < N; ++i)
 #pragma unroll
