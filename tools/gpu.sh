@@ -26,6 +26,9 @@ row() { rows+=("$(printf '%-28s %-6s %8s  %s' "$1" "$2" "$3" "$4")"); }
 find_nvcc || die "nvcc not found (looked on PATH and in /usr/local/cuda/bin)"
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), meson $(meson --version), $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+# The tree as it is here (a copied working tree may carry an older .git): a digest of the CUDA sources and the
+# GPU benchmarks, to match against the machine the tree came from.
+echo "digest of src/cuda and bench/*.cu: $(sha256sum src/cuda/*.* src/cuda/loss/*.* bench/*.cu | sha256sum | cut -c1-16)"
 
 gtest_opt=()
 if [ -f .gtest/googletest/src/gtest-all.cc ]; then
