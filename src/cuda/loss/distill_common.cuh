@@ -40,14 +40,15 @@ struct RowLabel {
   bool ignored;  // ignore_index, or out of range (then reported)
 };
 
-// Uniform across the block: every thread reads the same label.
+// Uniform across the block (or the warp, for a warp per row): every thread reads the same label, and the
+// `reporter` thread records a bad one.
 __device__ __forceinline__ RowLabel row_label(const SideMatrix& labels, int64_t r, int64_t ignore, int64_t v,
-                                              const ErrorSink& err) {
+                                              const ErrorSink& err, bool reporter = threadIdx.x == 0) {
   if (!labels.data) return {-1, false};
   const long long y = load_i(side_at(labels, r, 0), labels.dtype);
   if (y == ignore) return {y, true};
   if (y < 0 || y >= v) {
-    if (threadIdx.x == 0 && err.record) report_error(err.record, err.op, kErrLabelOutOfRange, y, v);
+    if (reporter && err.record) report_error(err.record, err.op, kErrLabelOutOfRange, y, v);
     return {y, true};
   }
   return {y, false};

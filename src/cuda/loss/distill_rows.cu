@@ -40,6 +40,21 @@ struct TopKFlags {
 
 constexpr unsigned long long kNoKey = ~0ull;  // padding slots sort last
 
+// Slot k of row r, with its teacher log-probability in lp: the column it points at (k itself when gathered,
+// no ids) when valid, else -1 (padding: lp = -inf or masked; or an id out of [0, v), reported when `report`).
+__device__ __forceinline__ int slot_id(const TopKRows& o, int64_t r, int64_t k, int64_t v, float& lp,
+                                       const ErrorSink* report) {
+  lp = load_f(side_at(o.logprobs, r, k), o.logprobs.dtype);
+  if (lp == -INFINITY || (o.mask.data && !nonzero(side_at(o.mask, r, k), o.mask.dtype))) return -1;
+  if (!o.ids.data) return int(k);
+  const long long id = load_i(side_at(o.ids, r, k), o.ids.dtype);
+  if (id < 0 || id >= v) {
+    if (report && report->record) report_error(report->record, report->op, kErrIdOutOfRange, id, v);
+    return -1;
+  }
+  return int(id);
+}
+
 template <typename T, typename G>
 __global__ void __launch_bounds__(kThreads)
     topk_kernel(RowBlock b, TopKRows o, ErrorSink err, TopKFlags f, bool vec, bool gvec) {
@@ -67,20 +82,10 @@ __global__ void __launch_bounds__(kThreads)
     // Slots. Ids are checked on every row, ignored ones too (the CPU checks them all).
     float cnt = 0.0f;
     for (int64_t k = threadIdx.x; k < kk; k += blockDim.x) {
-      const float l = load_f(side_at(o.logprobs, r, k), o.logprobs.dtype);
-      bool valid = l != -INFINITY && (!o.mask.data || nonzero(side_at(o.mask, r, k), o.mask.dtype));
-      long long id = k;
-      if (valid && !f.gathered) {
-        id = load_i(side_at(o.ids, r, k), o.ids.dtype);
-        if (id < 0 || id >= v) {
-          if (err.record) report_error(err.record, err.op, kErrIdOutOfRange, id, v);
-          valid = false;
-        }
-      }
-      sid[k] = valid ? int(id) : -1;
-      lp[k] = l;
-      xs[k] = valid ? rowk::to_f<T>(row[id]) : 0.0f;
-      cnt += valid ? 1.0f : 0.0f;
+      const int id = slot_id(o, r, k, v, lp[k], &err);
+      sid[k] = id;
+      xs[k] = id >= 0 ? rowk::to_f<T>(row[id]) : 0.0f;
+      cnt += id >= 0 ? 1.0f : 0.0f;
     }
     const float n = block_reduce(cnt, SumOp{}, 0.0f, fsh);  // its barriers publish the slot arrays
 
@@ -216,47 +221,17 @@ __global__ void __launch_bounds__(kThreads)
 struct FastView {  // topk_scratch_bytes: lab [rows] i64, coef, lse, hard [rows] f32, xs [rows, K] f32
   int64_t* lab;
   float *coef, *lse, *hard, *xs;
-  FastView(void* base, int64_t rows, int64_t k) {
+  FastView(void* base, int64_t rows) {
     char* p = static_cast<char*>(base);
     lab = reinterpret_cast<int64_t*>(p);
     coef = reinterpret_cast<float*>(p + rows * sizeof(int64_t));
     lse = coef + rows;
     hard = lse + rows;
     xs = hard + rows;
-    (void)k;
   }
 };
 
 constexpr int kFastWarps = 8;  // rows per CTA of the gather and fixup kernels
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ double warp_sum(double v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Slot k of row r: its id when valid, else -1 (a bad id reported when `report`).
-__device__ __forceinline__ int slot_id(const TopKRows& o, int64_t r, int64_t k, int64_t v, float& lp,
-                                       const ErrorSink* report) {
-  lp = load_f(side_at(o.logprobs, r, k), o.logprobs.dtype);
-  if (lp == -INFINITY || (o.mask.data && !nonzero(side_at(o.mask, r, k), o.mask.dtype))) return -1;
-  const long long id = load_i(side_at(o.ids, r, k), o.ids.dtype);
-  if (id < 0 || id >= v) {
-    if (report && report->record) report_error(report->record, report->op, kErrIdOutOfRange, id, v);
-    return -1;
-  }
-  return int(id);
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kFastWarps * 32)
@@ -265,12 +240,7 @@ __global__ void __launch_bounds__(kFastWarps * 32)
   const int64_t v = b.V, kk = o.K, nw = int64_t(gridDim.x) * kFastWarps;
   for (int64_t r = int64_t(blockIdx.x) * kFastWarps + (threadIdx.x >> 5); r < b.rows; r += nw) {
     const T* row = static_cast<const T*>(b.logits) + r * b.stride;
-    const long long y = load_i(side_at(o.labels, r, 0), o.labels.dtype);
-    bool ignored = y == o.ignore_index;
-    if (!ignored && (y < 0 || y >= v)) {
-      if (lane == 0 && err.record) report_error(err.record, err.op, kErrLabelOutOfRange, y, v);
-      ignored = true;
-    }
+    const RowLabel lab = row_label(o.labels, r, o.ignore_index, v, err, lane == 0);
     float ps = 0.0f;
     for (int64_t k = lane; k < kk; k += 32) {  // ids checked on every row, ignored ones too
       float lp;
@@ -278,9 +248,9 @@ __global__ void __launch_bounds__(kFastWarps * 32)
       w.xs[r * kk + k] = id >= 0 ? rowk::to_f<T>(row[id]) : 0.0f;
       if (id >= 0) ps += expf(lp);
     }
-    ps = warp_sum(ps);
+    ps = warp_reduce(ps, SumOp{});
     if (lane == 0) {
-      w.lab[r] = ignored ? -1 : y;
+      w.lab[r] = lab.ignored ? -1 : lab.y;
       w.coef[r] = (hard_on ? o.w_hard : 0.0f) + (o.normalize_topk ? 0.0f : o.w_soft * ps);
     }
   }
@@ -318,14 +288,14 @@ __global__ void __launch_bounds__(kFastWarps * 32)
         cnt += 1.0f;
       }
     }
-    const float n = warp_sum(cnt);
+    const float n = warp_reduce(cnt, SumOp{});
     float ms = 0.0f, ls = 0.0f;  // the slot normalizer (normalize_topk)
     if (o.normalize_topk && n > 0.0f) {
-      ms = warp_max(mx);
+      ms = warp_reduce(mx, MaxOp{});
       float se = 0.0f;
       for (int64_t k = lane; k < kk; k += 32)
         if (sid[k] >= 0) se += expf(xs[k] - ms);
-      ls = logf(warp_sum(se));
+      ls = logf(warp_reduce(se, SumOp{}));
     }
     double dpart = 0.0;
     float gpart = 0.0f;
@@ -334,7 +304,7 @@ __global__ void __launch_bounds__(kFastWarps * 32)
         lq[k] = o.normalize_topk ? (xs[k] - ms) - ls : xs[k] - lse;
         gpart += div_term(beta, lpv[k], lq[k], dpart);
       }
-    const float soft = float(warp_sum(dpart)), gs = warp_sum(gpart);
+    const float soft = float(warp_reduce(dpart, SumOp{})), gs = warp_reduce(gpart, SumOp{});
     const float hard = w.hard[r];
     if (lane == 0) {
       write_row_outputs(b, o.hard, o.soft, r,
@@ -390,7 +360,7 @@ void topk_distill_rows(const RowBlock& b, const TopKRows& o, const ErrorSink& er
   }();
   if (!fast_off && o.scratch && b.grad && !gathered && o.labels.data && o.temperature == 1.0f &&
       (o.beta == 0.0f || o.normalize_topk) && o.K <= kMaxFastSlots) {
-    const FastView w(o.scratch, b.rows, o.K);
+    const FastView w(o.scratch, b.rows);
     const bool hard_on = o.w_hard != 0.0f;
     const int grid = int(std::min<int64_t>((b.rows + kFastWarps - 1) / kFastWarps, 4096));
     dispatch(b.dtype, b.grad_dtype, op, [&]<typename T, typename G>() {

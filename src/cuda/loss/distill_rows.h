@@ -58,7 +58,7 @@ struct TopKRows {
 
 inline constexpr int64_t kMaxFastSlots = 128;
 inline size_t topk_scratch_bytes(int64_t rows, int64_t K) {
-  return size_t(rows) * (sizeof(int64_t) + 3 * sizeof(float) + size_t(K) * sizeof(float)) + 64;
+  return size_t(rows) * (sizeof(int64_t) + 3 * sizeof(float) + size_t(K) * sizeof(float));
 }
 
 struct DistillRows {

@@ -356,17 +356,10 @@ __device__ __forceinline__ float cta_max(const T* buf, int n, int nt, float (&re
   const int nv = n / 8;
   SegMax<T> acc;
   for (int k = int(threadIdx.x); k < nv; k += nt) acc.add(load_raw8<false>(buf + k * 8));
-  float m = acc.get();
-  for (int j = nv * 8 + int(threadIdx.x); j < n; j += nt) m = fmaxf(m, to_f<T>(buf[j]));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  const int lane = int(threadIdx.x & 31);
-  if (lane == 0) red[threadIdx.x >> 5][0] = m;
-  __syncthreads();
-  m = lane < nt / 32 ? red[lane][0] : -INFINITY;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  return m;
+  float m[1] = {acc.get()};
+  for (int j = nv * 8 + int(threadIdx.x); j < n; j += nt) m[0] = fmaxf(m[0], to_f<T>(buf[j]));
+  block_max(m, red, nt / 32);
+  return m[0];
 }
 
 __device__ __forceinline__ int64_t load_index(const void* p, bool is_i64, int64_t i) {
