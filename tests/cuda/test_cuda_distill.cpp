@@ -574,6 +574,23 @@ TEST_F(CudaDistill, DistillClusterPath) {
       c.inputs[2].values = {5, -1, 59999, 0, -1, 31337};  // two ignored rows; labels at both ends
       EXPECT_TRUE(check_cuda(c, {kCpuTol, kCpuTol, false}));
     }
+  // Rows that two 512-thread CTAs per SM could hold single-buffered only: three 320-thread CTAs per SM take
+  // them, in more segments (bf16 V = 128,256 in 8; f32 V = 60,000 in 7).
+  for (auto [v, dt] : {std::pair{int64_t(128256), DType::BF16}, {int64_t(60000), DType::F32}})
+    for (auto [beta, t] : {std::pair{0.0, 1.0}, {0.5, 1.0}, {0.5, 2.0}, {1.0, 1.0}}) {
+      DistillCfg cfg;
+      cfg.r.beta = beta;
+      cfg.r.t = t;
+      cfg.r.w_hard = 0.3;
+      cfg.n = 6;
+      cfg.v = v;
+      cfg.dt = cfg.teacher_dt = dt;
+      LossCase c = distill_case("cuda_distill_cluster3_" + std::string(dtype_name(dt)) + "_" +
+                                    std::to_string(int(beta * 10)) + "_t" + std::to_string(int(t)),
+                                cfg);
+      c.inputs[2].values = {5, -1, double(v - 1), 0, 31337, -1};
+      EXPECT_TRUE(check_cuda(c, {kCpuTol, kCpuTol, false}));
+    }
   // f32, V = 16: logits of ±1e4 and a teacher ruling tokens out.
   for (auto [beta, t] : {std::pair{0.0, 2.0}, {0.5, 2.0}, {0.5, 1.0}}) {
     DistillCfg cfg;

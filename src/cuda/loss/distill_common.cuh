@@ -14,16 +14,13 @@
 
 namespace retort::cuda::distk {
 
+using rowk::check;
 using rowk::dispatch;
 using rowk::grad_vec_ok;
 using rowk::vec_ok;
 using rowk::vec_rows_ok;
 constexpr int kThreads = 512;
 constexpr float kLog2e = rowk::kLog2e;
-
-inline void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) RT_FAIL("cuda: ", what, " failed: ", cudaGetErrorString(e));
-}
 
 // ---- device helpers ---------------------------------------------------------------------------------------
 

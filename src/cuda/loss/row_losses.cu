@@ -59,10 +59,6 @@ constexpr int kMaxCluster = 8;
 constexpr int64_t kSmemBudget = 220 * 1024;  // of the 227 KB a CTA may use on H100
 constexpr int kUnroll = 4;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) RT_FAIL("cuda: ", what, " failed: ", cudaGetErrorString(e));
-}
-
 int grid_for(int64_t rows) {
   static int sms = [] {
     int dev = 0, n = 0;
@@ -704,7 +700,12 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       // Segments are whole 8-element vectors so every CTA's slice stays 16-byte aligned.
       const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
       // Three buffers when they fit (two rows streaming in while one is used), else two.
-      const int nbuf = 3 * seg * int64_t(sizeof(T)) <= kSmemBudget ? 3 : 2;
+      static const int force_nbuf = [] {  // RETORT_CLUSTER_NBUF=1, 2 or 3, for tuning
+        const char* e = std::getenv("RETORT_CLUSTER_NBUF");
+        const int v = e ? std::atoi(e) : 0;
+        return v >= 1 && v <= 3 ? v : 0;
+      }();
+      const int nbuf = force_nbuf ? force_nbuf : 3 * seg * int64_t(sizeof(T)) <= kSmemBudget ? 3 : 2;
       const size_t smem = size_t(nbuf) * size_t(seg) * sizeof(T);
       const int threads = cluster_threads(seg / 8);
       auto kernel = rows_cluster_kernel<P, T, G>;
