@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <tuple>
 
@@ -144,17 +145,18 @@ TEST_F(CudaLosses, CrossEntropyDtypesLayoutsAndSizes) {
 }
 
 // The cluster kernel's shared memory limit is a property of the kernel: rows of 50,304 bf16 values take
-// 2 × 100.6 KB on Hopper, rows of 128,256 take 2 × 85.5 KB. A launch with a size used before must still be
-// allowed after a launch with a smaller one (once refused with "invalid argument", H100, session 16).
+// 2 × 100.6 KB on Hopper, rows of 128,256 (three segments: two single-buffered CTAs per SM) 85.5 KB. A
+// launch with a size used before must still be allowed after a launch with a smaller one (once refused with
+// "invalid argument", H100, session 16). Then f32 rows of 60,000 in three segments.
 TEST_F(CudaLosses, CrossEntropyVocabulariesAlternate) {
   int i = 0;
-  for (int64_t v : {50304, 128256, 50304, 128256}) {
+  for (int64_t v : {50304, 128256, 50304, 128256, -60000}) {
     CeCfg cfg;
     cfg.n = 3;
-    cfg.v = v;
-    cfg.dt = DType::BF16;
+    cfg.v = std::abs(v);
+    cfg.dt = v < 0 ? DType::F32 : DType::BF16;
     cfg.r.eps = 0.1;
-    EXPECT_TRUE(check_cuda(ce_case("cuda_ce_alt" + std::to_string(i++) + "_" + std::to_string(v), cfg),
+    EXPECT_TRUE(check_cuda(ce_case("cuda_ce_alt" + std::to_string(i++) + "_" + std::to_string(cfg.v), cfg),
                            {kCpuTol, kCpuTol, false}));
   }
 }
@@ -226,6 +228,10 @@ TEST_F(CudaLosses, Entropy) {
   // this case allows 1e-7 (1e-4 relative rms) instead of the 1e-9 the small cases keep.
   EXPECT_TRUE(check_cuda(entropy_case("cuda_entropy_big", 1.3, Reduction::Mean, 6, 50000, DType::BF16, -8, 8),
                          {1e-7, 1e-7, false}));
+  // Rows of three segments: two single-buffered CTAs per SM on Hopper.
+  EXPECT_TRUE(
+      check_cuda(entropy_case("cuda_entropy_big3", 1.3, Reduction::Mean, 6, 128256, DType::BF16, -8, 8),
+                 {1e-7, 1e-7, false}));
 
   // Logits near 1e4 with a spread-out distribution (the entropy must not cancel against the lse), and ±1e4
   // at T = 1.5 where the distribution is one-hot: 0 (or tiny), never NaN.
