@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -121,6 +122,42 @@ struct FloorAlgo {
 };
 std::vector<FloorAlgo> g_floor_algos;
 
+// With RETORT_CHUNK_PROFILE=1 (the fused ops' phase profile) each floor GEMM is timed in context too, by
+// events around it, and the means per shape are printed at exit beside the fused ops' phases.
+struct FloorProfile {
+  std::vector<std::tuple<std::string, cudaEvent_t, cudaEvent_t>> recs;
+  std::map<std::string, std::pair<long long, double>> totals;
+  void flush() {
+    for (auto& [label, a, b] : recs) {
+      float ms = 0.0f;
+      if (cudaEventSynchronize(b) == cudaSuccess && cudaEventElapsedTime(&ms, a, b) == cudaSuccess) {
+        totals[label].first += 1;
+        totals[label].second += ms;
+      }
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
+    recs.clear();
+  }
+  static FloorProfile* get() {
+    static FloorProfile* p = [] {
+      const char* e = std::getenv("RETORT_CHUNK_PROFILE");
+      if (!e || e[0] != '1') return static_cast<FloorProfile*>(nullptr);
+      auto* q = new FloorProfile;
+      std::atexit([] {
+        FloorProfile* f = get();
+        f->flush();
+        std::fprintf(stderr, "floor GEMMs in context: label, count, total ms, mean us\n");
+        for (const auto& [label, t] : f->totals)
+          std::fprintf(stderr, "  %-52s %8lld %10.3f %10.1f\n", label.c_str(), t.first, t.second,
+                       1e3 * t.second / double(std::max(1LL, t.first)));
+      });
+      return q;
+    }();
+    return p;
+  }
+};
+
 // C [m, n] f32 (row-major) = op(A)·op(B), A and B bf16 row-major: A [m, k] (or [k, m] when ta), B [k, n]
 // (or [n, k] when tb). cuBLASLt is column-major, so it computes Cᵀ = op(B)ᵀ·op(A)ᵀ on the same memory.
 void gemm_rm(Lt& lt, const void* a, bool ta, const void* b, bool tb, float* c, int64_t m, int64_t n,
@@ -167,8 +204,21 @@ void gemm_rm(Lt& lt, const void* a, bool ta, const void* b, bool tb, float* c, i
         },
         7, 3));
   }
+  FloorProfile* prof = FloorProfile::get();
+  cudaEvent_t pa = nullptr, pb = nullptr;
+  if (prof) {
+    CK(cudaEventCreate(&pa));
+    CK(cudaEventCreate(&pb));
+    CK(cudaEventRecord(pa, s));
+  }
   LT(cublasLtMatmul(lt.h, md, &alpha, b, lx, a, ly, &beta, c, lc, c, lc, &known->cands[known->pick].algo,
                     lt.ws, lt.ws_bytes, s));
+  if (prof) {
+    CK(cudaEventRecord(pb, s));
+    prof->recs.emplace_back(
+        "floor gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k), pa, pb);
+    if (prof->recs.size() >= 2048) prof->flush();
+  }
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatrixLayoutDestroy(lc);
   cublasLtMatrixLayoutDestroy(ly);

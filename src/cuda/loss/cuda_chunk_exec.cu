@@ -23,9 +23,15 @@
 // T otherwise (the same mapping as cuda_matmul.cu). A block with neither stride unit is copied first.
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
 #include <vector>
 
+#include "../../core/op_table.h"
 #include "../cuda_common.cuh"
 #include "cuda_chunk_exec.h"
 #include "cuda_chunk_kernels.h"
@@ -124,6 +130,90 @@ SideMatrix side_vec(const Block& b) {  // [rows, 1]
   return {b.data, b.dtype, int64_t(b.row_stride), 0};
 }
 
+// RETORT_CHUNK_PROFILE=1: the fused losses' phases timed in context by CUDA events on the stream (each GEMM
+// by shape, each row loss by kind, and the whole op from the executor's birth to its death), summed per label
+// and printed to stderr at exit. For finding where a fused step's time goes under sustained load, where
+// Nsight Compute's kernel-by-kernel replay runs cooler; the events cost a few microseconds of host time each.
+class PhaseProfile {
+ public:
+  static PhaseProfile* get() {
+    static PhaseProfile* p = [] {
+      const char* e = std::getenv("RETORT_CHUNK_PROFILE");
+      if (!e || e[0] != '1') return static_cast<PhaseProfile*>(nullptr);
+      auto* q = new PhaseProfile;  // lives to the end: printed by the atexit hook below
+      std::atexit([] { get()->report(); });
+      return q;
+    }();
+    return p;
+  }
+  // Records the start of a phase on stream s; end() records its end.
+  int begin(const std::string& label, cudaStream_t s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Rec r{label, nullptr, nullptr};
+    if (cudaEventCreate(&r.a) != cudaSuccess || cudaEventRecord(r.a, s) != cudaSuccess) return -1;
+    recs_.push_back(r);
+    return int(recs_.size()) - 1;
+  }
+  void end(int id, cudaStream_t s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (id < 0 || size_t(id) >= recs_.size()) return;
+    if (cudaEventCreate(&recs_[size_t(id)].b) == cudaSuccess) (void)cudaEventRecord(recs_[size_t(id)].b, s);
+    if (recs_.size() >= 4096) flush_locked();
+  }
+
+ private:
+  struct Rec {
+    std::string label;
+    cudaEvent_t a, b;
+  };
+  void flush_locked() {
+    std::vector<Rec> open;
+    for (Rec& r : recs_) {
+      if (!r.b) {  // still running: keep
+        open.push_back(r);
+        continue;
+      }
+      float ms = 0.0f;
+      if (cudaEventSynchronize(r.b) == cudaSuccess && cudaEventElapsedTime(&ms, r.a, r.b) == cudaSuccess) {
+        auto& t = totals_[r.label];
+        t.first += 1;
+        t.second += ms;
+      }
+      (void)cudaEventDestroy(r.a);
+      (void)cudaEventDestroy(r.b);
+    }
+    recs_ = std::move(open);
+  }
+  void report() {
+    std::lock_guard<std::mutex> lock(mu_);
+    flush_locked();
+    std::fprintf(stderr, "fused-loss phases (RETORT_CHUNK_PROFILE): label, count, total ms, mean us\n");
+    for (const auto& [label, t] : totals_)
+      std::fprintf(stderr, "  %-52s %8lld %10.3f %10.1f\n", label.c_str(), static_cast<long long>(t.first),
+                   t.second, 1e3 * t.second / double(std::max<int64_t>(1, t.first)));
+  }
+  std::mutex mu_;
+  std::vector<Rec> recs_;
+  std::map<std::string, std::pair<int64_t, double>> totals_;
+};
+
+// A phase of the profile, from construction to destruction (nothing when the profile is off).
+class Phase {
+ public:
+  Phase(const std::function<std::string()>& label, cudaStream_t s) : s_(s) {
+    if (PhaseProfile* p = PhaseProfile::get()) id_ = p->begin(label(), s);
+  }
+  ~Phase() {
+    if (id_ >= 0) PhaseProfile::get()->end(id_, s_);
+  }
+  Phase(const Phase&) = delete;
+  Phase& operator=(const Phase&) = delete;
+
+ private:
+  cudaStream_t s_;
+  int id_ = -1;
+};
+
 class CudaChunkExecutor final : public loss::ChunkExecutor {
  public:
   CudaChunkExecutor(CudaExec& ex, Op op, DType grad_dtype)
@@ -133,6 +223,8 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
         overlap_(overlap_config(ex.opts)),
         tune_(ex.opts.gemm_tune) {
     RT_ASSERT(grad_dtype == DType::F32 || grad_dtype == DType::BF16 || grad_dtype == DType::F16);
+    if (PhaseProfile* p = PhaseProfile::get())
+      whole_ = p->begin(std::string("op ") + op_name(op), ex_.stream);
   }
   CudaChunkExecutor(const CudaChunkExecutor&) = delete;
   CudaChunkExecutor& operator=(const CudaChunkExecutor&) = delete;
@@ -152,6 +244,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
       }
     }
     for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+    if (whole_ >= 0) PhaseProfile::get()->end(whole_, ex_.stream);
   }
 
   // Row pieces only where a piece's row loss reads and writes nothing but its own rows of the chunk: not
@@ -324,6 +417,12 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
         }
       }
     }
+    Phase phase(
+        [&] {
+          return "gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                 (beta == 0.0f ? "" : " +=");
+        },
+        ex_.stream);
     RT_CUBLAS_CHECK(cublasLtMatmul(ex_.lt, plan.md, &alpha, b.data, plan.lx, a.data, plan.ly, &beta, c.data,
                                    plan.lc, c.data, plan.lc, &plan.algo[beta == 0.0f ? 0 : 1].algo,
                                    ex_.workspace, ex_.workspace_bytes, ex_.stream));
@@ -370,6 +469,8 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     RT_ASSERT(out.grad.empty() || (out.grad.data == logits.data && out.grad.dtype == logits.dtype));
     RT_ASSERT(!low || spec.kind != LossKind::SelectiveLogSoftmax);
     if (logits.rows == 0) return;
+    Phase phase([&] { return "row_loss kind " + std::to_string(int(spec.kind)) + (low ? " 16-bit" : ""); },
+                cur_->stream);
     const bool gathered = spec.kind == LossKind::TopK && spec.topk.ids.empty();
     RowBlock b;
     b.logits = logits.data;
@@ -703,6 +804,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   bool side_used_ = false;     // lane 1 got work: the destructor joins it
   bool side_pending_ = false;  // lane 1 has work lane 0 has not waited for: GEMMs now share the GPU
   int64_t last_side_fence_ = 0;
+  int whole_ = -1;                                        // the whole op's phase (RETORT_CHUNK_PROFILE)
   std::vector<cudaEvent_t> events_;                       // fences
   std::vector<std::unique_ptr<DeviceBuffer>> side_keep_;  // temporaries of lane-1 work
   std::vector<std::unique_ptr<DeviceBuffer>> bufs_;       // scratch
