@@ -126,14 +126,12 @@ std::vector<FloorAlgo> g_floor_algos;
 // events around it, and the means per shape are printed at exit beside the fused ops' phases.
 struct FloorProfile {
   std::vector<std::tuple<std::string, cudaEvent_t, cudaEvent_t>> recs;
-  std::map<std::string, std::pair<long long, double>> totals;
+  std::map<std::string, std::vector<float>> samples;  // ms per call
   void flush() {
     for (auto& [label, a, b] : recs) {
       float ms = 0.0f;
-      if (cudaEventSynchronize(b) == cudaSuccess && cudaEventElapsedTime(&ms, a, b) == cudaSuccess) {
-        totals[label].first += 1;
-        totals[label].second += ms;
-      }
+      if (cudaEventSynchronize(b) == cudaSuccess && cudaEventElapsedTime(&ms, a, b) == cudaSuccess)
+        samples[label].push_back(ms);
       cudaEventDestroy(a);
       cudaEventDestroy(b);
     }
@@ -147,10 +145,14 @@ struct FloorProfile {
       std::atexit([] {
         FloorProfile* f = get();
         f->flush();
-        std::fprintf(stderr, "floor GEMMs in context: label, count, total ms, mean us\n");
-        for (const auto& [label, t] : f->totals)
-          std::fprintf(stderr, "  %-52s %8lld %10.3f %10.1f\n", label.c_str(), t.first, t.second,
-                       1e3 * t.second / double(std::max(1LL, t.first)));
+        std::fprintf(stderr, "floor GEMMs in context: label, count, median us, mean us\n");
+        for (auto& [label, v] : f->samples) {
+          double sum = 0.0;
+          for (float x : v) sum += x;
+          std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
+          std::fprintf(stderr, "  %-52s %8zu %10.1f %10.1f\n", label.c_str(), v.size(), 1e3 * v[v.size() / 2],
+                       1e3 * sum / double(v.size()));
+        }
       });
       return q;
     }();

@@ -150,15 +150,27 @@ class PhaseProfile {
   int begin(const std::string& label, cudaStream_t s) {
     std::lock_guard<std::mutex> lock(mu_);
     Rec r{label, nullptr, nullptr};
-    if (cudaEventCreate(&r.a) != cudaSuccess || cudaEventRecord(r.a, s) != cudaSuccess) return -1;
-    recs_.push_back(r);
-    return int(recs_.size()) - 1;
+    if (cudaEventCreate(&r.a) != cudaSuccess) return -1;
+    if (cudaEventRecord(r.a, s) != cudaSuccess) {
+      (void)cudaEventDestroy(r.a);
+      return -1;
+    }
+    open_[next_] = r;
+    return next_++;
   }
   void end(int id, cudaStream_t s) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (id < 0 || size_t(id) >= recs_.size()) return;
-    if (cudaEventCreate(&recs_[size_t(id)].b) == cudaSuccess) (void)cudaEventRecord(recs_[size_t(id)].b, s);
-    if (recs_.size() >= 4096) flush_locked();
+    auto it = open_.find(id);
+    if (it == open_.end()) return;
+    Rec r = it->second;
+    open_.erase(it);
+    if (cudaEventCreate(&r.b) != cudaSuccess || cudaEventRecord(r.b, s) != cudaSuccess) {
+      (void)cudaEventDestroy(r.a);
+      if (r.b) (void)cudaEventDestroy(r.b);
+      return;
+    }
+    done_.push_back(r);
+    if (done_.size() >= 4096) flush_locked();
   }
 
  private:
@@ -167,34 +179,35 @@ class PhaseProfile {
     cudaEvent_t a, b;
   };
   void flush_locked() {
-    std::vector<Rec> open;
-    for (Rec& r : recs_) {
-      if (!r.b) {  // still running: keep
-        open.push_back(r);
-        continue;
-      }
+    for (Rec& r : done_) {
       float ms = 0.0f;
-      if (cudaEventSynchronize(r.b) == cudaSuccess && cudaEventElapsedTime(&ms, r.a, r.b) == cudaSuccess) {
-        auto& t = totals_[r.label];
-        t.first += 1;
-        t.second += ms;
-      }
+      if (cudaEventSynchronize(r.b) == cudaSuccess && cudaEventElapsedTime(&ms, r.a, r.b) == cudaSuccess)
+        samples_[r.label].push_back(ms);
       (void)cudaEventDestroy(r.a);
       (void)cudaEventDestroy(r.b);
     }
-    recs_ = std::move(open);
+    done_.clear();
   }
   void report() {
     std::lock_guard<std::mutex> lock(mu_);
     flush_locked();
-    std::fprintf(stderr, "fused-loss phases (RETORT_CHUNK_PROFILE): label, count, total ms, mean us\n");
-    for (const auto& [label, t] : totals_)
-      std::fprintf(stderr, "  %-52s %8lld %10.3f %10.1f\n", label.c_str(), static_cast<long long>(t.first),
-                   t.second, 1e3 * t.second / double(std::max<int64_t>(1, t.first)));
+    std::fprintf(
+        stderr,
+        "fused-loss phases (RETORT_CHUNK_PROFILE): label, count, median us, mean us (the first calls "
+        "include module loading and GEMM timing)\n");
+    for (auto& [label, v] : samples_) {
+      double sum = 0.0;
+      for (float x : v) sum += x;
+      std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
+      std::fprintf(stderr, "  %-52s %8zu %10.1f %10.1f\n", label.c_str(), v.size(), 1e3 * v[v.size() / 2],
+                   1e3 * sum / double(v.size()));
+    }
   }
   std::mutex mu_;
-  std::vector<Rec> recs_;
-  std::map<std::string, std::pair<int64_t, double>> totals_;
+  int next_ = 0;
+  std::map<int, Rec> open_;                            // begun, not ended
+  std::vector<Rec> done_;                              // both events recorded, not yet read
+  std::map<std::string, std::vector<float>> samples_;  // ms per call
 };
 
 // A phase of the profile, from construction to destruction (nothing when the profile is off).
