@@ -25,7 +25,6 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -213,7 +212,9 @@ class PhaseProfile {
 // A phase of the profile, from construction to destruction (nothing when the profile is off).
 class Phase {
  public:
-  Phase(const std::function<std::string()>& label, cudaStream_t s) : s_(s) {
+  // label() makes the phase's name, only when the profile is on.
+  template <class Label>
+  Phase(const Label& label, cudaStream_t s) : s_(s) {
     if (PhaseProfile* p = PhaseProfile::get()) id_ = p->begin(label(), s);
   }
   ~Phase() {

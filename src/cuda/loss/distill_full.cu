@@ -185,9 +185,9 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 
 constexpr int kMaxBufs = 2;
-// Threads per CTA: 512 (or 320, see distill_per_sm) where the row pair fits in the cluster that way: two
-// CTAs of different clusters per SM with 108 KB of row segments each, so one computes while the other waits
-// at a barrier or for its bulk copy (H100, JSD fwd+bwd at N = 8192, V = 151936, bf16: 7.7 ms, against
+// Threads per CTA: 512 (or 320, see distill_three_per_sm) where the row pair fits in the cluster that way:
+// two CTAs of different clusters per SM with 108 KB of row segments each, so one computes while the other
+// waits at a barrier or for its bulk copy (H100, JSD fwd+bwd at N = 8192, V = 151936, bf16: 7.7 ms, against
 // 10.5 ms with one double-buffered 1024-thread CTA per SM). Otherwise (long f32 rows) one 1024-thread CTA
 // per SM with 200 KB. RETORT_DISTILL_THREADS=1024 forces the latter.
 bool distill_force_1024() {
@@ -201,31 +201,20 @@ bool distill_force_1024() {
 // 512-thread build: 64 registers) hold smaller segments of one row pair each when those fit in 8 CTAs:
 // while one CTA waits for its row's copy or at a barrier the other two compute. H100, JSD at
 // 2048 x 128,256 bf16 (row bench): 0.911 -> 0.857 ms; fused online JSD 1 GiB 1.161 -> 1.144 in the same run
-// (session 16). RETORT_DISTILL_PER_SM=2 keeps two; =4 tries four CTAs of 256 threads (with
-// RETORT_DISTILL_MAXCS=16: 10 CTAs per row at V = 128,256, 0.874 ms), for tuning.
-int distill_per_sm() {
-  static const int v = [] {
+// (session 16; four CTAs of 256 threads in 10 segments, a non-portable cluster, gave 0.874 ms).
+// RETORT_DISTILL_PER_SM=2 keeps two, for comparisons.
+bool distill_three_per_sm() {
+  static const bool v = [] {
     const char* e = std::getenv("RETORT_DISTILL_PER_SM");
-    const int n = e ? std::atoi(e) : 3;
-    return n == 2 || n == 3 || n == 4 ? n : 3;
+    return !(e && std::atoi(e) == 2);
   }();
   return v;
 }
 // Row-segment shared memory per CTA with k CTAs per SM (each also has ~1.5 KB static and 1 KB reserved).
 int64_t cluster_smem(int per_sm) {
-  return per_sm == 1 ? 200 * 1024 : per_sm == 2 ? 108 * 1024 : per_sm == 3 ? 70 * 1024 : 52 * 1024;
+  return per_sm == 1 ? 200 * 1024 : per_sm == 2 ? 108 * 1024 : 70 * 1024;
 }
 constexpr int kMaxClusterCtas = 8;  // the portable cluster size
-// RETORT_DISTILL_MAXCS=n (<= 16, Hopper's non-portable limit) lets the plan take up to n CTAs per row, for
-// tuning.
-int max_cluster_ctas() {
-  static const int v = [] {
-    const char* e = std::getenv("RETORT_DISTILL_MAXCS");
-    const int n = e ? std::atoi(e) : 0;
-    return n >= 1 && n <= 16 ? n : kMaxClusterCtas;
-  }();
-  return v;
-}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -676,9 +665,9 @@ ClusterPlan cluster_plan(const RowBlock& b, const DistillRows& o, size_t elsize)
     return e ? std::atoi(e) : 0;
   }();
   // The fewest CTAs whose segments (student + teacher, two buffers) fit; one buffer when two never do: 512
-  // threads with two CTAs per SM, or three of 320 (see distill_per_sm) where two would hold one buffer each,
-  // else 1024 threads with one CTA per SM. RETORT_DISTILL_THREADS=n (a multiple of 32, at most the build's
-  // bound) launches fewer, for tuning. (Counts that split a segment's vectors more evenly, as the
+  // threads with two CTAs per SM, or three of 320 (see distill_three_per_sm) where two would hold one buffer
+  // each, else 1024 threads with one CTA per SM. RETORT_DISTILL_THREADS=n (a multiple of 32, at most the
+  // build's bound) launches fewer, for tuning. (Counts that split a segment's vectors more evenly, as the
   // cross-entropy kernel picks, were slower here: 480 threads for V = 128,256 in 5 segments, fused JSD
   // 1.172 / 1.164 against 1.156 / 1.149 at 512, H100, session 15: two CTAs per SM need every warp to hide the
   // latency. Double-buffered plans with more, smaller segments were slower too: 10 CTAs of 512 threads per
@@ -687,7 +676,7 @@ ClusterPlan cluster_plan(const RowBlock& b, const DistillRows& o, size_t elsize)
   auto search = [&](int block, int per_sm, int max_nbuf) {
     ClusterPlan q;
     for (int nbuf = max_nbuf; nbuf >= 1 && q.cs == 0; --nbuf)
-      for (int cs = want > 0 ? std::min(want, max_cluster_ctas()) : 1; cs <= max_cluster_ctas(); ++cs) {
+      for (int cs = want > 0 ? std::min(want, kMaxClusterCtas) : 1; cs <= kMaxClusterCtas; ++cs) {
         const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
         if (int64_t(nbuf) * 2 * seg * int64_t(elsize) <= cluster_smem(per_sm)) {
           q = ClusterPlan{cs, nbuf, block <= 512 ? 512 : 1024, block, seg};
@@ -698,8 +687,8 @@ ClusterPlan cluster_plan(const RowBlock& b, const DistillRows& o, size_t elsize)
   };
   if (!distill_force_1024()) {
     p = search(512, 2, kMaxBufs);
-    if (p.cs && p.nbuf == 1 && distill_per_sm() > 2) {
-      const ClusterPlan q = search(distill_per_sm() == 3 ? 320 : 256, distill_per_sm(), 1);
+    if (p.cs && p.nbuf == 1 && distill_three_per_sm()) {
+      const ClusterPlan q = search(320, 3, 1);
       if (q.cs) p = q;
     }
   }

@@ -455,10 +455,6 @@ int max_active_clusters(Kernel kernel, const cudaLaunchConfig_t& cfg, int cluste
   }
   auto it = known.find(key);
   if (it == known.end()) {
-    if (cluster_size > 8) {  // past the portable size (Hopper allows 16)
-      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-      if (e != cudaSuccess) RT_FAIL("cuda: cudaFuncSetAttribute(", what, ") failed: ", cudaGetErrorString(e));
-    }
     int clusters = 0;
     e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
     if (e != cudaSuccess)
