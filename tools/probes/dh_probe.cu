@@ -17,6 +17,8 @@
 //   6  control: A from registers without the transform.   7  control: as 2, waiting for each group.
 //   8, 9  the transform in warps of their own (3 warps write bf16 G to a shared ring of 2 or 3 stages; the
 //      consumers run as in 2).
+//   10-12  the transform shared by a 2-CTA cluster along n (each CTA forms its half of the rows and writes G
+//      into both CTAs' rings with st.async; G ring of 2-4 stages; the consumers run as in 2).
 // coef scales the rows in the epilogue. Not part of the build. On a GPU machine:
 //     nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/dh_probe \
 //         tools/probes/dh_probe.cu -lcublas && /tmp/dh_probe
@@ -30,11 +32,11 @@
 //     9: 2.713; clusters of 4 or 8 CTAs: about 2x (128 CTAs in clusters that size do not fit one wave).
 //   4096 x 768 from V 50,304 (CE small chunk), BN 192, cluster 1x2:  0: 0.532-0.552 (1.36-1.39x)
 //     2: 0.405-0.419 (1.02x)  8: 1.057  9: 0.958.
+//   Shared transform (cluster 2x1): top-K 10: 2.324, 11: 2.295, 12 (3 stages): 2.106; CE small 11: 0.811,
+//   12: 0.776 (slower than 0: the two CTAs wait for each other's half every K block).
 // So the GEMM itself is at cuBLAS's speed from either operand source; the transform in the consumer warps
-// costs 17-35 %, and is not bound by MUFU throughput (3 is no faster) or by the issue order (4 is slower).
-// Next: share the transform across a 2-CTA cluster along n (each CTA forms half of the rows' G into both
-// CTAs' shared memory), which halves the per-CTA exp work and lets the wgmma read G from shared memory with
-// a group in flight (no register operand, so no C7513).
+// costs 17-35 %, and is not bound by MUFU throughput (3 is no faster) or by the issue order (4 is slower);
+// moving it out of the consumer warps (8-12) costs more than it hides.
 // clang-format on
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -564,6 +566,140 @@ __global__ void __launch_bounds__(384, 1)
   cluster_sync_all();
 }
 
+// The transform shared by a cluster of 2 CTAs along n (the two n-blocks of one m-block): CTA r loads Z rows
+// [64·r, 64·r + 64) of the tile only, its 256 consumer threads form exp2 of those rows (two 16-byte pieces
+// each) and write the bf16 G with st.async into the G ring of both CTAs (complete_tx on each CTA's gfull:
+// 16 KB per round, armed by one arrive.expect_tx of the CTA itself). The consumers then run as the plain
+// GEMM does (A = G and B = W from shared memory, one wgmma group in flight, so the transform of block i
+// overlaps block i−1's wgmma). A G stage is rewritten once the consumers of both CTAs released it (gempty:
+// 4 arrivals). Half the exp work per CTA of dh_kernel.
+template <int BN, int STAGES, int GST>
+__global__ void __launch_bounds__(384, 1)
+    dh_sh_kernel(const __grid_constant__ CUtensorMap tzh, const __grid_constant__ CUtensorMap tw,
+                 const float* __restrict__ lse, const float* __restrict__ coef, float* __restrict__ dh, int M,
+                 int H, int Vp) {
+  constexpr int kBM = 128, kBK = 64, kTZ = 64 * kBK * 2, kTB = BN * kBK * 2, kStage = kTZ + kTB;
+  constexpr int kTG = kBM * kBK * 2;
+  extern __shared__ unsigned char raw[];
+  unsigned char* base =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* gring = base + STAGES * kStage;
+  __shared__ alignas(8) uint64_t full[STAGES], empty[STAGES], gfull[GST], gempty[GST];
+  __shared__ float l2s[64];
+  const int wg = int(threadIdx.x) / 128, t = int(threadIdx.x) % 128;
+  const int n0 = int(blockIdx.x) * BN, m0 = int(blockIdx.y) * kBM, nk = Vp / kBK;
+  const uint32_t r = blockIdx.x % 2, peer = r ^ 1u;
+  if (threadIdx.x < 64) l2s[threadIdx.x] = lse[m0 + 64 * r + threadIdx.x] * kLog2e;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[s])));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;" ::"r"(smem_u32(&empty[s])));
+    }
+    for (int g = 0; g < GST; ++g) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&gfull[g])));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 4;" ::"r"(smem_u32(&gempty[g])));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_sync_all();
+  if (wg == 0) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (t == 0) {
+      for (int kb = 0; kb < nk; ++kb) {
+        const int s = kb % STAGES;
+        bar_wait(&empty[s], ((kb / STAGES) & 1) ^ 1);
+        unsigned char* sa = base + s * kStage;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&full[s])),
+                     "r"(kStage)
+                     : "memory");
+        tma_load_2d(sa, &tzh, kb * kBK, m0 + 64 * int(r), &full[s]);
+#pragma unroll
+        for (int q = 0; q < BN / 64; ++q)
+          tma_load_2d(sa + kTZ + q * 8192, &tw, n0 + 64 * q, kb * kBK, &full[s]);
+      }
+    }
+    cluster_sync_all();
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int cw = wg - 1, w = t / 32, l = t % 32;
+  const int row0 = m0 + 64 * cw + 16 * w + l / 4;
+  // This thread's two pieces u = 128·cw + t and u + 256 of the 512 in the CTA's 64 Z rows: row u / 8, piece
+  // u % 8, at the same swizzled offset in the Z box and (row 64·r + u / 8) in the G tile.
+  uint32_t zoff[2], goff[2];
+  float l2[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int u = 128 * cw + t + 256 * i, row = u / 8, piece = u % 8;
+    zoff[i] = uint32_t(row) * 128u + (uint32_t(piece ^ (row & 7)) << 4);
+    goff[i] = uint32_t(64 * int(r) + row) * 128u + (uint32_t(piece ^ (row & 7)) << 4);
+    l2[i] = l2s[row];
+  }
+  // Shared::cluster addresses of the G ring and of gfull in this CTA and in the peer.
+  uint32_t g_self, g_peer, gf_self, gf_peer;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(g_self) : "r"(smem_u32(gring)), "r"(r));
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(g_peer) : "r"(smem_u32(gring)), "r"(peer));
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(gf_self) : "r"(smem_u32(&gfull[0])), "r"(r));
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(gf_peer) : "r"(smem_u32(&gfull[0])), "r"(peer));
+  float d[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
+  for (int kb = 0; kb < nk; ++kb) {
+    const int s = kb % STAGES, g = kb % GST;
+    bar_wait(&full[s], (kb / STAGES) & 1);
+    bar_wait(&gempty[g], ((kb / GST) & 1) ^ 1);
+    const uint32_t zs = smem_u32(base + s * kStage);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      uint4 v;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(zs + zoff[i]));
+      const uint32_t e0 = exp_pair(v.x, l2[i]), e1 = exp_pair(v.y, l2[i]), e2 = exp_pair(v.z, l2[i]),
+                     e3 = exp_pair(v.w, l2[i]);
+      const uint32_t off = uint32_t(g) * kTG + goff[i], bar = uint32_t(g) * 8u;
+      asm volatile(
+          "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+              g_self + off),
+          "r"(e0), "r"(e1), "r"(e2), "r"(e3), "r"(gf_self + bar)
+          : "memory");
+      asm volatile(
+          "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+              g_peer + off),
+          "r"(e0), "r"(e1), "r"(e2), "r"(e3), "r"(gf_peer + bar)
+          : "memory");
+    }
+    if (cw == 0 && t == 0)  // this CTA's one arrival per round: 16 KB of G to come (8 from each CTA)
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&gfull[g])),
+                   "r"(kTG)
+                   : "memory");
+    bar_wait(&gfull[g], (kb / GST) & 1);
+    const unsigned char* sa = gring + g * kTG + cw * (64 * 128);
+    const unsigned char* sb = base + s * kStage + kTZ;
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < 4; ++j) mma_ss<BN>(d, smem_desc(sa + 32 * j), desc_mn(sb + j * 2048, 0), kb + j);
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    if (kb > 0 && t == 0) {
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[(kb - 1) % STAGES]))
+                   : "memory");
+      arrive_remote(&gempty[(kb - 1) % GST], r);
+      arrive_remote(&gempty[(kb - 1) % GST], peer);
+    }
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  const float ca = coef[row0], cb = coef[row0 + 8];
+#pragma unroll
+  for (int i = 0; i < BN / 8; ++i) {
+    const int col = n0 + 8 * i + 2 * (l % 4);
+    *reinterpret_cast<float2*>(dh + size_t(row0) * H + col) = make_float2(d[4 * i] * ca, d[4 * i + 1] * ca);
+    *reinterpret_cast<float2*>(dh + size_t(row0 + 8) * H + col) =
+        make_float2(d[4 * i + 2] * cb, d[4 * i + 3] * cb);
+  }
+  cluster_sync_all();
+}
+
 __device__ __forceinline__ uint32_t hash(uint32_t i, uint32_t seed) {
   uint32_t h = i * 2654435761u ^ seed;
   h ^= h >> 15;
@@ -638,7 +774,10 @@ bool run(int M, int H, int Vp, int variant, bool time_it, bool expect_pass, int 
   row_stats<<<M, 256>>>(z, Vp, lse, coef);
   CK(cudaGetLastError());
   const CUtensorMap tz = map_of(z, M, Vp, C::kBM / cn), tw = map_of(w, Vp, H, 64);
-  if constexpr (DEPTH >= 8)
+  if constexpr (DEPTH >= 10)
+    CK(cudaFuncSetAttribute(dh_sh_kernel<BN, STAGES, DEPTH - 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            STAGES * (8192 + BN * 128) + (DEPTH - 8) * C::kTileA + 1024));
+  else if constexpr (DEPTH >= 8)
     CK(cudaFuncSetAttribute(dh_tw_kernel<BN, STAGES, DEPTH - 6>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             C::kSmem + (DEPTH - 6) * C::kTileA));
   else
@@ -659,7 +798,11 @@ bool run(int M, int H, int Vp, int variant, bool time_it, bool expect_pass, int 
     cfg.dynamicSmemBytes = C::kSmem;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    if constexpr (DEPTH >= 8) {  // the transform warpgroup: G ring of DEPTH - 6 stages
+    if constexpr (DEPTH >= 10) {  // the transform shared by a 2-CTA cluster along n: G ring of DEPTH - 8
+      cfg.dynamicSmemBytes = STAGES * (8192 + BN * 128) + (DEPTH - 8) * C::kTileA + 1024;
+      CK(cudaLaunchKernelEx(&cfg, dh_sh_kernel<BN, STAGES, DEPTH - 8>, tz, tw, (const float*)lse,
+                            (const float*)coef, dh, M, H, Vp));
+    } else if constexpr (DEPTH >= 8) {  // the transform warpgroup: G ring of DEPTH - 6 stages
       constexpr int kGst = DEPTH - 6;
       cfg.dynamicSmemBytes = C::kSmem + kGst * C::kTileA;
       CK(cudaLaunchKernelEx(&cfg, dh_tw_kernel<BN, STAGES, kGst>, tz, tw, (const float*)lse,
@@ -745,15 +888,20 @@ int main() {
   ok &= run<256, 4, 7>(256, 1024, 1024, 0, false, true, 1, 2);
   ok &= run<256, 4, 8>(256, 1024, 1024, 0, false, true, 1, 2);
   ok &= run<192, 4, 9>(256, 768, 1024, 0, false, true, 1, 2);
+  ok &= run<256, 4, 11>(256, 1024, 1024, 0, false, true, 2, 1);
+  ok &= run<192, 4, 11>(256, 768, 1024, 0, false, true, 2, 1);
   // top-K / JSD student chunk: 2048 x 2048 from V = 128,256 (clusters of more than 2 CTAs do not fit the
   // 128 CTAs in one wave)
   ok &= run<256, 4, 0>(2048, 2048, 128256, 0, true, true, 1, 2);
   ok &= run<256, 4, 2>(2048, 2048, 128256, 0, true, true, 1, 2);
-  ok &= run<256, 4, 6>(2048, 2048, 128256, 0, true, true, 1, 2);
-  run<256, 4, 3>(2048, 2048, 128256, 0, true, true, 1, 2);  // f16 exp2: timing (checked loosely)
+  ok &= run<256, 4, 11>(2048, 2048, 128256, 0, true, true, 2, 1);
+  ok &= run<256, 4, 10>(2048, 2048, 128256, 0, true, true, 2, 1);
+  ok &= run<256, 3, 12>(2048, 2048, 128256, 0, true, true, 2, 1);
   // CE small chunk: 4096 x 768 from V = 50,304 (BN 192: 128 CTAs)
   ok &= run<192, 5, 0>(4096, 768, 50304, 0, true, true, 1, 2);
   ok &= run<192, 5, 2>(4096, 768, 50304, 0, true, true, 1, 2);
+  ok &= run<192, 4, 11>(4096, 768, 50304, 0, true, true, 2, 1);
+  ok &= run<192, 4, 12>(4096, 768, 50304, 0, true, true, 2, 1);
   std::printf(ok ? "probe passed\n" : "probe FAILED\n");
   return ok ? 0 : 1;
 }
