@@ -17,6 +17,10 @@
 //   6  control: A from registers without the transform.   7  control: as 2, waiting for each group.
 //   8, 9  the transform in warps of their own (3 warps write bf16 G to a shared ring of 2 or 3 stages; the
 //      consumers run as in 2).
+//   15  as 0, with block i+1's transform under block i's wgmma (into the other register set) and block i+1's
+//      wgmma issued after block i's completed (FlashAttention-3's order).
+//   13  the transform alone, no wgmma (timing).   14  as 0, rounding to bf16 with an integer add and a byte
+//      permute instead of F2FP.
 //   10-12  the transform shared by a 2-CTA cluster along n (each CTA forms its half of the rows and writes G
 //      into both CTAs' rings with st.async; G ring of 2-4 stages; the consumers run as in 2).
 // coef scales the rows in the epilogue. Not part of the build. On a GPU machine:
@@ -26,17 +30,21 @@
 // must fail), then checks and times the fused-loss shapes against the unfused pair it replaces: a kernel that
 // writes G = exp(z − lse) in bf16 (the same arithmetic, so the same bits), then cuBLAS's G·W. The output is
 // poisoned (NaN) first.
-// H100, session 17 (ms; cuBLAS G·W in the same process, alternated):
-//   2048 x 2048 from V 128,256 (top-K chunk), cluster 1x2:  0: 1.596-1.698 (1.22-1.25x cuBLAS)  1: 2.087
-//     (1x1)  2: 1.378-1.395 (0.98-1.00x)  3: 1.652  4: 1.715  6: 1.386 (1.01x)  7: 1.328 (0.99x)  8: 2.856
-//     9: 2.713; clusters of 4 or 8 CTAs: about 2x (128 CTAs in clusters that size do not fit one wave).
-//   4096 x 768 from V 50,304 (CE small chunk), BN 192, cluster 1x2:  0: 0.532-0.552 (1.36-1.39x)
-//     2: 0.405-0.419 (1.02x)  8: 1.057  9: 0.958.
-//   Shared transform (cluster 2x1): top-K 10: 2.324, 11: 2.295, 12 (3 stages): 2.106; CE small 11: 0.811,
-//   12: 0.776 (slower than 0: the two CTAs wait for each other's half every K block).
-// So the GEMM itself is at cuBLAS's speed from either operand source; the transform in the consumer warps
-// costs 17-35 %, and is not bound by MUFU throughput (3 is no faster) or by the issue order (4 is slower);
-// moving it out of the consumer warps (8-12) costs more than it hides.
+// H100, session 17 (ms; cuBLAS G·W in the same process, alternated; W multicast over 2 CTAs along m unless
+// said):
+//   2048 x 2048 from V 128,256 (top-K chunk):  0: 1.568-1.698 (1.19-1.25x cuBLAS)  1 (1x1): 2.087
+//     2: 1.356-1.404 (0.98-1.01x)  3: 1.618-1.701  4: 1.653-1.718  6: 1.362-1.410 (0.99-1.01x)
+//     7: 1.328 (0.99x)  8: 2.856  9: 2.713  10-12 (2x1): 2.106-2.324  14: 1.691  15: 1.618-1.624 (1.19x);
+//     clusters of 4 or 8 CTAs: about 2x (128 CTAs in clusters that size do not fit one wave).
+//   4096 x 768 from V 50,304 (CE small chunk), BN 192:  0: 0.528-0.552 (1.34-1.39x)  2: 0.405-0.419
+//     (1.02x)  8: 1.057  9: 0.958  11, 12: 0.776-0.811  15: 0.538.
+// So the GEMM itself runs at cuBLAS's speed from either operand source (2, 6, 7), and the transform costs
+// 19-39 %: not MUFU throughput (3 halves the MUFU instructions and is no faster; Nsight Compute puts the XU
+// pipe at 40 % of peak in 0), not F2FP (14), not the issue order (4), not its place in the warpgroup's
+// timeline (15 hides it under the warpgroup's own wgmma, FlashAttention-3's order, and is no faster); moving
+// it out of the consumer warps (8-12) costs more. Nsight Compute on 0: tensor pipe 76 % of the elapsed
+// cycles against 96 % for 2, issue slots 30 % busy. (13 still streams W, so it measures the loads, not the
+// transform.) `dh_probe profile` runs one launch of 15 and 6, for Nsight Compute.
 // clang-format on
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -46,6 +54,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -191,6 +200,14 @@ __device__ __forceinline__ uint32_t exp_pair(uint32_t w, float l2) {
   return r;
 }
 
+// The same rounding to bf16 on the integer and FMA pipes instead of F2FP (round half up: differs from
+// round-to-nearest-even only on exact ties).
+__device__ __forceinline__ uint32_t exp_pair_r(uint32_t w, float l2) {
+  const float lo = __uint_as_float(w << 16), hi = __uint_as_float(w & 0xffff0000u);
+  const float elo = ex2_ftz(fmaf(lo, kLog2e, -l2)), ehi = ex2_ftz(fmaf(hi, kLog2e, -l2));
+  return __byte_perm(__float_as_uint(elo) + 0x8000u, __float_as_uint(ehi) + 0x8000u, 0x7632);
+}
+
 // The same through f16: exp2 of two values in one packed MUFU instruction (ex2.approx.f16x2), for timing
 // (f16 keeps 11 bits of the exponent's argument and flushes results below 2^-24).
 __device__ __forceinline__ uint32_t exp_pair_h(uint32_t w, float l2) {
@@ -333,8 +350,8 @@ __global__ void __launch_bounds__(384, 1)
   float d[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
-  uint32_t a0[4][4], a1[4][4];
-  if constexpr (DEPTH >= 4) {
+  uint32_t a0[4][4], a1[4][4], sink = 0;
+  if constexpr (DEPTH == 4 || DEPTH == 5) {
     if (cw == 1) asm volatile("bar.arrive 1, 256;" ::: "memory");  // warpgroup 0 issues first
   }
   auto step = [&](uint32_t(&a)[4][4], uint32_t(&prev)[4][4], int kb) {
@@ -369,6 +386,11 @@ __global__ void __launch_bounds__(384, 1)
         a[j][1] = x1;
         a[j][2] = x2;
         a[j][3] = x3;
+      } else if constexpr (DEPTH == 14) {
+        a[j][0] = exp_pair_r(x0, l2a);
+        a[j][1] = exp_pair_r(x1, l2b);
+        a[j][2] = exp_pair_r(x2, l2a);
+        a[j][3] = exp_pair_r(x3, l2b);
       } else if constexpr (DEPTH == 3 || DEPTH == 5) {
         a[j][0] = exp_pair_h(x0, l2a);
         a[j][1] = exp_pair_h(x1, l2b);
@@ -381,15 +403,21 @@ __global__ void __launch_bounds__(384, 1)
         a[j][3] = exp_pair(x3, l2b);
       }
     }
+    if constexpr (DEPTH == 13) {  // the transform alone (timing): fold it into a word, release the stage
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sink ^= a[j][0] ^ a[j][1] ^ a[j][2] ^ a[j][3];
+      if (t < ncta) arrive_remote(&empty[s], uint32_t(t));
+      return;
+    }
     const unsigned char* sb = base + s * C::kStage + C::kTileA;
     // DEPTH 4 and 5: the two warpgroups take turns issuing (named barriers 1 and 2), so one transforms while
     // the other's wgmma runs.
-    if constexpr (DEPTH >= 4) asm volatile("bar.sync %0, 256;" ::"r"(1 + cw) : "memory");
+    if constexpr (DEPTH == 4 || DEPTH == 5) asm volatile("bar.sync %0, 256;" ::"r"(1 + cw) : "memory");
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int j = 0; j < 4; ++j) mma_rA<BN>(d, a[j], desc_mn(sb + j * 2048, variant), kb + j);
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    if constexpr (DEPTH >= 4) {
+    if constexpr (DEPTH == 4 || DEPTH == 5) {
       if (!(cw == 1 && kb == nk - 1)) asm volatile("bar.arrive %0, 256;" ::"r"(2 - cw) : "memory");
     }
     if constexpr (DEPTH == 1) {
@@ -409,9 +437,57 @@ __global__ void __launch_bounds__(384, 1)
       if (t < ncta) arrive_remote(&empty[s], uint32_t(t));
     }
   };
-  for (int kb = 0; kb < nk; kb += 2) {
-    step(a0, a1, kb);
-    if (kb + 1 < nk) step(a1, a0, kb + 1);
+  if constexpr (DEPTH == 15) {
+    // As FlashAttention-3 overlaps softmax with its PV wgmma: block i+1's transform runs while block i's
+    // wgmma (reading the other register set) is in flight, and block i+1's wgmma is issued only after
+    // block i's completed, so no wgmma is issued inside another's pipeline stage (no C7513).
+    auto tf = [&](uint32_t(&a)[4][4], int kb) {
+      const int s = kb % STAGES;
+      bar_wait(&full[s], (kb / STAGES) & 1);
+      const uint32_t sa = smem_u32(base + s * C::kStage) + rowoff;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t x0, x1, x2, x3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
+                     : "r"(sa + ((((2u * j) + cadd) ^ sw) << 4)));
+        a[j][0] = exp_pair(x0, l2a);
+        a[j][1] = exp_pair(x1, l2b);
+        a[j][2] = exp_pair(x2, l2a);
+        a[j][3] = exp_pair(x3, l2b);
+      }
+    };
+    auto mma = [&](uint32_t(&a)[4][4], int kb) {
+      const unsigned char* sb = base + (kb % STAGES) * C::kStage + C::kTileA;
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mma_rA<BN>(d, a[j], desc_mn(sb + j * 2048, variant), kb + j);
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    };
+    auto done = [&](uint32_t(&a)[4][4], int kb) {
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[j][i])::"memory");
+      if (t < ncta) arrive_remote(&empty[kb % STAGES], uint32_t(t));
+    };
+    tf(a0, 0);
+    for (int kb = 0; kb < nk; kb += 2) {
+      mma(a0, kb);
+      if (kb + 1 < nk) tf(a1, kb + 1);
+      done(a0, kb);
+      if (kb + 1 < nk) {
+        mma(a1, kb + 1);
+        if (kb + 2 < nk) tf(a0, kb + 2);
+        done(a1, kb + 1);
+      }
+    }
+  } else {
+    for (int kb = 0; kb < nk; kb += 2) {
+      step(a0, a1, kb);
+      if (kb + 1 < nk) step(a1, a0, kb + 1);
+    }
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
@@ -419,6 +495,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a0[j][i]), "+r"(a1[j][i])::"memory");
   const float ca = coef[row0], cb = coef[row0 + 8];
+  if constexpr (DEPTH == 13) d[0] = __uint_as_float(sink);
 #pragma unroll
   for (int i = 0; i < BN / 8; ++i) {
     const int col = n0 + 8 * i + 2 * (l % 4);
@@ -774,10 +851,10 @@ bool run(int M, int H, int Vp, int variant, bool time_it, bool expect_pass, int 
   row_stats<<<M, 256>>>(z, Vp, lse, coef);
   CK(cudaGetLastError());
   const CUtensorMap tz = map_of(z, M, Vp, C::kBM / cn), tw = map_of(w, Vp, H, 64);
-  if constexpr (DEPTH >= 10)
+  if constexpr (DEPTH >= 10 && DEPTH <= 12)
     CK(cudaFuncSetAttribute(dh_sh_kernel<BN, STAGES, DEPTH - 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             STAGES * (8192 + BN * 128) + (DEPTH - 8) * C::kTileA + 1024));
-  else if constexpr (DEPTH >= 8)
+  else if constexpr (DEPTH >= 8 && DEPTH <= 9)
     CK(cudaFuncSetAttribute(dh_tw_kernel<BN, STAGES, DEPTH - 6>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             C::kSmem + (DEPTH - 6) * C::kTileA));
   else
@@ -798,11 +875,12 @@ bool run(int M, int H, int Vp, int variant, bool time_it, bool expect_pass, int 
     cfg.dynamicSmemBytes = C::kSmem;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    if constexpr (DEPTH >= 10) {  // the transform shared by a 2-CTA cluster along n: G ring of DEPTH - 8
+    if constexpr (DEPTH >= 10 &&
+                  DEPTH <= 12) {  // the transform shared by a 2-CTA cluster along n: G ring of DEPTH - 8
       cfg.dynamicSmemBytes = STAGES * (8192 + BN * 128) + (DEPTH - 8) * C::kTileA + 1024;
       CK(cudaLaunchKernelEx(&cfg, dh_sh_kernel<BN, STAGES, DEPTH - 8>, tz, tw, (const float*)lse,
                             (const float*)coef, dh, M, H, Vp));
-    } else if constexpr (DEPTH >= 8) {  // the transform warpgroup: G ring of DEPTH - 6 stages
+    } else if constexpr (DEPTH >= 8 && DEPTH <= 9) {  // the transform warpgroup: G ring of DEPTH - 6 stages
       constexpr int kGst = DEPTH - 6;
       cfg.dynamicSmemBytes = C::kSmem + kGst * C::kTileA;
       CK(cudaLaunchKernelEx(&cfg, dh_tw_kernel<BN, STAGES, kGst>, tz, tw, (const float*)lse,
@@ -844,7 +922,7 @@ bool run(int M, int H, int Vp, int variant, bool time_it, bool expect_pass, int 
       "%.3g), %zu of %zu off%s\n",
       BN, STAGES, DEPTH, variant, cn, cm, M, H, Vp, worst, big, bad, h1.size(),
       pass == expect_pass ? "" : "  <-- UNEXPECTED");
-  if (time_it && pass) {
+  if (time_it && pass == expect_pass) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
@@ -874,7 +952,12 @@ bool run(int M, int H, int Vp, int variant, bool time_it, bool expect_pass, int 
   return pass == expect_pass;
 }
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "profile") {  // one launch of each, for Nsight Compute
+    run<256, 4, 15>(2048, 2048, 128256, 0, false, true, 1, 2);
+    run<256, 4, 6>(2048, 2048, 128256, 0, false, true, 1, 2);
+    return 0;
+  }
   bool ok = true;
   // Correctness on small shapes, every variant that is exact (3 and 5 round through f16).
   ok &= run<256, 4, 0>(256, 512, 1024, 0, false, true);
@@ -890,18 +973,25 @@ int main() {
   ok &= run<192, 4, 9>(256, 768, 1024, 0, false, true, 1, 2);
   ok &= run<256, 4, 11>(256, 1024, 1024, 0, false, true, 2, 1);
   ok &= run<192, 4, 11>(256, 768, 1024, 0, false, true, 2, 1);
+  ok &= run<256, 4, 14>(256, 1024, 1024, 0, false, true, 1, 2);
+  ok &= run<256, 4, 15>(256, 1024, 1024, 0, false, true, 1, 2);
+  ok &= run<192, 5, 15>(256, 768, 1024, 0, false, true, 1, 2);
   // top-K / JSD student chunk: 2048 x 2048 from V = 128,256 (clusters of more than 2 CTAs do not fit the
   // 128 CTAs in one wave)
   ok &= run<256, 4, 0>(2048, 2048, 128256, 0, true, true, 1, 2);
   ok &= run<256, 4, 2>(2048, 2048, 128256, 0, true, true, 1, 2);
-  ok &= run<256, 4, 11>(2048, 2048, 128256, 0, true, true, 2, 1);
-  ok &= run<256, 4, 10>(2048, 2048, 128256, 0, true, true, 2, 1);
-  ok &= run<256, 3, 12>(2048, 2048, 128256, 0, true, true, 2, 1);
+  ok &= run<256, 4, 6>(2048, 2048, 128256, 0, true, true, 1, 2);
+  ok &= run<256, 4, 4>(2048, 2048, 128256, 0, true, true, 1, 2);
+  run<256, 4, 3>(2048, 2048, 128256, 0, true, true, 1, 2);          // f16 exp2: timing (checked loosely)
+  ok &= run<256, 4, 13>(2048, 2048, 128256, 0, true, false, 1, 2);  // the transform alone: not a result
+  ok &= run<256, 4, 14>(2048, 2048, 128256, 0, true, true, 1, 2);
+  ok &= run<256, 4, 15>(2048, 2048, 128256, 0, true, true, 1, 2);
+  ok &= run<256, 4, 15>(2048, 2048, 128256, 0, true, true, 1, 1);
   // CE small chunk: 4096 x 768 from V = 50,304 (BN 192: 128 CTAs)
   ok &= run<192, 5, 0>(4096, 768, 50304, 0, true, true, 1, 2);
   ok &= run<192, 5, 2>(4096, 768, 50304, 0, true, true, 1, 2);
-  ok &= run<192, 4, 11>(4096, 768, 50304, 0, true, true, 2, 1);
-  ok &= run<192, 4, 12>(4096, 768, 50304, 0, true, true, 2, 1);
+  ok &= run<192, 5, 13>(4096, 768, 50304, 0, true, false, 1, 2);
+  ok &= run<192, 5, 15>(4096, 768, 50304, 0, true, true, 1, 2);
   std::printf(ok ? "probe passed\n" : "probe FAILED\n");
   return ok ? 0 : 1;
 }
