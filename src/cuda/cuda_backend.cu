@@ -116,6 +116,8 @@ class CudaBackend final : public Backend {
                " must be 0 (off), 1 (accumulating GEMMs) or 2 (all)");
       ex_.opts.gemm_tune = GemmTune(e[0] - '0');
     }
+    ex_.gemm_cache->path = opts.gemm_cache;
+    if (const char* e = std::getenv("RETORT_GEMM_CACHE"); e && *e) ex_.gemm_cache->path = e;
     DeviceScope scope(device);
     try {
       RT_CUDA_CHECK(cudaDeviceGetAttribute(&ex_.sm_count, cudaDevAttrMultiProcessorCount, device));
@@ -238,6 +240,7 @@ class CudaBackend final : public Backend {
 
   CudaAllocator& allocator() { return *ex_.alloc; }
   size_t tuned_gemms() const { return ex_.lt_tuned->size(); }
+  size_t cached_gemms() const { return ex_.gemm_cache->hits; }
 
  private:
   // Waits for the stream, then reports a device-side error if a kernel recorded one.
@@ -307,6 +310,10 @@ void cuda_empty_cache(Backend& backend) {
 
 size_t cuda_tuned_gemms(Backend& backend) {
   return cuda::as_cuda(backend, "cuda_tuned_gemms").tuned_gemms();
+}
+
+size_t cuda_cached_gemms(Backend& backend) {
+  return cuda::as_cuda(backend, "cuda_cached_gemms").cached_gemms();
 }
 
 }  // namespace retort

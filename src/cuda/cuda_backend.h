@@ -49,6 +49,14 @@ struct CudaOptions {
   // (bench/RESULTS.md, sessions 14 and 15). Environment override, read by make_cuda_backend (which throws on
   // another value): RETORT_GEMM_TUNE=0 (Off), 1 (Accumulating), 2 (All).
   GemmTune gemm_tune = GemmTune::All;
+  // A file that keeps the timed picks across processes (empty: none): a GEMM shape that gemm_tune times,
+  // found there under this device's signature (its name, SM count, cuBLASLt version and workspace size) takes
+  // the recorded algorithms without timing, so runs on one machine pick the same algorithms and round alike;
+  // each shape timed is added (merged with the file, written atomically: src/io/tune_cache.h). A pick is
+  // recorded when first timed and again when timed the second time; delete the file to time afresh. A
+  // malformed file is a retort::Error naming it at the first fused GEMM. Environment override:
+  // RETORT_GEMM_CACHE=<path>.
+  std::string gemm_cache;
 };
 
 // True when retort was built with CUDA and at least one device is usable; why_not gets the reason otherwise.
@@ -76,5 +84,8 @@ void cuda_empty_cache(Backend& backend);
 // How many GEMM shapes the backend's fused linear losses timed cuBLASLt's algorithms for
 // (CudaOptions::gemm_tune). Throws retort::Error if backend is not a CUDA backend.
 size_t cuda_tuned_gemms(Backend& backend);
+// How many of those took their algorithms from CudaOptions::gemm_cache instead of timing them. Throws
+// retort::Error if backend is not a CUDA backend.
+size_t cuda_cached_gemms(Backend& backend);
 
 }  // namespace retort

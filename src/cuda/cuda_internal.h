@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "../core/backend.h"
@@ -148,6 +149,17 @@ struct LtTuned {
   bool settled = false;                         // timed the second time
 };
 
+// The fused linear losses' GEMM algorithm cache file (CudaOptions::gemm_cache, io/tune_cache.h), shared by
+// a backend's executors: per GemmKey, {candidate count, index picked for beta = 0, for beta != 0}. Read at
+// the first GEMM that would be timed; written (merged, atomically) each time a shape is timed.
+struct GemmCacheFile {
+  std::string path;       // empty: no file
+  std::string signature;  // the device, SM count, cuBLASLt version and workspace the picks hold for
+  bool loaded = false;
+  std::map<std::vector<int64_t>, std::vector<int64_t>> entries;
+  size_t hits = 0;  // GEMM shapes that took their algorithms from the file instead of timing them
+};
+
 struct CudaExec {
   int device = 0;
   cudaStream_t stream = nullptr;
@@ -163,6 +175,7 @@ struct CudaExec {
   int sm_count = 1;
   // The fused linear losses' timed GEMM algorithms, kept for the backend's life (shared by its copies).
   std::shared_ptr<std::vector<LtTuned>> lt_tuned = std::make_shared<std::vector<LtTuned>>();
+  std::shared_ptr<GemmCacheFile> gemm_cache = std::make_shared<GemmCacheFile>();
 
   // Grid size for a grid-stride loop over n items with blocks of `block` threads.
   int grid_for(int64_t n, int block) const {

@@ -32,4 +32,8 @@ size_t cuda_tuned_gemms(Backend&) {
   RT_FAIL("cuda_tuned_gemms: ", kNoCuda);
 }
 
+size_t cuda_cached_gemms(Backend&) {
+  RT_FAIL("cuda_cached_gemms: ", kNoCuda);
+}
+
 }  // namespace retort

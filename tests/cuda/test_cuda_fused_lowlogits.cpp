@@ -18,8 +18,14 @@
 // Also: peak device memory within the budget with 16-bit logits (no 16-bit gradient shadow beside them).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
+#include <string>
 #include <utility>
 
 #include "cuda_loss_check.h"
@@ -336,6 +342,76 @@ TEST_F(CudaFusedLowLogits, GemmAutotuneAgreesWithFirstChoice) {
                               kPieceGradTol));
   EXPECT_EQ(cuda_tuned_gemms(*a), 0u);
   EXPECT_GT(cuda_tuned_gemms(*b), 0u);
+}
+
+// CudaOptions::gemm_cache: a backend that times its GEMMs records the picks; a backend made later with the
+// same file takes every one of them without timing and agrees with the first (the same algorithms). A file
+// recorded under another signature (another GPU or cuBLASLt) holds nothing for this one and is replaced; a
+// malformed one is an error naming it.
+TEST_F(CudaFusedLowLogits, GemmCacheKeepsPicksAcrossBackends) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("retort_gemm_cache_" + std::to_string(::getpid()) + ".txt"))
+          .string();
+  std::filesystem::remove(path);
+  CudaOptions off;
+  off.gemm_tune = GemmTune::Off;
+  CudaOptions cached;
+  cached.gemm_tune = GemmTune::All;
+  cached.gemm_cache = path;
+  CeCfg cfg;
+  cfg.n = 1536;
+  cfg.h = 64;
+  cfg.v = 50257;
+  cfg.chunk = 700;  // dW accumulated over three chunks: beta 0 and beta 1 picks
+  cfg.r.eps = 0.1;
+  const LossCase c = ce_case("cfll_cache_ce", cfg);
+  auto ref = make_cuda_backend(0, off);
+  auto a = make_cuda_backend(0, cached);
+  EXPECT_TRUE(check_cuda_same(c, *ref, *a, kPieceGradTol));
+  const size_t timed = cuda_tuned_gemms(*a);
+  ASSERT_GT(timed, 0u);
+  EXPECT_EQ(cuda_cached_gemms(*a), 0u);
+  ASSERT_TRUE(std::filesystem::exists(path));
+  auto b = make_cuda_backend(0, cached);
+  EXPECT_TRUE(check_cuda_same(c, *a, *b, kPieceGradTol));
+  EXPECT_EQ(cuda_cached_gemms(*b), timed);
+  EXPECT_EQ(cuda_tuned_gemms(*b), timed);
+  // The same entries under another signature: timed afresh, and the file rewritten under this one.
+  std::string text;
+  {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  const size_t l2 = text.find('\n') + 1, l3 = text.find('\n', l2) + 1;
+  ASSERT_EQ(text.compare(l2, 10, "signature "), 0) << text;
+  {
+    std::ofstream out(path, std::ios::trunc);
+    out << text.substr(0, l2) << "signature another GPU\n" << text.substr(l3);
+  }
+  auto d = make_cuda_backend(0, cached);
+  EXPECT_TRUE(check_cuda_same(c, *a, *d, kPieceGradTol));
+  EXPECT_EQ(cuda_cached_gemms(*d), 0u);
+  EXPECT_EQ(cuda_tuned_gemms(*d), timed);
+  auto e = make_cuda_backend(0, cached);
+  EXPECT_TRUE(check_cuda_same(c, *a, *e, kPieceGradTol));
+  EXPECT_EQ(cuda_cached_gemms(*e), timed);
+  // A malformed file: an error naming it, at the first GEMM that would be timed.
+  {
+    std::ofstream out(path, std::ios::trunc);
+    out << "retort tune cache 1\nsignature x\n1 2 three : 4\n";
+  }
+  auto f = make_cuda_backend(0, cached);
+  try {
+    check_cuda_same(c, *a, *f, kPieceGradTol);
+    ADD_FAILURE() << "a malformed GEMM cache was accepted";
+  } catch (const Error& err) {
+    const std::string msg = err.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("line 3"), std::string::npos) << msg;
+  }
+  std::filesystem::remove(path);
 }
 
 // ---- memory -------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "../../core/op_table.h"
+#include "../../io/tune_cache.h"
 #include "../cuda_common.cuh"
 #include "cuda_chunk_exec.h"
 #include "cuda_chunk_kernels.h"
@@ -99,6 +100,7 @@ struct GemmPlan {
   cublasLtMatrixLayout_t lx = nullptr, ly = nullptr, lc = nullptr;
   std::vector<LtAlgo> cands;     // cuBLASLt's candidates, its first choice first
   std::array<LtAlgo, 2> algo{};  // for beta = 0 and for beta != 0 (accumulating into C)
+  std::array<int, 2> idx{};      // algo[]'s indices in cands
   bool tuned = false;            // algo[] timed (lt_fastest), or never to be
   int64_t entry = -1;            // its index in CudaExec::lt_tuned once timed
   GemmPlan() = default;
@@ -426,6 +428,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
           if (plan.cands.empty()) plan.cands = e.cands;
           retime(plan, a.data, b.data, c.data, alpha);
           e.algo = plan.algo;
+          cache_store(plan);
         } else if (e.settled) {
           plan.algo = e.algo;
         }
@@ -749,8 +752,55 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
              key[12], " GEMM (inputs ", key[0] == CUDA_R_32F ? "f32" : "16-bit", ")");
     p->algo[0] = p->algo[1] = p->cands[0];
     p->tuned = p->cands.size() < 2;
+    // Picked by an earlier process on this device (CudaOptions::gemm_cache): those algorithms, untimed.
+    if (timed && !p->tuned && cache_lookup(*p)) {
+      p->tuned = true;
+      p->entry = int64_t(ex_.lt_tuned->size());
+      ex_.lt_tuned->push_back(LtTuned{std::vector<int64_t>(key.begin(), key.end()), p->algo, p->cands,
+                                      std::chrono::steady_clock::now(), true});
+      ++ex_.gemm_cache->hits;
+    }
     plans_.push_back(std::move(p));
     return *plans_.back();
+  }
+
+  // The cache file's signature: what the candidates and their speeds depend on besides the GemmKey.
+  std::string cache_signature() const {
+    cudaDeviceProp prop{};
+    RT_CUDA_CHECK(cudaGetDeviceProperties(&prop, ex_.device));
+    return std::string(prop.name) + " cc " + std::to_string(prop.major) + "." + std::to_string(prop.minor) +
+           " sms " + std::to_string(prop.multiProcessorCount) + " cublasLt " +
+           std::to_string(cublasLtGetVersion()) + " workspace " + std::to_string(ex_.workspace_bytes) +
+           " candidates " + std::to_string(kTuneCandidates);
+  }
+  // Sets plan's algorithms from the cache file when it holds its key for as many candidates as plan has.
+  bool cache_lookup(GemmPlan& plan) {
+    GemmCacheFile& f = *ex_.gemm_cache;
+    if (f.path.empty()) return false;
+    if (!f.loaded) {
+      f.signature = cache_signature();
+      for (io::TuneEntry& e : io::read_tune_cache(f.path, f.signature))
+        f.entries[std::move(e.key)] = std::move(e.value);
+      f.loaded = true;
+    }
+    const auto it = f.entries.find(std::vector<int64_t>(plan.key.begin(), plan.key.end()));
+    if (it == f.entries.end()) return false;
+    const std::vector<int64_t>& v = it->second;
+    const int64_t n = int64_t(plan.cands.size());
+    if (v.size() != 3 || v[0] != n || v[1] < 0 || v[1] >= n || v[2] < 0 || v[2] >= n) return false;
+    plan.idx = {int(v[1]), int(v[2])};
+    plan.algo = {plan.cands[size_t(v[1])], plan.cands[size_t(v[2])]};
+    return true;
+  }
+  // Records plan's timed picks in the cache file (merged with what it holds, written atomically).
+  void cache_store(const GemmPlan& plan) {
+    GemmCacheFile& f = *ex_.gemm_cache;
+    if (f.path.empty() || plan.cands.size() < 2) return;
+    if (f.signature.empty()) f.signature = cache_signature();
+    io::TuneEntry e{std::vector<int64_t>(plan.key.begin(), plan.key.end()),
+                    {int64_t(plan.cands.size()), plan.idx[0], plan.idx[1]}};
+    f.entries[e.key] = e.value;
+    io::write_tune_cache(f.path, f.signature, {e});
   }
 
   // Times plan's candidates on its own operands (the GEMM about to run, whose C this call overwrites) and
@@ -760,6 +810,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   void tune(GemmPlan& plan, const void* a, const void* b, void* c, float alpha) {
     plan.tuned = true;
     retime(plan, a, b, c, alpha);
+    cache_store(plan);
     plan.entry = int64_t(ex_.lt_tuned->size());
     ex_.lt_tuned->push_back(LtTuned{std::vector<int64_t>(plan.key.begin(), plan.key.end()), plan.algo,
                                     plan.cands, std::chrono::steady_clock::now(), false});
@@ -774,8 +825,12 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
                                        ex_.workspace_bytes, ex_.stream));
       });
       plan.algo[acc] = plan.cands[size_t(best)];
+      plan.idx[acc] = best;
     }
-    if (plan.key[17] != CUDA_R_32F) plan.algo[1] = plan.algo[0];
+    if (plan.key[17] != CUDA_R_32F) {
+      plan.algo[1] = plan.algo[0];
+      plan.idx[1] = plan.idx[0];
+    }
   }
 
   // RETORT_GEMM_RETIME=0: no second timing (for comparisons).

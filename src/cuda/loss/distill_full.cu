@@ -722,7 +722,7 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
     // portable kernel.
     constexpr bool kClusterG = std::is_same_v<G, float> || std::is_same_v<G, T> || std::is_same_v<T, float>;
     const ClusterPlan cp = kClusterG ? cluster_plan(b, o, sizeof(T)) : ClusterPlan{};
-    if (cp.cs == 0) {
+    auto portable = [&] {
       // The portable kernel: 8-wide on row pairs that line up (contiguous [N, 50257] student and teacher rows
       // of one dtype: each row pair shares its misalignment), one by one otherwise.
       DistillFlags fv = f;
@@ -731,6 +731,9 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
                reinterpret_cast<uintptr_t>(b.logits) % sizeof(T) == 0;
       fv.gvec = fv.vec && grad_vec_ok(b.logits, b.stride, sizeof(T), b.grad, b.grad_stride, sizeof(G));
       distill_kernel<T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, o, err, fv);
+    };
+    if (cp.cs == 0) {
+      portable();
       return;
     }
     if constexpr (!kClusterG)
@@ -757,7 +760,11 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       int clusters = rowk::max_active_clusters(kernel, cfg, cp.cs, "distill_cluster_kernel");
-      clusters = int(std::max<int64_t>(1, std::min<int64_t>(b.rows, clusters > 0 ? clusters : 1)));
+      if (clusters <= 0) {  // no cluster of this shape fits (another process's partition of the GPU, say)
+        portable();
+        return;
+      }
+      clusters = int(std::min<int64_t>(b.rows, clusters));
       cfg.gridDim = dim3(unsigned(clusters * cp.cs));
       if (std::getenv("RETORT_ROWLOSS_DEBUG"))
         std::fprintf(stderr,

@@ -696,9 +696,10 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
     const bool vec = vec_rows_ok(b.logits, b.stride, sizeof(T));  // every row aligned: the cluster path
     const bool gvec = !b.grad || vec_rows_ok(b.grad, b.grad_stride, sizeof(G));
     int major = 0;
-    const int sms = device_sm_count_and_arch(&major);
+    (void)device_sm_count_and_arch(&major);
     const int64_t row_bytes = b.V * int64_t(sizeof(T));
     const int cs = int((row_bytes + segment_bytes() - 1) / segment_bytes());
+    bool launched = false;
     if (b.grad && vec && major >= 9 && cs <= kMaxCluster && !cluster_disabled()) {
       // Segments are whole 8-element vectors so every CTA's slice stays 16-byte aligned.
       const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
@@ -732,19 +733,24 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       cfg.gridDim = dim3(cs);
+      // No cluster of this shape fits (another process's partition of the GPU, say): the two-pass kernel.
       int clusters = max_active_clusters(kernel, cfg, cs, what);
-      clusters = int(std::max<int64_t>(1, std::min<int64_t>(b.rows, clusters > 0 ? clusters : sms / cs)));
-      cfg.gridDim = dim3(clusters * cs);
-      if (std::getenv("RETORT_ROWLOSS_DEBUG"))
-        std::fprintf(
-            stderr,
-            "%s: cluster path, %d CTAs per row, segment %lld elements, %d buffers, %d clusters, %d threads\n",
-            what, cs, (long long)seg, nbuf, clusters, threads);
-      int64_t seg_arg = seg;
-      int nbuf_arg = nbuf;
-      bool gvec_arg = gvec;
-      check(cudaLaunchKernelEx(&cfg, kernel, b, p, seg_arg, nbuf_arg, gvec_arg), what);
-    } else {
+      if (clusters > 0) {
+        clusters = int(std::min<int64_t>(b.rows, clusters));
+        cfg.gridDim = dim3(clusters * cs);
+        if (std::getenv("RETORT_ROWLOSS_DEBUG"))
+          std::fprintf(stderr,
+                       "%s: cluster path, %d CTAs per row, segment %lld elements, %d buffers, %d clusters, "
+                       "%d threads\n",
+                       what, cs, (long long)seg, nbuf, clusters, threads);
+        int64_t seg_arg = seg;
+        int nbuf_arg = nbuf;
+        bool gvec_arg = gvec;
+        check(cudaLaunchKernelEx(&cfg, kernel, b, p, seg_arg, nbuf_arg, gvec_arg), what);
+        launched = true;
+      }
+    }
+    if (!launched) {
       // 8-wide loads on any row; 8-wide gradient stores where the gradient rows line up with the logits.
       const bool gshift = grad_vec_ok(b.logits, b.stride, sizeof(T), b.grad, b.grad_stride, sizeof(G));
       rows_l2_kernel<P, T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, p, true, gshift);
