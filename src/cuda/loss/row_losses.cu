@@ -144,22 +144,27 @@ constexpr int kMaxBuffers = 3;
 
 // Visits a segment buf[0, n) in shared memory (16-byte aligned) with 32-bit indices: f.template
 // apply<N>(j, x) gets N consecutive values from column j of the segment (8-wide when vec, else one by one).
+// seg_part visits columns [e0, e1) only (e0 a multiple of 8; e1 a multiple of 8, or n).
 template <typename T, typename F>
-__device__ __forceinline__ void seg_for(const T* buf, int n, int nt, bool vec, F& f) {
-  int j = int(threadIdx.x);
+__device__ __forceinline__ void seg_part(const T* buf, int e0, int e1, int nt, bool vec, F& f) {
+  int j = e0 + int(threadIdx.x);
   if (vec) {
-    const int nv = n >> 3;
-    for (int v = j; v < nv; v += nt) {
+    const int v1 = e1 >> 3;
+    for (int v = (e0 >> 3) + int(threadIdx.x); v < v1; v += nt) {
       float x[8];
       unpack8(load_raw8<false>(buf + v * 8), x);
       f.template apply<8>(v * 8, x);
     }
-    j += nv * 8;
+    j = v1 * 8 + int(threadIdx.x);
   }
-  for (; j < n; j += nt) {
+  for (; j < e1; j += nt) {
     float x[1] = {to_f<T>(buf[j])};
     f.template apply<1>(j, x);
   }
+}
+template <typename T, typename F>
+__device__ __forceinline__ void seg_for(const T* buf, int n, int nt, bool vec, F& f) {
+  seg_part(buf, 0, n, nt, vec, f);
 }
 
 // Pass 1 of a policy whose transform is the identity (plain_sum()): the segment's maximum is known, so the
@@ -176,7 +181,7 @@ struct SumExp {
 // Up to 1024 threads per CTA (launch_rows picks the count that splits a segment's vectors most evenly).
 template <class P, typename T, typename G>
 __global__ void __launch_bounds__(1024)
-    rows_cluster_kernel(RowBlock b, P p, int64_t seg, int nbuf, bool gvec) {
+    rows_cluster_kernel(RowBlock b, P p, int64_t seg, int nbuf, bool gvec, bool halves) {
 #ifdef RT_HAS_CLUSTERS
   const int nt = int(blockDim.x);
   extern __shared__ uint4 dyn_smem[];
@@ -201,31 +206,40 @@ __global__ void __launch_bounds__(1024)
   const int tail = int(n % 8);
   const uint32_t seg_bytes = uint32_t((n - tail) * int64_t(sizeof(T)));
   const int64_t first = blockIdx.x / cs, step = gridDim.x / cs;
+  // One buffer in two halves (halves: nbuf == 1), each on a barrier of its own (bars[0], bars[1]): the
+  // gradient pass asks for the next row's first half as soon as it is past it, so that load runs under the
+  // pass's second half instead of after it. hv: the first half's length, whole 8-element vectors.
+  halves = halves && nbuf == 1 && n - tail >= 16;
+  const int hv = halves ? int((n - tail) / 16 * 8) : int(n - tail);
+  const uint32_t h0_bytes = uint32_t(hv * int64_t(sizeof(T)));
   if (threadIdx.x == 0) {
-    for (int i = 0; i < nbuf; ++i)
+    for (int i = 0; i < (halves ? 2 : nbuf); ++i)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[i])));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  // One thread asks the copy engine for row r's segment into buffer i (in pieces of at most 32 KB).
-  auto issue = [&](int64_t r, int i) {
-    if (threadIdx.x != 0 || seg_bytes == 0) return;
+  // One thread asks the copy engine for bytes [off0, off0 + bytes) of row r's segment, into buffer i, on
+  // barrier bar (in pieces of at most 32 KB).
+  auto issue_bytes = [&](int64_t r, int i, uint32_t off0, uint32_t bytes, int bar) {
+    if (threadIdx.x != 0 || bytes == 0) return;
     asm volatile("fence.proxy.async.shared::cta;" ::
                      : "memory");  // earlier generic reads of the buffer are done
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&bars[i])),
-                 "r"(seg_bytes)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&bars[bar])),
+                 "r"(bytes)
                  : "memory");
-    const char* src = reinterpret_cast<const char*>(static_cast<const T*>(b.logits) + r * b.stride + c0);
-    char* dst = reinterpret_cast<char*>(base + i * seg);
-    for (uint32_t off = 0; off < seg_bytes; off += 32768) {
-      uint32_t len = min(32768u, seg_bytes - off);
+    const char* src =
+        reinterpret_cast<const char*>(static_cast<const T*>(b.logits) + r * b.stride + c0) + off0;
+    char* dst = reinterpret_cast<char*>(base + i * seg) + off0;
+    for (uint32_t off = 0; off < bytes; off += 32768) {
+      uint32_t len = min(32768u, bytes - off);
       asm volatile(
           "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
               smem_u32(dst + off)),
-          "l"(src + off), "r"(len), "r"(smem_u32(&bars[i]))
+          "l"(src + off), "r"(len), "r"(smem_u32(&bars[bar]))
           : "memory");
     }
   };
+  auto issue = [&](int64_t r, int i) { issue_bytes(r, i, 0, seg_bytes, i); };
   // Rows i+1 .. i+nbuf-1 stream in while row i is worked on.
   uint32_t phases = 0;  // bit i: the parity to wait for on buffer i
   for (int k = 0; k < nbuf - 1; ++k)
@@ -236,14 +250,23 @@ __global__ void __launch_bounds__(1024)
   for (int64_t r = first; r < b.rows; r += step, ++it, cur = cur + 1 == nbuf ? 0 : cur + 1,
                next_buf = next_buf + 1 == nbuf ? 0 : next_buf + 1) {
     const int64_t ahead = r + int64_t(nbuf - 1) * step;
-    if (ahead < b.rows) issue(ahead, next_buf);  // the buffer row i-1 used, released below
-    if (seg_bytes) {
+    if (!halves) {
+      if (ahead < b.rows) issue(ahead, next_buf);  // the buffer row i-1 used, released below
+    } else {  // the first half was asked for by the previous row's gradient pass, but for the first row
+      if (it == 0) issue_bytes(r, 0, 0, h0_bytes, 0);
+      issue_bytes(r, 0, h0_bytes, seg_bytes - h0_bytes, 1);
+    }
+    auto wait_bar = [&](int i) {
       asm volatile(
           "{\n .reg .pred done;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-          " @!done bra WAIT_%=;\n}" ::"r"(smem_u32(&bars[cur])),
-          "r"((phases >> cur) & 1u)
+          " @!done bra WAIT_%=;\n}" ::"r"(smem_u32(&bars[i])),
+          "r"((phases >> i) & 1u)
           : "memory");
-      phases ^= 1u << cur;
+      phases ^= 1u << i;
+    };
+    if (seg_bytes) {
+      wait_bar(cur);
+      if (halves) wait_bar(1);
     }
     T* const buf = base + cur * seg;
     const T* row = static_cast<const T*>(b.logits) + r * b.stride;
@@ -325,7 +348,14 @@ __global__ void __launch_bounds__(1024)
     if (rank == 0 && threadIdx.x == 0) p.finish(b, r, row, on, aux);
     if (r + step < b.rows) p.prefetch(b, r + step);  // the next row's side data, in flight during pass 2
     auto gr = p.template grad<G>(static_cast<G*>(b.grad) + r * b.grad_stride + c0, on, aux, scale, c0, n);
-    seg_for(buf, int(n), nt, gvec, gr);
+    if (halves) {
+      seg_part(buf, 0, hv, nt, gvec, gr);
+      __syncthreads();  // every thread is past the first half: the next row's may come in
+      if (r + step < b.rows) issue_bytes(r + step, 0, 0, h0_bytes, 0);
+      seg_part(buf, hv, int(n), nt, gvec, gr);
+    } else {
+      seg_for(buf, int(n), nt, gvec, gr);
+    }
     __syncthreads();  // the buffer and `merged` are rewritten two rows on / by the next row
   }
   cl.sync();  // no CTA leaves while a peer may still read its state
@@ -743,10 +773,16 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
                        "%s: cluster path, %d CTAs per row, segment %lld elements, %d buffers, %d clusters, "
                        "%d threads\n",
                        what, cs, (long long)seg, nbuf, clusters, threads);
+        // A single buffer is split in halves (rows_cluster_kernel); RETORT_CLUSTER_HALVES=0 keeps it whole,
+        // for comparisons.
+        static const bool halves_on = [] {
+          const char* e = std::getenv("RETORT_CLUSTER_HALVES");
+          return !(e && e[0] == '0');
+        }();
         int64_t seg_arg = seg;
         int nbuf_arg = nbuf;
-        bool gvec_arg = gvec;
-        check(cudaLaunchKernelEx(&cfg, kernel, b, p, seg_arg, nbuf_arg, gvec_arg), what);
+        bool gvec_arg = gvec, halves_arg = halves_on;
+        check(cudaLaunchKernelEx(&cfg, kernel, b, p, seg_arg, nbuf_arg, gvec_arg, halves_arg), what);
         launched = true;
       }
     }
