@@ -800,6 +800,10 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     io::TuneEntry e{std::vector<int64_t>(plan.key.begin(), plan.key.end()),
                     {int64_t(plan.cands.size()), plan.idx[0], plan.idx[1]}};
     f.entries[e.key] = e.value;
+    // One writer at a time in this process: the atomic write's temporary name is per process, and backends
+    // on other threads may share the file.
+    static std::mutex write_mu;
+    std::lock_guard<std::mutex> lock(write_mu);
     io::write_tune_cache(f.path, f.signature, {e});
   }
 
