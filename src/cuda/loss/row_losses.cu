@@ -142,9 +142,9 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 constexpr int kMaxBuffers = 3;
 
-// Visits a segment buf[0, n) in shared memory (16-byte aligned) with 32-bit indices: f.template
-// apply<N>(j, x) gets N consecutive values from column j of the segment (8-wide when vec, else one by one).
-// seg_part visits columns [e0, e1) only (e0 a multiple of 8; e1 a multiple of 8, or n).
+// Visits columns [e0, e1) of a segment in shared memory (16-byte aligned; e0 a multiple of 8, e1 a multiple
+// of 8 or the segment's end) with 32-bit indices: f.template apply<N>(j, x) gets N consecutive values from
+// column j of the segment (8-wide when vec, else one by one). seg_for visits the whole segment buf[0, n).
 template <typename T, typename F>
 __device__ __forceinline__ void seg_part(const T* buf, int e0, int e1, int nt, bool vec, F& f) {
   int j = e0 + int(threadIdx.x);
