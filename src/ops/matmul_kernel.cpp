@@ -349,6 +349,10 @@ void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, 
       const int64_t n_panels = ceil_div(nc, kNR);
       for (int64_t pc = 0; pc < k; pc += kc_max, ++step) {
         const int64_t kc = std::min(kc_max, k - pc);
+        // Split columns share one B buffer, each thread packing and reading its own panels; but a block's
+        // panels move (a shorter last block of n or k re-divides them and shifts their offsets), so no thread
+        // may pack the next block while another still reads this one.
+        if (!split_rows && nthreads > 1 && step > 0) barrier.wait();
         // This thread's share: rows [m0, m1) and B panels [jp0, jp1); with split rows it packs panels
         // [pp0, pp1) of the block for everyone.
         int64_t m0 = 0, m1 = m, jp0 = 0, jp1 = n_panels, pp0, pp1;

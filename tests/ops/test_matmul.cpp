@@ -311,6 +311,33 @@ TEST(MatmulKernel, BothMicroKernelsAcrossBlocks) {
   }
 }
 
+TEST(MatmulKernel, ColumnSplitAcrossRaggedBlocksHasNoRace) {
+  // A short, wide GEMM (the fused losses' logits chunks) splits B's panels between threads, which share one
+  // packed-B buffer. The last NC block is narrower, so its panels fall to other threads at other offsets:
+  // before the barrier between blocks, a fast thread packed them over panels a slow one was still reading
+  // (wrong sums at 16 threads, seen on a 2-core machine). Many threads, repeated: bitwise the 1-thread
+  // result.
+  const int64_t m = 44, n = 50257, k = 64;
+  reseed("gemm_ragged");
+  Vec av = random_vec(m * k), bv = random_vec(n * k);
+  std::vector<float> a(av.begin(), av.end()), b(bv.begin(), bv.end());
+  const gemm::Operand oa{a.data(), DType::F32, 4 * k, 4}, ob{b.data(), DType::F32, 4, 4 * k};  // B = Wᵀ
+  for (gemm::Kernel kernel : {gemm::Kernel::Portable, gemm::Kernel::Avx2}) {
+    if (!gemm::kernel_available(kernel)) continue;
+    std::vector<float> one(size_t(m * n)), many(size_t(m * n));
+    gemm::sgemm(m, n, k, oa, ob, one.data(), n, nullptr, kernel);
+    ThreadPool pool(16);
+    for (int rep = 0; rep < 6; ++rep) {
+      std::fill(many.begin(), many.end(), -7.0f);
+      gemm::sgemm(m, n, k, oa, ob, many.data(), n, &pool, kernel);
+      size_t off = 0;
+      for (size_t i = 0; i < one.size(); ++i) off += one[i] != many[i];
+      EXPECT_EQ(off, 0u) << gemm::kernel_name(kernel) << " run " << rep << ": " << off << " of " << one.size()
+                         << " entries differ from the 1-thread result";
+    }
+  }
+}
+
 // ---- bad input
 // ----------------------------------------------------------------------------------------------
 
