@@ -14,6 +14,7 @@
 #include "../core/op_table.h"
 #include "cuda_backend.h"
 #include "cuda_common.cuh"
+#include "loss/softmax_chunk.h"
 
 #ifndef RETORT_SM_ARCH
 #define RETORT_SM_ARCH "?"
@@ -118,6 +119,11 @@ class CudaBackend final : public Backend {
     }
     ex_.gemm_cache->path = opts.gemm_cache;
     if (const char* e = std::getenv("RETORT_GEMM_CACHE"); e && *e) ex_.gemm_cache->path = e;
+    if (const char* e = std::getenv("RETORT_SOFTMAX_EPILOGUE"); e && *e) {
+      RT_CHECK((e[0] == '0' || e[0] == '1') && !e[1], "cuda backend: RETORT_SOFTMAX_EPILOGUE=", e,
+               " must be 0 (off) or 1 (on)");
+      ex_.opts.softmax_epilogue = e[0] == '1';
+    }
     DeviceScope scope(device);
     try {
       RT_CUDA_CHECK(cudaDeviceGetAttribute(&ex_.sm_count, cudaDevAttrMultiProcessorCount, device));
@@ -241,6 +247,8 @@ class CudaBackend final : public Backend {
   CudaAllocator& allocator() { return *ex_.alloc; }
   size_t tuned_gemms() const { return ex_.lt_tuned->size(); }
   size_t cached_gemms() const { return ex_.gemm_cache->hits; }
+  size_t softmax_chunks() const { return *ex_.softmax_chunks; }
+  bool softmax_supported() const { return softmax_epilogue_supported(ex_.device); }
 
  private:
   // Waits for the stream, then reports a device-side error if a kernel recorded one.
@@ -314,6 +322,15 @@ size_t cuda_tuned_gemms(Backend& backend) {
 
 size_t cuda_cached_gemms(Backend& backend) {
   return cuda::as_cuda(backend, "cuda_cached_gemms").cached_gemms();
+}
+
+CudaSoftmaxEpilogueStats cuda_softmax_epilogue_stats(Backend& backend) {
+  CudaSoftmaxEpilogueStats s;
+  auto& be = cuda::as_cuda(backend, "cuda_softmax_epilogue_stats");
+  s.supported = be.softmax_supported();
+  s.chunks = be.softmax_chunks();
+  s.fallback_rows = cuda::softmax_fallback_rows();
+  return s;
 }
 
 }  // namespace retort

@@ -57,6 +57,12 @@ struct CudaOptions {
   // malformed file is a retort::Error naming it at the first fused GEMM. Environment override:
   // RETORT_GEMM_CACHE=<path>.
   std::string gemm_cache;
+  // Fused cross-entropy on sm_90a (H100 / H200) with bf16 hidden and weight, no bias, no label smoothing and
+  // no softcap: each chunk's logits GEMM forms exp(z − z_label) in its epilogue, so the logits never make the
+  // round trip through memory that a row pass costs (src/cuda/loss/softmax_chunk.h; the gradient GEMMs
+  // read that bf16 matrix, as they read the bf16 gradient otherwise). Other losses, options and devices take
+  // the row-pass path. Environment override: RETORT_SOFTMAX_EPILOGUE=0 (off) or 1 (on).
+  bool softmax_epilogue = true;
 };
 
 // True when retort was built with CUDA and at least one device is usable; why_not gets the reason otherwise.
@@ -87,5 +93,15 @@ size_t cuda_tuned_gemms(Backend& backend);
 // How many of those took their algorithms from CudaOptions::gemm_cache instead of timing them. Throws
 // retort::Error if backend is not a CUDA backend.
 size_t cuda_cached_gemms(Backend& backend);
+// The softmax-epilogue path (CudaOptions::softmax_epilogue): chunks the backend ran on it, and rows that
+// any backend of this process had to recompute exactly because their sum left the epilogue's range (a loss
+// beyond ~69 nats at the label's shift, or non-finite inputs). Throws retort::Error if backend is not a
+// CUDA backend.
+struct CudaSoftmaxEpilogueStats {
+  bool supported = false;  // the build and the device can run it (sm_90a code, compute capability 9.0)
+  size_t chunks = 0;
+  size_t fallback_rows = 0;
+};
+CudaSoftmaxEpilogueStats cuda_softmax_epilogue_stats(Backend& backend);
 
 }  // namespace retort

@@ -176,6 +176,8 @@ struct CudaExec {
   // The fused linear losses' timed GEMM algorithms, kept for the backend's life (shared by its copies).
   std::shared_ptr<std::vector<LtTuned>> lt_tuned = std::make_shared<std::vector<LtTuned>>();
   std::shared_ptr<GemmCacheFile> gemm_cache = std::make_shared<GemmCacheFile>();
+  // Chunks the fused losses ran on the softmax-epilogue path (CudaOptions::softmax_epilogue).
+  std::shared_ptr<size_t> softmax_chunks = std::make_shared<size_t>(0);
 
   // Grid size for a grid-stride loop over n items with blocks of `block` threads.
   int grid_for(int64_t n, int block) const {

@@ -36,4 +36,8 @@ size_t cuda_cached_gemms(Backend&) {
   RT_FAIL("cuda_cached_gemms: ", kNoCuda);
 }
 
+CudaSoftmaxEpilogueStats cuda_softmax_epilogue_stats(Backend&) {
+  RT_FAIL("cuda_softmax_epilogue_stats: ", kNoCuda);
+}
+
 }  // namespace retort

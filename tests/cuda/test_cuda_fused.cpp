@@ -12,6 +12,9 @@
 #include <algorithm>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "cuda_loss_check.h"
 
@@ -118,6 +121,122 @@ TEST_F(CudaFused, CrossEntropyBf16AndF16) {
       loosen_for(dt, c, tol);
       EXPECT_TRUE(check_cuda(c, tol));
     }
+}
+
+// The softmax-epilogue path (CudaOptions::softmax_epilogue, src/cuda/loss/softmax_chunk.h): bf16 hidden and
+// W with 16-byte rows, no bias, no label smoothing or softcap. Its logits gradient is exp(z − z_label) in
+// bf16 scaled per row (the row-pass path rounds the gradient itself to bf16), so the bf16 tolerances hold. On
+// a device without it the same cases run the row pass; the counters say which ran.
+LossCase epilogue_case(const std::string& name, int64_t n, int64_t h, int64_t v, int64_t chunk, Reduction red,
+                       double z_loss, Out what = Out::Loss, double hidden_range = 1) {
+  CeCfg cfg;
+  cfg.n = n;
+  cfg.h = h;
+  cfg.v = v;
+  cfg.chunk = chunk;
+  cfg.dt = DType::BF16;
+  cfg.bias = false;
+  cfg.r.red = red;
+  cfg.r.z_loss = z_loss;
+  cfg.what = what;
+  LossCase c = ce_case(name, cfg);
+  c.inputs[0] = hidden_in(n, h, DType::BF16, -hidden_range, hidden_range);
+  return c;
+}
+
+// Whether the shared backend runs the epilogue: the device can, and RETORT_SOFTMAX_EPILOGUE does not say 0.
+bool epilogue_on(const CudaSoftmaxEpilogueStats& s) {
+  const char* e = std::getenv("RETORT_SOFTMAX_EPILOGUE");
+  const bool on = s.supported && !(e && std::string(e) == "0");
+  if (!on) std::printf("softmax epilogue off or not supported here: the row pass runs these cases\n");
+  return on;
+}
+
+TEST_F(CudaFused, SoftmaxEpilogueCrossEntropy) {
+  Backend& be = cuda_backend();
+  const CudaSoftmaxEpilogueStats before = cuda_softmax_epilogue_stats(be);
+  const bool on = epilogue_on(before);
+  // H = 8 (the least: rows of 16 bytes), V = 300 (pad columns 300-383 masked in the epilogue, a second
+  // 256-column tile), ignored rows, z-loss; one row, odd and whole chunks; every reduction. Small enough for
+  // central differences.
+  for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
+    for (int64_t chunk : {int64_t(1), int64_t(4), int64_t(9)}) {
+      LossCase c = epilogue_case(std::string("cflse_") + red_name(red) + std::to_string(chunk), 9, 8, 300,
+                                 chunk, red, red == Reduction::Sum ? 0.0 : 0.01);
+      CudaTol tol;
+      loosen_for(DType::BF16, c, tol);
+      EXPECT_TRUE(check_cuda(c, tol));
+    }
+  // GPT-2's vocabulary, 3 chunks (the last short), per-row losses and LSE; the single-pass gradient.
+  for (Out what : {Out::Loss, Out::PerRow, Out::Lse}) {
+    LossCase c = epilogue_case("cflse_gpt2_" + std::to_string(int(what)), 300, 64, 50257, 128,
+                               Reduction::Mean, 0.0, what);
+    c.unit_seed = what == Out::Loss;
+    CudaTol tol;
+    loosen_for(DType::BF16, c, tol);
+    tol.finite_differences = false;
+    EXPECT_TRUE(check_cuda(c, tol));
+  }
+  const CudaSoftmaxEpilogueStats after = cuda_softmax_epilogue_stats(be);
+  if (on) EXPECT_GE(after.chunks - before.chunks, size_t(3 * (9 + 3 + 1) + 3 * 3));
+  EXPECT_EQ(after.fallback_rows, before.fallback_rows);  // nothing here is beyond the epilogue's range
+}
+
+TEST_F(CudaFused, SoftmaxEpilogueRecomputesRowsBeyondItsRange) {
+  // Hidden values in ±20 and H = 16: logits with a spread of ~27, so many rows' losses pass 69 nats at the
+  // label's shift (their sums leave [2^-100, 2^100]) and the exact per-row kernel recomputes them; the rest
+  // stay on the epilogue. Both must match the float64 reference and the CPU (no central differences at
+  // logits this size).
+  Backend& be = cuda_backend();
+  const CudaSoftmaxEpilogueStats before = cuda_softmax_epilogue_stats(be);
+  const bool on = epilogue_on(before);
+  for (Reduction red : {Reduction::Mean, Reduction::None}) {
+    LossCase c = epilogue_case(std::string("cflse_far_") + red_name(red), 40, 16, 200, 24, red, 0.001,
+                               Out::Loss, 20.0);
+    CudaTol tol;
+    loosen_for(DType::BF16, c, tol);
+    tol.finite_differences = false;
+    EXPECT_TRUE(check_cuda(c, tol));
+  }
+  const CudaSoftmaxEpilogueStats after = cuda_softmax_epilogue_stats(be);
+  if (on) {
+    EXPECT_GT(after.fallback_rows, before.fallback_rows);
+    EXPECT_GT(after.chunks, before.chunks);
+  }
+}
+
+TEST_F(CudaFused, SoftmaxEpilogueAccumulatesSharedInputs) {
+  // The same hidden and W feed two fused losses: the second backward adds into dhidden and dW (the
+  // executor's accumulate flags), on the epilogue path too.
+  LossCase c;
+  c.name = "cflse_shared";
+  c.inputs = {hidden_in(10, 8, DType::BF16), weight_in(150, 8, DType::BF16),
+              LossInput(Shape{10}, DType::I32, false, -1, 150.0),
+              LossInput(Shape{10}, DType::I32, false, -1, 150.0)};
+  c.build = [](Context& ctx, const std::vector<Tensor*>& in) {
+    CrossEntropyOptions a;
+    a.ignore_index = -1;
+    CrossEntropyOptions b = a;
+    b.reduction = Reduction::Sum;
+    b.z_loss = 0.01f;
+    Tensor* la = fused_linear_cross_entropy(ctx, in[0], in[1], nullptr, in[2], a, chunked(4)).loss;
+    Tensor* lb = fused_linear_cross_entropy(ctx, in[0], in[1], nullptr, in[3], b, chunked(3)).loss;
+    return add(ctx, la, lb);
+  };
+  c.reference = [](const std::vector<Ref>& in) {
+    const Mat z = head_ref(in[0], in[1], nullptr);
+    CeRef a;
+    a.ignore = -1;
+    CeRef b = a;
+    b.red = Reduction::Sum;
+    b.z_loss = 0.01;
+    Vec x = ce_ref(z, ints(in[2]), a), y = ce_ref(z, ints(in[3]), b);
+    x[0] += y[0];
+    return x;
+  };
+  CudaTol tol;
+  loosen_for(DType::BF16, c, tol);
+  EXPECT_TRUE(check_cuda(c, tol));
 }
 
 TEST_F(CudaFused, CrossEntropyMixedDtypes) {

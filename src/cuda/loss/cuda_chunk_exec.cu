@@ -37,6 +37,7 @@
 #include "cuda_chunk_kernels.h"
 #include "distill_rows.h"
 #include "row_losses.h"
+#include "softmax_chunk.h"
 
 namespace retort::cuda {
 
@@ -625,6 +626,112 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   void scatter_grads(const Block& g, const Block& hidden, const Block& w, const loss::TopKSide& side,
                      const loss::SparseGrads& out) override {
     fused::scatter_topk_grads(ex_, g, hidden, w, side, out, runs_);
+  }
+
+  // softmax_chunk.h: cross-entropy without label smoothing or softcap, bf16 hidden and W with 16-byte
+  // aligned rows, an even H, f32 gradients with unit column strides.
+  bool softmax_chunk(const loss::SoftmaxChunk& j) override {
+    if (!ex_.opts.softmax_epilogue || cur_ != &ex_ || j.spec.kind != LossKind::CrossEntropy) return false;
+    const loss::CrossEntropySide& ce = j.spec.ce;
+    if (ce.label_smoothing != 0.0f || ce.softcap != 0.0f || ce.labels.empty()) return false;
+    const Block &x = j.hidden, &w = j.weight;
+    auto rows16 = [](const Block& b) {
+      return b.dtype == DType::BF16 && b.col_stride == 2 && b.row_stride % 16 == 0 &&
+             reinterpret_cast<uintptr_t>(b.data) % 16 == 0;
+    };
+    if (!rows16(x) || !rows16(w) || x.cols % 2 != 0 || x.cols != w.cols || x.rows == 0) return false;
+    if (reinterpret_cast<uintptr_t>(j.logits) % 16 != 0 || j.vp % 8 != 0 || j.vp < w.rows) return false;
+    if (!j.dhidden.empty() && (j.dhidden.dtype != DType::F32 || j.dhidden.col_stride != sizeof(float)))
+      return false;
+    if (!j.dweight.empty() && j.dweight.dtype != DType::F32) return false;
+    if (!softmax_epilogue_supported(ex_.device)) return false;
+
+    shadow_of_ = nullptr;  // the logits block now holds E
+    const int64_t c = x.rows, h = x.cols, wrows = w.rows, v = j.v, tiles = softmax_tiles(wrows);
+    const int64_t ldx = int64_t(x.row_stride / 2), ldw = int64_t(w.row_stride / 2);
+    std::vector<std::unique_ptr<DeviceBuffer>> keep;
+    auto temp = [&](size_t bytes) {
+      keep.push_back(ex_.temp(std::max<size_t>(bytes, 1)));
+      return keep.back()->data();
+    };
+    auto* labels = static_cast<int64_t*>(temp(size_t(c) * sizeof(int64_t)));
+    fused::copy_labels(ex_, ce.labels, ce.ignore_index, false, labels);
+    auto* shift = static_cast<float*>(temp(size_t(c) * sizeof(float)));
+    auto* part = static_cast<float*>(temp(size_t(c * tiles) * sizeof(float)));
+    auto* s = static_cast<float*>(temp(size_t(c) * sizeof(float)));
+    auto* bad = static_cast<int32_t*>(temp(size_t(c) * sizeof(int32_t)));
+    {
+      Phase phase([] { return std::string("softmax-epilogue logits"); }, ex_.stream);
+      label_logits(x.data, ldx, w.data, ldw, c, h, labels, ce.ignore_index, v, shift, ex_.stream);
+      SoftmaxGemm g;
+      g.x = x.data;
+      g.ldx = ldx;
+      g.w = w.data;
+      g.ldw = ldw;
+      g.rows = c;
+      g.h = h;
+      g.wrows = wrows;
+      g.v = v;
+      g.e = j.grad ? j.logits : nullptr;
+      g.lde = j.vp;
+      g.shift = shift;
+      g.part = part;
+      softmax_gemm(g, ex_.sm_count, ex_.stream);
+    }
+    {
+      Phase phase([] { return std::string("softmax-epilogue rows"); }, ex_.stream);
+      SoftmaxCeRows r;
+      r.part = part;
+      r.tiles = tiles;
+      r.rows = c;
+      r.v = v;
+      r.wrows = wrows;
+      r.shift = shift;
+      r.labels = labels;
+      r.ignore = ce.ignore_index;
+      r.z_loss = ce.z_loss;
+      r.loss = j.out.loss;
+      r.lse = j.out.lse;
+      if (j.grad) {
+        r.e = j.logits;
+        r.lde = j.vp;
+        r.grad_scale = j.out.grad_scale;
+        r.scale_dev = mean_on_device_ ? inv_->as<float>() : nullptr;
+        r.upstream = side_vec(j.row_upstream);
+        r.s = s;
+      }
+      r.bad = bad;
+      r.x = x.data;
+      r.ldx = ldx;
+      r.w = w.data;
+      r.ldw = ldw;
+      r.h = h;
+      softmax_ce_rows(r, ex_.stream);
+    }
+    ++*ex_.softmax_chunks;
+    if (!j.grad) return true;
+    const size_t rb = size_t(j.vp) * 2;
+    const Block e_g{j.logits, DType::BF16, c, wrows, rb, 2};  // E' over W's rows (pad columns are 0)
+    if (!j.dhidden.empty()) {
+      const Block& dh = j.dhidden;
+      const int64_t ld = int64_t(dh.row_stride / sizeof(float));
+      if (!j.accumulate_dhidden) {  // dh = E'·W, then scaled in place
+        gemm(e_g, false, w, false, dh, 1.0f, 0.0f);
+        scale_add_rows(static_cast<float*>(dh.data), ld, static_cast<float*>(dh.data), ld, c, h, s, false,
+                       ex_.stream);
+      } else {
+        auto* t = static_cast<float*>(temp(size_t(c * h) * sizeof(float)));
+        gemm(e_g, false, w, false, Block::dense(t, DType::F32, c, h), 1.0f, 0.0f);
+        scale_add_rows(static_cast<float*>(dh.data), ld, t, h, c, h, s, true, ex_.stream);
+      }
+    }
+    if (!j.dweight.empty()) {
+      void* xs = temp(size_t(c * h) * 2);
+      scale_rows_bf16(x.data, ldx, c, h, s, xs, ex_.stream);
+      gemm(Block{j.logits, DType::BF16, c, v, rb, 2}, true, Block::dense(xs, DType::BF16, c, h), false,
+           j.dweight, 1.0f, j.accumulate_dweight ? 1.0f : 0.0f);
+    }
+    return true;
   }
 
  private:

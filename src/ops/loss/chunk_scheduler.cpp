@@ -239,6 +239,10 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
   all.lse = p.lse;
   all.grad_scale = p.grad_scale * inv;
 
+  // Chunks an executor may run whole (ChunkExecutor::softmax_chunk).
+  const bool offer_softmax = kind == LossKind::CrossEntropy && p.bias.empty() && p.dbias.empty() && !online &&
+                             !plan.sparse && logits_bytes >= size_t(c_max) * size_t(vp) * 2;
+
   for (int64_t r0 = 0; r0 < n; r0 += c_max) {
     const int64_t c = std::min(c_max, n - r0);
     const bool first = r0 == 0;
@@ -275,6 +279,24 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
       if (!p.row_upstream.empty()) ex.scale_rows(g, p.row_upstream.sub_rows(r0, c));
       ex.scatter_grads(g, hc, p.weight, spec.topk, sg);
       continue;
+    }
+
+    if (offer_softmax) {
+      SoftmaxChunk job;
+      job.hidden = hc;
+      job.weight = weight_g;
+      job.v = v;
+      job.logits = logits_buf;
+      job.vp = vp;
+      job.spec = spec;
+      job.out = out;
+      job.grad = grad;
+      if (grad && !p.row_upstream.empty()) job.row_upstream = p.row_upstream.sub_rows(r0, c);
+      if (!p.dhidden.empty()) job.dhidden = p.dhidden.sub_rows(r0, c);
+      job.accumulate_dhidden = p.accumulate_dhidden;
+      job.dweight = p.dweight;
+      job.accumulate_dweight = !first || p.accumulate_dweight;
+      if (ex.softmax_chunk(job)) continue;
     }
 
     // The pad columns (when padded) are written by the logits GEMM only: h·0 = 0 from the zero W rows, in

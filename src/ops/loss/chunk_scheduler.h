@@ -84,6 +84,24 @@ struct SparseGrads {
   bool accumulate_dhidden = false, accumulate_dweight = false, accumulate_dbias = false;
 };
 
+// A dense chunk handed whole to an executor that can run it without the logits' round trip through memory
+// (ChunkExecutor::softmax_chunk).
+struct SoftmaxChunk {
+  Block hidden;            // [c, H]: the chunk's rows
+  Block weight;            // [Vg, H]: W as the GEMMs see it (zero-padded to Vp rows when the plan pads)
+  int64_t v = 0;           // the real vocabulary (Vg ≥ v)
+  void* logits = nullptr;  // the chunk's logits scratch, at least c·vp·2 bytes, 256-byte aligned
+  int64_t vp = 0;          // its row length in elements
+  LossSpec spec;           // cut to the chunk
+  RowOut out;              // loss, lse and grad_scale (out.grad is not used)
+  bool grad = false;       // the gradients below are wanted (any of them)
+  Block row_upstream;      // [c, 1] per-row upstream gradient, or empty
+  Block dhidden;           // [c, H] f32, or empty
+  bool accumulate_dhidden = false;
+  Block dweight;  // [V, H] f32, or empty
+  bool accumulate_dweight = false;
+};
+
 // What a backend provides. All Blocks and pointers address executor memory (host memory on the CPU, device
 // memory on a GPU); calls are issued in order and may run asynchronously on a device, except validate().
 // f32 blocks the scheduler allocates are row-major with a unit column stride; input blocks keep the
@@ -190,6 +208,15 @@ class ChunkExecutor {
   virtual int64_t fence() { return 0; }
   virtual void wait(int64_t fence) { (void)fence; }
 
+  // Optional: the whole dense chunk (logits GEMM, row loss, gradient GEMMs) for a loss whose logits gradient
+  // is a scaled softmax plus one entry per row, without the logits' round trip through memory: the CUDA
+  // executor on sm_90a (src/cuda/loss/softmax_chunk.h) for cross-entropy without label smoothing or softcap,
+  // bf16 operands and no bias. The scheduler offers every such chunk (cross-entropy, no bias, no dbias).
+  // Returns false, having done nothing, when the executor has no such path for it.
+  virtual bool softmax_chunk(const SoftmaxChunk& job) {
+    (void)job;
+    return false;
+  }
   // Optional: gather_logits, the gathered row loss (loss, soft part and LSE into out, its gradient into g)
   // and the dhidden half of scatter_grads in one pass, when the executor has one for these options and
   // layouts (the CUDA executor: forward KL). Returns false, having done nothing, otherwise.

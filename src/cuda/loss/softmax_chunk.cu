@@ -1,0 +1,535 @@
+// The softmax-epilogue chunk (softmax_chunk.h). Built for sm_90a only (meson compiles this file with its own
+// -gencode): the GEMM uses TMA and wgmma, which exist only there; on other targets the kernels compile to
+// nothing and softmax_epilogue_supported() says no.
+//
+// The GEMM (tools/probes/lse_probe.cu measured it; bench/RESULTS.md, session 18): persistent CTAs, one per
+// SM, walk the 128 x 256 output tiles m-fastest (so the CTAs in flight share a few W tiles and the whole
+// hidden chunk in L2). Per CTA a producer warp issues TMA loads of 64-wide K tiles of x [128 rows] and W
+// [256 rows] (128-byte swizzle) into a ring of stages with full / empty mbarriers, running ahead across
+// tiles; two consumer warpgroups of 64 rows each issue m64n256k16 wgmmas from the shared-memory descriptors,
+// one group in flight. The epilogue forms exp2(z·log2 e − c·log2 e) (clamped at 2^126) for the columns < v,
+// reduces each row's sum over the tile (a fixed shuffle tree), stores it to part[tile, row], and stages the
+// bf16 tile in 128-byte swizzled shared memory of its own for TMA stores, so the ring keeps loading the next
+// tile meanwhile. TMA zero-fills loads beyond the rows, columns and K, and clips stores at the rows and
+// columns, so any extents work.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cmath>
+#include <mutex>
+
+#include "../cuda_common.cuh"
+#include "softmax_chunk.h"
+
+namespace retort::cuda {
+
+namespace {
+
+constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 3, kStagesFwd = 4;
+constexpr int kTileA = kBM * kBK * 2, kTileB = kBN * kBK * 2, kStage = kTileA + kTileB;
+constexpr int kEpi = kBM * kBN * 2;  // the staged bf16 output tile
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ unsigned long long g_fallback_rows = 0;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define RT_SM90A 1
+#endif
+
+#ifdef RT_SM90A
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+// A K-major operand tile in shared memory, 128-byte swizzled (as TMA wrote it), rows 128 bytes apart.
+__device__ __forceinline__ uint64_t smem_desc(const void* p) {
+  uint64_t d = uint64_t((smem_u32(p) & 0x3FFFF) >> 4);
+  d |= uint64_t(1) << 16;
+  d |= uint64_t(1024 >> 4) << 32;
+  d |= uint64_t(1) << 62;
+  return d;
+}
+// D (+)= A·Bᵀ over one 16-wide K step, D [64, 256] f32 in the wgmma fragment order.
+__device__ __forceinline__ void mma_n256(float (&d)[128], uint64_t da, uint64_t db, int acc) {
+#define R8(i)                                                                                 \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
+      "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,"
+      "%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,"
+      "%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,"
+      "%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,"
+      "%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 0;\n}"
+      : R8(0), R8(8), R8(16), R8(24), R8(32), R8(40), R8(48), R8(56), R8(64), R8(72), R8(80), R8(88), R8(96),
+        R8(104), R8(112), R8(120)
+      : "l"(da), "l"(db), "r"(acc));
+#undef R8
+}
+__device__ __forceinline__ void bar_wait(uint64_t* b, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra "
+      "WAIT_%=;\n}" ::"r"(smem_u32(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+      "[%4];" ::"r"(smem_u32(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ void st_bf16x2(uint32_t addr, float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(*reinterpret_cast<uint32_t*>(&v)) : "memory");
+}
+#endif
+
+// WRITE: E stored (a gradient follows); otherwise only the row sums (a forward pass).
+template <int STAGES, bool WRITE>
+__global__ void __launch_bounds__(384, 1)
+    softmax_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                        const __grid_constant__ CUtensorMap tc, const float* __restrict__ shift,
+                        float* __restrict__ part, int rows, int wrows, int v, int h) {
+#ifdef RT_SM90A
+  extern __shared__ unsigned char raw[];
+  unsigned char* base =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  __shared__ alignas(8) uint64_t full[STAGES], empty[STAGES];
+  const int wg = int(threadIdx.x) / 128, t = int(threadIdx.x) % 128;
+  const int mt = (rows + kBM - 1) / kBM, nt = (wrows + kBN - 1) / kBN, kt_n = (h + kBK - 1) / kBK;
+  const int tiles = mt * nt;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[s])));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;" ::"r"(smem_u32(&empty[s])));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (wg == 0) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (t == 0) {
+      int it = 0;
+      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int m0 = (tile % mt) * kBM, n0 = (tile / mt) * kBN;
+        for (int kt = 0; kt < kt_n; ++kt, ++it) {
+          const int s = it % STAGES;
+          bar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
+          unsigned char* sa = base + s * kStage;
+          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&full[s])),
+                       "r"(kStage)
+                       : "memory");
+          tma_load_2d(sa, &ta, kt * kBK, m0, &full[s]);
+          tma_load_2d(sa + kTileA, &tb, kt * kBK, n0, &full[s]);
+        }
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int cw = wg - 1, w = t / 32, l = t % 32;
+  unsigned char* epi = base + STAGES * kStage + cw * (kEpi / 2);
+  const uint32_t epi_row = smem_u32(epi) + (16 * w + l / 4) * 128 + 4 * (l % 4);
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int m0 = (tile % mt) * kBM, nb = tile / mt, n0 = nb * kBN;
+    float d[128];  // zeroed by the first wgmma (scale-d 0)
+    for (int kt = 0; kt < kt_n; ++kt, ++it) {
+      const int s = it % STAGES;
+      bar_wait(&full[s], (it / STAGES) & 1);
+      const unsigned char* sa = base + s * kStage + cw * (64 * 128);
+      const unsigned char* sb = base + s * kStage + kTileA;
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) mma_n256(d, smem_desc(sa + 32 * ks), smem_desc(sb + 32 * ks), kt + ks);
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+      if (kt > 0 && t == 0) arrive(&empty[(it - 1) % STAGES]);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    if (t == 0) arrive(&empty[(it - 1) % STAGES]);
+    // This thread holds rows r0 and r0 + 8, columns n0 + 8 i + 2 (l % 4) + {0, 1}, i < 32.
+    const int r0 = m0 + 64 * cw + 16 * w + l / 4;
+    const float c0 = r0 < rows ? shift[r0] * kLog2e : 0.0f;
+    const float c1 = r0 + 8 < rows ? shift[r0 + 8] * kLog2e : 0.0f;
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int col = n0 + 8 * i + 2 * (l % 4);
+      const bool in0 = col < v, in1 = col + 1 < v;
+      d[4 * i] = in0 ? ex2_ftz(fminf(fmaf(d[4 * i], kLog2e, -c0), 126.0f)) : 0.0f;
+      d[4 * i + 1] = in1 ? ex2_ftz(fminf(fmaf(d[4 * i + 1], kLog2e, -c0), 126.0f)) : 0.0f;
+      d[4 * i + 2] = in0 ? ex2_ftz(fminf(fmaf(d[4 * i + 2], kLog2e, -c1), 126.0f)) : 0.0f;
+      d[4 * i + 3] = in1 ? ex2_ftz(fminf(fmaf(d[4 * i + 3], kLog2e, -c1), 126.0f)) : 0.0f;
+      s0 += d[4 * i] + d[4 * i + 1];
+      s1 += d[4 * i + 2] + d[4 * i + 3];
+    }
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    if (l % 4 == 0) {
+      if (r0 < rows) part[size_t(nb) * rows + r0] = s0;
+      if (r0 + 8 < rows) part[size_t(nb) * rows + r0 + 8] = s1;
+    }
+    if (!WRITE) continue;
+    // This warpgroup's previous TMA store has finished reading its staging buffer.
+    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      // Row 16 w + l/4 (+ 8) of this warpgroup's 64, column 8 i + 2 (l % 4): 64-column block i / 8,
+      // 16-byte chunk i % 8 swizzled with the row's low three bits (l / 4).
+      const uint32_t p = epi_row + (i / 8) * 8192 + (((i % 8) ^ (l / 4)) * 16);
+      st_bf16x2(p, d[4 * i], d[4 * i + 1]);
+      st_bf16x2(p + 1024, d[4 * i + 2], d[4 * i + 3]);
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
+    if (t == 0 && m0 + 64 * cw < rows) {
+      for (int b = 0; b < 4; ++b)
+        if (n0 + 64 * b < wrows)
+          asm volatile(
+              "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(&tc),
+              "r"(n0 + 64 * b), "r"(m0 + 64 * cw), "r"(smem_u32(epi + b * 8192))
+              : "memory");
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+  }
+  if (WRITE && t == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#else
+  (void)shift, (void)part, (void)rows, (void)wrows, (void)v, (void)h;
+#endif
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// x[0..h) · w[0..h), bf16 pairs strided over the warp's lanes (h even, rows 4-byte aligned); every lane
+// gets the sum.
+__device__ __forceinline__ float warp_dot(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t h) {
+  float acc = 0.0f;
+  for (int64_t k = 2 * (threadIdx.x % 32); k < h; k += 64) {
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + k));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(w + k));
+    acc = fmaf(a.x, b.x, fmaf(a.y, b.y, acc));
+  }
+  return warp_sum(acc);
+}
+// The same with x in shared memory as f32.
+__device__ __forceinline__ float warp_dot_f(const float* x, const __nv_bfloat16* w, int64_t h) {
+  float acc = 0.0f;
+  for (int64_t k = 2 * (threadIdx.x % 32); k < h; k += 64) {
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(w + k));
+    acc = fmaf(x[k], b.x, fmaf(x[k + 1], b.y, acc));
+  }
+  return warp_sum(acc);
+}
+
+__device__ __forceinline__ bool counted(int64_t y, int64_t ignore, int64_t v) {
+  return y != ignore && y >= 0 && y < v;
+}
+
+constexpr int kWarps = 8;
+
+__global__ void label_logits_kernel(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w, int64_t ldw,
+                                    int64_t rows, int64_t h, const long long* labels, int64_t ignore,
+                                    int64_t v, float* shift) {
+  const int64_t m = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (m >= rows) return;
+  const int64_t y = labels[m];
+  const float z = warp_dot(x + m * ldx, w + (counted(y, ignore, v) ? y : 0) * ldw, h);
+  if (threadIdx.x % 32 == 0) shift[m] = z;
+}
+
+__global__ void ce_rows_kernel(SoftmaxCeRows r) {
+  const int64_t m = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (m >= r.rows) return;
+  const int lane = int(threadIdx.x % 32);
+  float S = 0.0f;
+  for (int64_t t = lane; t < r.tiles; t += 32) S += r.part[t * r.rows + m];
+  S = warp_sum(S);
+  if (lane != 0) return;
+  const int64_t y = r.labels[m];
+  const bool valid = counted(y, r.ignore, r.v);
+  const float lse = r.shift[m] + logf(S);
+  bool bad = (valid || r.lse) && !(S >= 0x1p-100f && S <= 0x1p100f);
+  float coef = 0.0f, f = 1.0f;
+  if (valid && r.e) {
+    coef = r.grad_scale * (r.scale_dev ? *r.scale_dev : 1.0f);
+    if (r.upstream.data)
+      coef *= load_f(static_cast<const char*>(r.upstream.data) + m * r.upstream.row_stride, r.upstream.dtype);
+    f = 1.0f + 2.0f * r.z_loss * lse;
+    if (coef != 0.0f && !(fabsf(f) >= 1e-6f)) bad = true;
+  }
+  r.bad[m] = bad ? 1 : 0;
+  if (bad) return;
+  if (r.lse) r.lse[m] = lse;
+  if (r.loss) r.loss[m] = valid ? logf(S) + r.z_loss * lse * lse : 0.0f;
+  if (!r.e) return;
+  r.s[m] = coef != 0.0f ? coef * f / S : 0.0f;
+  if (coef != 0.0f) {
+    __nv_bfloat16* p = static_cast<__nv_bfloat16*>(r.e) + m * r.lde + y;
+    *p = __float2bfloat16_rn(__bfloat162float(*p) - S / f);
+  }
+}
+
+// One block per row; only the rows marked bad do anything: z recomputed from x and W in f32, an online
+// max / sum, then (with e) the exact gradient row written into E with s = 1.
+__global__ void ce_fallback_kernel(SoftmaxCeRows r) {
+  const int64_t m = blockIdx.x;
+  if (!r.bad[m]) return;
+  extern __shared__ float xs[];
+  __shared__ float wm[kWarps], ws[kWarps], stat[2];
+  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(r.x) + m * r.ldx;
+  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(r.w);
+  for (int64_t k = threadIdx.x; k < r.h; k += blockDim.x) xs[k] = __bfloat162float(x[k]);
+  __syncthreads();
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  float mx = -INFINITY, sum = 0.0f;
+  for (int64_t j = warp; j < r.v; j += kWarps) {
+    const float z = warp_dot_f(xs, w + j * r.ldw, r.h);
+    if (z > mx) {
+      sum = sum * expf(mx - z) + 1.0f;
+      mx = z;
+    } else {
+      sum += expf(z - mx);
+    }
+  }
+  if (lane == 0) {
+    wm[warp] = mx;
+    ws[warp] = sum;
+  }
+  __syncthreads();
+  const int64_t y = r.labels[m];
+  const bool valid = counted(y, r.ignore, r.v);
+  if (threadIdx.x == 0) {
+    float M = -INFINITY;
+    for (int i = 0; i < kWarps; ++i) M = fmaxf(M, wm[i]);
+    float S = 0.0f;
+    for (int i = 0; i < kWarps; ++i) S += ws[i] == 0.0f ? 0.0f : ws[i] * expf(wm[i] - M);
+    stat[0] = M + logf(S);
+  }
+  __syncthreads();
+  const float lse = stat[0];
+  const float zy = valid ? warp_dot_f(xs, w + y * r.ldw, r.h) : 0.0f;
+  if (threadIdx.x == 0) {
+    if (r.lse) r.lse[m] = lse;
+    if (r.loss) r.loss[m] = valid ? lse - zy + r.z_loss * lse * lse : 0.0f;
+    atomicAdd(&g_fallback_rows, 1ull);
+  }
+  if (!r.e) return;
+  float coef = 0.0f;
+  if (valid) {
+    coef = r.grad_scale * (r.scale_dev ? *r.scale_dev : 1.0f);
+    if (r.upstream.data)
+      coef *= load_f(static_cast<const char*>(r.upstream.data) + m * r.upstream.row_stride, r.upstream.dtype);
+  }
+  const float f = 1.0f + 2.0f * r.z_loss * lse;
+  __nv_bfloat16* e = static_cast<__nv_bfloat16*>(r.e) + m * r.lde;
+  for (int64_t j = warp; j < r.wrows; j += kWarps) {
+    float g = 0.0f;
+    if (j < r.v && coef != 0.0f) {
+      const float z = warp_dot_f(xs, w + j * r.ldw, r.h);
+      g = coef * (f * expf(z - lse) - (j == y ? 1.0f : 0.0f));
+    }
+    if (lane == 0) e[j] = __float2bfloat16_rn(g);
+  }
+  if (threadIdx.x == 0) r.s[m] = 1.0f;
+}
+
+__global__ void scale_add_kernel(float* dh, int64_t dh_ld, const float* t, int64_t t_ld, int64_t rows,
+                                 int64_t h, const float* s, bool accumulate) {
+  RT_GRID_LOOP(i, rows * h) {
+    const int64_t m = i / h, k = i % h;
+    const float sm = s[m];
+    const float add = sm == 0.0f ? 0.0f : sm * t[m * t_ld + k];  // s = 0: ignored row (t may be huge)
+    float* o = dh + m * dh_ld + k;
+    *o = accumulate ? *o + add : add;
+  }
+}
+
+__global__ void scale_rows_bf16_kernel(const __nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t h,
+                                       const float* s, __nv_bfloat16* out) {
+  const int64_t hp = h / 2;
+  RT_GRID_LOOP(i, rows * hp) {
+    const int64_t m = i / hp, k = 2 * (i % hp);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + m * ldx + k));
+    *reinterpret_cast<__nv_bfloat162*>(out + m * h + k) = __floats2bfloat162_rn(s[m] * a.x, s[m] * a.y);
+  }
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (nothing links libcuda).
+using EncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeFn encoder() {
+  static EncodeFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+#if CUDART_VERSION >= 12050
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) !=
+        cudaSuccess)
+      p = nullptr;
+#else
+    if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q) != cudaSuccess)
+      p = nullptr;
+#endif
+    return q == cudaDriverEntryPointSuccess ? reinterpret_cast<EncodeFn>(p) : nullptr;
+  }();
+  return fn;
+}
+
+// A tensor map over a [rows, cols] bf16 matrix with ld elements between rows, boxes [box_rows, 64], 128-byte
+// swizzle.
+CUtensorMap map_of(const void* p, int64_t rows, int64_t cols, int64_t ld, int box_rows) {
+  CUtensorMap m;
+  const cuuint64_t dim[2] = {cuuint64_t(cols), cuuint64_t(rows)}, stride[1] = {cuuint64_t(ld) * 2};
+  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)}, estride[2] = {1, 1};
+  const EncodeFn enc = encoder();
+  RT_CHECK(enc, "softmax epilogue GEMM: cuTensorMapEncodeTiled is not available from the driver");
+  const CUresult r = enc(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p), dim, stride, box,
+                         estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  RT_CHECK(r == CUDA_SUCCESS, "softmax epilogue GEMM: cuTensorMapEncodeTiled failed (", int(r), ") for [",
+           rows, ", ", cols, "] bf16 with ", ld, " elements between rows");
+  return m;
+}
+
+template <int STAGES, bool WRITE>
+void launch(int grid, const CUtensorMap& ta, const CUtensorMap& tb, const CUtensorMap& tc,
+            const SoftmaxGemm& g, cudaStream_t stream) {
+  constexpr int smem = STAGES * kStage + (WRITE ? kEpi : 0) + 1024;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    RT_CUDA_CHECK(cudaFuncSetAttribute(softmax_gemm_kernel<STAGES, WRITE>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  });
+  softmax_gemm_kernel<STAGES, WRITE><<<grid, 384, smem, stream>>>(ta, tb, tc, g.shift, g.part, int(g.rows),
+                                                                  int(g.wrows), int(g.v), int(g.h));
+  RT_CUDA_LAUNCH_CHECK("softmax_gemm_kernel");
+}
+
+bool aligned16(const void* p, int64_t ld) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 8 == 0;
+}
+
+}  // namespace
+
+bool softmax_epilogue_supported(int device) {
+#ifndef RETORT_SM90A_BUILD
+  (void)device;
+  return false;
+#else
+  static std::mutex mu;
+  static int known[64] = {};  // 0 unknown, 1 yes, 2 no
+  if (device < 0 || device >= 64) return false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (known[device] == 0) {
+    int major = 0, minor = 0;
+    bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+              cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+              major == 9 && minor == 0;
+    cudaFuncAttributes a{};
+    ok = ok && cudaFuncGetAttributes(&a, softmax_gemm_kernel<kStages, true>) == cudaSuccess &&
+         a.binaryVersion == 90 && encoder() != nullptr;
+    (void)cudaGetLastError();
+    known[device] = ok ? 1 : 2;
+  }
+  return known[device] == 1;
+#endif
+}
+
+int64_t softmax_tiles(int64_t wrows) {
+  return (wrows + kBN - 1) / kBN;
+}
+
+void softmax_gemm(const SoftmaxGemm& g, int sm_count, cudaStream_t stream) {
+  RT_CHECK(g.rows > 0 && g.h > 0 && g.wrows > 0 && g.v <= g.wrows && g.rows < (int64_t(1) << 31) &&
+               g.wrows < (int64_t(1) << 31) && aligned16(g.x, g.ldx) && aligned16(g.w, g.ldw) &&
+               (!g.e || aligned16(g.e, g.lde)) && g.ldx >= g.h && g.ldw >= g.h && (!g.e || g.lde >= g.wrows),
+           "softmax epilogue GEMM: needs bf16 rows 16-byte aligned, got x [", g.rows, ", ", g.h, "] ld ",
+           g.ldx, ", W [", g.wrows, ", ", g.h, "] ld ", g.ldw, ", E ld ", g.lde);
+  const CUtensorMap ta = map_of(g.x, g.rows, g.h, g.ldx, kBM);
+  const CUtensorMap tb = map_of(g.w, g.wrows, g.h, g.ldw, kBN);
+  const CUtensorMap tc = g.e ? map_of(g.e, g.rows, g.wrows, g.lde, 64) : tb;
+  const int64_t tiles = (g.rows + kBM - 1) / kBM * softmax_tiles(g.wrows);
+  const int grid = int(std::min<int64_t>(sm_count, tiles));
+  if (g.e)
+    launch<kStages, true>(grid, ta, tb, tc, g, stream);
+  else
+    launch<kStagesFwd, false>(grid, ta, tb, tc, g, stream);
+}
+
+void label_logits(const void* x, int64_t ldx, const void* w, int64_t ldw, int64_t rows, int64_t h,
+                  const int64_t* labels, int64_t ignore, int64_t v, float* shift, cudaStream_t stream) {
+  label_logits_kernel<<<unsigned((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w), ldw, rows, h,
+      reinterpret_cast<const long long*>(labels), ignore, v, shift);
+  RT_CUDA_LAUNCH_CHECK("label_logits_kernel");
+}
+
+void softmax_ce_rows(const SoftmaxCeRows& r, cudaStream_t stream) {
+  ce_rows_kernel<<<unsigned((r.rows + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(r);
+  RT_CUDA_LAUNCH_CHECK("ce_rows_kernel");
+  const size_t smem = size_t(r.h) * sizeof(float);
+  if (smem > 48 * 1024) {
+    static std::mutex mu;
+    static size_t set = 48 * 1024;
+    std::lock_guard<std::mutex> lock(mu);
+    if (smem > set) {
+      RT_CUDA_CHECK(
+          cudaFuncSetAttribute(ce_fallback_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      set = smem;
+    }
+  }
+  ce_fallback_kernel<<<unsigned(r.rows), 32 * kWarps, smem, stream>>>(r);
+  RT_CUDA_LAUNCH_CHECK("ce_fallback_kernel");
+}
+
+void scale_add_rows(float* dh, int64_t dh_ld, const float* t, int64_t t_ld, int64_t rows, int64_t h,
+                    const float* s, bool accumulate, cudaStream_t stream) {
+  const int64_t n = rows * h;
+  if (n == 0) return;
+  const int grid = int(std::min<int64_t>((n + 255) / 256, 132 * 32));
+  scale_add_kernel<<<grid, 256, 0, stream>>>(dh, dh_ld, t, t_ld, rows, h, s, accumulate);
+  RT_CUDA_LAUNCH_CHECK("scale_add_kernel");
+}
+
+void scale_rows_bf16(const void* x, int64_t ldx, int64_t rows, int64_t h, const float* s, void* out,
+                     cudaStream_t stream) {
+  const int64_t n = rows * (h / 2);
+  if (n == 0) return;
+  const int grid = int(std::min<int64_t>((n + 255) / 256, 132 * 32));
+  scale_rows_bf16_kernel<<<grid, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), ldx, rows, h, s,
+                                                   static_cast<__nv_bfloat16*>(out));
+  RT_CUDA_LAUNCH_CHECK("scale_rows_bf16_kernel");
+}
+
+size_t softmax_fallback_rows() {
+  unsigned long long n = 0;
+  if (cudaMemcpyFromSymbol(&n, g_fallback_rows, sizeof(n)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return size_t(n);
+}
+
+}  // namespace retort::cuda
