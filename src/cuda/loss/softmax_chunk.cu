@@ -167,16 +167,28 @@ __global__ void __launch_bounds__(384, 1)
     const float c0 = r0 < rows ? shift[r0] * kLog2e : 0.0f;
     const float c1 = r0 + 8 < rows ? shift[r0 + 8] * kLog2e : 0.0f;
     float s0 = 0.0f, s1 = 0.0f;
+    if (n0 + kBN <= v) {  // an interior tile: every column counts
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int col = n0 + 8 * i + 2 * (l % 4);
-      const bool in0 = col < v, in1 = col + 1 < v;
-      d[4 * i] = in0 ? ex2_ftz(fminf(fmaf(d[4 * i], kLog2e, -c0), 126.0f)) : 0.0f;
-      d[4 * i + 1] = in1 ? ex2_ftz(fminf(fmaf(d[4 * i + 1], kLog2e, -c0), 126.0f)) : 0.0f;
-      d[4 * i + 2] = in0 ? ex2_ftz(fminf(fmaf(d[4 * i + 2], kLog2e, -c1), 126.0f)) : 0.0f;
-      d[4 * i + 3] = in1 ? ex2_ftz(fminf(fmaf(d[4 * i + 3], kLog2e, -c1), 126.0f)) : 0.0f;
-      s0 += d[4 * i] + d[4 * i + 1];
-      s1 += d[4 * i + 2] + d[4 * i + 3];
+      for (int i = 0; i < 32; ++i) {
+        d[4 * i] = ex2_ftz(fmaf(d[4 * i], kLog2e, -c0));
+        d[4 * i + 1] = ex2_ftz(fmaf(d[4 * i + 1], kLog2e, -c0));
+        d[4 * i + 2] = ex2_ftz(fmaf(d[4 * i + 2], kLog2e, -c1));
+        d[4 * i + 3] = ex2_ftz(fmaf(d[4 * i + 3], kLog2e, -c1));
+        s0 += d[4 * i] + d[4 * i + 1];
+        s1 += d[4 * i + 2] + d[4 * i + 3];
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int col = n0 + 8 * i + 2 * (l % 4);
+        const bool in0 = col < v, in1 = col + 1 < v;
+        d[4 * i] = in0 ? ex2_ftz(fmaf(d[4 * i], kLog2e, -c0)) : 0.0f;
+        d[4 * i + 1] = in1 ? ex2_ftz(fmaf(d[4 * i + 1], kLog2e, -c0)) : 0.0f;
+        d[4 * i + 2] = in0 ? ex2_ftz(fmaf(d[4 * i + 2], kLog2e, -c1)) : 0.0f;
+        d[4 * i + 3] = in1 ? ex2_ftz(fmaf(d[4 * i + 3], kLog2e, -c1)) : 0.0f;
+        s0 += d[4 * i] + d[4 * i + 1];
+        s1 += d[4 * i + 2] + d[4 * i + 3];
+      }
     }
     s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
     s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
@@ -270,7 +282,9 @@ __global__ void ce_rows_kernel(SoftmaxCeRows r) {
   const int64_t y = r.labels[m];
   const bool valid = counted(y, r.ignore, r.v);
   const float lse = r.shift[m] + logf(S);
-  bool bad = (valid || r.lse) && !(S >= 0x1p-100f && S <= 0x1p100f);
+  // Out of range: recomputed exactly. With E written every such row is, an ignored one too (an inf in E
+  // would make NaN against its s = 0 in the gradient GEMMs); without, only the rows whose results count.
+  bool bad = (valid || r.lse || r.e) && !(S >= 0x1p-100f && S <= 0x1p100f);
   float coef = 0.0f, f = 1.0f;
   if (valid && r.e) {
     coef = r.grad_scale * (r.scale_dev ? *r.scale_dev : 1.0f);
@@ -291,11 +305,9 @@ __global__ void ce_rows_kernel(SoftmaxCeRows r) {
   }
 }
 
-// One block per row; only the rows marked bad do anything: z recomputed from x and W in f32, an online
-// max / sum, then (with e) the exact gradient row written into E with s = 1.
-__global__ void ce_fallback_kernel(SoftmaxCeRows r) {
-  const int64_t m = blockIdx.x;
-  if (!r.bad[m]) return;
+// A bad row, by one block: z recomputed from x and W in f32, an online max / sum, then (with e) the exact
+// gradient row written into E with s = 1.
+__device__ void fallback_row(const SoftmaxCeRows& r, int64_t m) {
   extern __shared__ float xs[];
   __shared__ float wm[kWarps], ws[kWarps], stat[2];
   const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(r.x) + m * r.ldx;
@@ -335,7 +347,10 @@ __global__ void ce_fallback_kernel(SoftmaxCeRows r) {
     if (r.loss) r.loss[m] = valid ? lse - zy + r.z_loss * lse * lse : 0.0f;
     atomicAdd(&g_fallback_rows, 1ull);
   }
-  if (!r.e) return;
+  if (!r.e) {
+    __syncthreads();  // xs is rewritten by the next row
+    return;
+  }
   float coef = 0.0f;
   if (valid) {
     coef = r.grad_scale * (r.scale_dev ? *r.scale_dev : 1.0f);
@@ -353,6 +368,12 @@ __global__ void ce_fallback_kernel(SoftmaxCeRows r) {
     if (lane == 0) e[j] = __float2bfloat16_rn(g);
   }
   if (threadIdx.x == 0) r.s[m] = 1.0f;
+  __syncthreads();  // xs is rewritten by the next row
+}
+
+__global__ void ce_fallback_kernel(SoftmaxCeRows r) {
+  for (int64_t m = blockIdx.x; m < r.rows; m += gridDim.x)
+    if (r.bad[m]) fallback_row(r, m);
 }
 
 __global__ void scale_add_kernel(float* dh, int64_t dh_ld, const float* t, int64_t t_ld, int64_t rows,
@@ -500,7 +521,8 @@ void softmax_ce_rows(const SoftmaxCeRows& r, cudaStream_t stream) {
       set = smem;
     }
   }
-  ce_fallback_kernel<<<unsigned(r.rows), 32 * kWarps, smem, stream>>>(r);
+  // A few blocks scan the flags; each bad row takes a whole block (rare).
+  ce_fallback_kernel<<<unsigned(std::min<int64_t>(r.rows, 264)), 32 * kWarps, smem, stream>>>(r);
   RT_CUDA_LAUNCH_CHECK("ce_fallback_kernel");
 }
 
