@@ -371,6 +371,75 @@ LossCase topk_case(const std::string& name, TopKCfg cfg) {
   return c;
 }
 
+// Top-K forward KL at T = 1 over the full vocabulary takes the softmax-epilogue path too (bf16, rows of 16
+// bytes, no bias): the slots and the label are folded into the bf16 exp(z − shift) block per row.
+TEST_F(CudaFused, SoftmaxEpilogueTopK) {
+  Backend& be = cuda_backend();
+  const CudaSoftmaxEpilogueStats before = cuda_softmax_epilogue_stats(be);
+  const bool on = epilogue_on(before);
+  auto base = [] {
+    TopKCfg cfg;
+    cfg.dt = DType::BF16;
+    cfg.bias = false;
+    cfg.n = 9;
+    cfg.h = 8;
+    cfg.v = 300;
+    cfg.k = 6;
+    cfg.chunk = 4;
+    cfg.r.w_hard = 0.5;
+    return cfg;
+  };
+  auto check = [](const LossCase& c0, bool fd) {
+    LossCase c = c0;
+    CudaTol tol;
+    loosen_for(DType::BF16, c, tol);
+    tol.finite_differences = fd;
+    EXPECT_TRUE(check_cuda(c, tol));
+  };
+  // With and without labels (no labels: the shift is the largest z at a valid slot) and a mask; both
+  // reductions; central differences.
+  for (bool labels : {true, false})
+    for (bool mask : {true, false})
+      for (Reduction red : {Reduction::Mean, Reduction::None}) {
+        TopKCfg cfg = base();
+        cfg.labels = labels;
+        cfg.mask = mask;
+        cfg.r.red = red;
+        if (!labels) cfg.r.w_hard = 0.0;  // a hard part needs labels
+        check(topk_case(std::string("cflse_topk_") + (labels ? "l" : "") + (mask ? "m" : "") + red_name(red),
+                        cfg),
+              true);
+      }
+  // The parts, the LSE and the per-row losses.
+  for (Out what : {Out::Hard, Out::Soft, Out::Lse, Out::PerRow}) {
+    TopKCfg cfg = base();
+    cfg.what = what;
+    check(topk_case("cflse_topk_out" + std::to_string(int(what)), cfg), false);
+  }
+  {  // Ids and labels from [0, 5): duplicate ids in a row, and the label among them.
+    TopKCfg cfg = base();
+    cfg.r.w_soft = 0.75;
+    LossCase c = topk_case("cflse_topk_dup", cfg);
+    c.inputs[3] = LossInput({cfg.n, cfg.k}, DType::I32, false, 0, 5);
+    c.inputs[6] = LossInput({cfg.n}, DType::I32, false, -1, 5);
+    check(c, true);
+  }
+  {  // K = 64 over GPT-2's vocabulary, 3 chunks (the last short).
+    TopKCfg cfg = base();
+    cfg.n = 300;
+    cfg.h = 64;
+    cfg.v = 50257;
+    cfg.k = 64;
+    cfg.chunk = 128;
+    LossCase c = topk_case("cflse_topk_gpt2", cfg);
+    c.inputs[0] = hidden_in(cfg.n, cfg.h, DType::BF16, -1, 1);
+    check(c, false);
+  }
+  const CudaSoftmaxEpilogueStats after = cuda_softmax_epilogue_stats(be);
+  if (on) EXPECT_GE(after.chunks - before.chunks, size_t(8 * 3 + 4 * 3 + 3 + 3));
+  EXPECT_EQ(after.fallback_rows, before.fallback_rows);
+}
+
 TEST_F(CudaFused, TopKDense) {
   // Full-vocabulary GEMMs: a hard loss, or Q over the full vocabulary.
   for (double beta : {0.0, 0.5, 1.0})

@@ -628,12 +628,23 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     fused::scatter_topk_grads(ex_, g, hidden, w, side, out, runs_);
   }
 
-  // softmax_chunk.h: cross-entropy without label smoothing or softcap, bf16 hidden and W with 16-byte
+  // softmax_chunk.h: cross-entropy without label smoothing or softcap, or top-K distillation with forward KL
+  // at T = 1 over the full vocabulary (at most kSoftmaxMaxSlots slots); bf16 hidden and W with 16-byte
   // aligned rows, an even H, f32 gradients with unit column strides.
   bool softmax_chunk(const loss::SoftmaxChunk& j) override {
-    if (!ex_.opts.softmax_epilogue || cur_ != &ex_ || j.spec.kind != LossKind::CrossEntropy) return false;
-    const loss::CrossEntropySide& ce = j.spec.ce;
-    if (ce.label_smoothing != 0.0f || ce.softcap != 0.0f || ce.labels.empty()) return false;
+    if (!ex_.opts.softmax_epilogue || cur_ != &ex_) return false;
+    const LossKind kind = j.spec.kind;
+    if (kind == LossKind::CrossEntropy) {
+      const loss::CrossEntropySide& ce = j.spec.ce;
+      if (ce.label_smoothing != 0.0f || ce.softcap != 0.0f || ce.labels.empty()) return false;
+    } else if (kind == LossKind::TopK) {
+      const loss::TopKSide& t = j.spec.topk;
+      if (t.beta != 0.0f || t.temperature != 1.0f || t.normalize_topk || t.ids.empty() ||
+          t.logprobs.cols > kSoftmaxMaxSlots || t.logprobs.cols == 0)
+        return false;
+    } else {
+      return false;
+    }
     const Block &x = j.hidden, &w = j.weight;
     auto rows16 = [](const Block& b) {
       return b.dtype == DType::BF16 && b.col_stride == 2 && b.row_stride % 16 == 0 &&
@@ -654,15 +665,48 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
       keep.push_back(ex_.temp(std::max<size_t>(bytes, 1)));
       return keep.back()->data();
     };
-    auto* labels = static_cast<int64_t*>(temp(size_t(c) * sizeof(int64_t)));
-    fused::copy_labels(ex_, ce.labels, ce.ignore_index, false, labels);
+    SoftmaxRows r;
+    r.rows = c;
+    r.v = v;
+    r.wrows = wrows;
+    r.tiles = tiles;
+    r.x = x.data;
+    r.ldx = ldx;
+    r.w = w.data;
+    r.ldw = ldw;
+    r.h = h;
+    const Block* labels_in = nullptr;
+    if (kind == LossKind::CrossEntropy) {
+      labels_in = &j.spec.ce.labels;
+      r.ignore = j.spec.ce.ignore_index;
+      r.z_loss = j.spec.ce.z_loss;
+    } else {
+      const loss::TopKSide& t = j.spec.topk;
+      if (!t.labels.empty()) labels_in = &t.labels;
+      r.ignore = t.ignore_index;
+      r.w_hard = t.w_hard;
+      r.w_soft = t.w_soft;
+      r.k = t.logprobs.cols;
+      auto* ids = static_cast<int64_t*>(temp(size_t(c * r.k) * sizeof(int64_t)));
+      fused::copy_block(ex_, t.ids, DType::I64, ids);
+      r.ids = ids;
+      auto* zk = static_cast<float*>(temp(size_t(c * r.k) * sizeof(float)));
+      Phase phase([] { return std::string("softmax-epilogue gather"); }, ex_.stream);
+      fused::gather_topk_logits(ex_, x, w, Block{}, t, Block::dense(zk, DType::F32, c, r.k), runs_);
+      r.zk = zk;
+      r.logprobs = side(t.logprobs);
+      r.mask = side(t.mask);
+      r.hard = j.out.hard;
+      r.soft = j.out.soft;
+    }
+    if (labels_in) r.labels = static_cast<int64_t*>(temp(size_t(c) * sizeof(int64_t)));
     auto* shift = static_cast<float*>(temp(size_t(c) * sizeof(float)));
     auto* part = static_cast<float*>(temp(size_t(c * tiles) * sizeof(float)));
-    auto* s = static_cast<float*>(temp(size_t(c) * sizeof(float)));
-    auto* bad = static_cast<int32_t*>(temp(size_t(c) * sizeof(int32_t)));
+    r.shift = shift;
+    r.part = part;
     {
       Phase phase([] { return std::string("softmax-epilogue logits"); }, ex_.stream);
-      label_logits(x.data, ldx, w.data, ldw, c, h, labels, ce.ignore_index, v, shift, ex_.stream);
+      softmax_shift(r, labels_in ? side_vec(*labels_in) : SideMatrix{}, shift, ex_.stream);
       SoftmaxGemm g;
       g.x = x.data;
       g.ldx = ldx;
@@ -678,18 +722,10 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
       g.part = part;
       softmax_gemm(g, ex_.sm_count, ex_.stream);
     }
+    float* s = nullptr;
+    void* xs = nullptr;
     {
       Phase phase([] { return std::string("softmax-epilogue rows"); }, ex_.stream);
-      SoftmaxCeRows r;
-      r.part = part;
-      r.tiles = tiles;
-      r.rows = c;
-      r.v = v;
-      r.wrows = wrows;
-      r.shift = shift;
-      r.labels = labels;
-      r.ignore = ce.ignore_index;
-      r.z_loss = ce.z_loss;
       r.loss = j.out.loss;
       r.lse = j.out.lse;
       if (j.grad) {
@@ -698,15 +734,13 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
         r.grad_scale = j.out.grad_scale;
         r.scale_dev = mean_on_device_ ? inv_->as<float>() : nullptr;
         r.upstream = side_vec(j.row_upstream);
+        s = static_cast<float*>(temp(size_t(c) * sizeof(float)));
         r.s = s;
+        if (!j.dweight.empty()) xs = temp(size_t(c * h) * 2);
+        r.xs = xs;
       }
-      r.bad = bad;
-      r.x = x.data;
-      r.ldx = ldx;
-      r.w = w.data;
-      r.ldw = ldw;
-      r.h = h;
-      softmax_ce_rows(r, ex_.stream);
+      r.bad = static_cast<int32_t*>(temp(size_t(c) * sizeof(int32_t)));
+      softmax_rows(r, ex_.stream);
     }
     ++*ex_.softmax_chunks;
     if (!j.grad) return true;
@@ -725,9 +759,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
         scale_add_rows(static_cast<float*>(dh.data), ld, t, h, c, h, s, true, ex_.stream);
       }
     }
-    if (!j.dweight.empty()) {
-      void* xs = temp(size_t(c * h) * 2);
-      scale_rows_bf16(x.data, ldx, c, h, s, xs, ex_.stream);
+    if (!j.dweight.empty()) {  // xs = diag(s)·hidden, written by the row kernels
       gemm(Block{j.logits, DType::BF16, c, v, rb, 2}, true, Block::dense(xs, DType::BF16, c, h), false,
            j.dweight, 1.0f, j.accumulate_dweight ? 1.0f : 0.0f);
     }

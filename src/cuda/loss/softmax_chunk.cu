@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(384, 1)
     s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
     s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
     if (l % 4 == 0) {
-      if (r0 < rows) part[size_t(nb) * rows + r0] = s0;
-      if (r0 + 8 < rows) part[size_t(nb) * rows + r0 + 8] = s1;
+      if (r0 < rows) part[size_t(r0) * nt + nb] = s0;
+      if (r0 + 8 < rows) part[size_t(r0 + 8) * nt + nb] = s1;
     }
     if (!WRITE) continue;
     // This warpgroup's previous TMA store has finished reading its staging buffer.
@@ -261,53 +261,172 @@ __device__ __forceinline__ bool counted(int64_t y, int64_t ignore, int64_t v) {
 
 constexpr int kWarps = 8;
 
-__global__ void label_logits_kernel(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w, int64_t ldw,
-                                    int64_t rows, int64_t h, const long long* labels, int64_t ignore,
-                                    int64_t v, float* shift) {
-  const int64_t m = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (m >= rows) return;
-  const int64_t y = labels[m];
-  const float z = warp_dot(x + m * ldx, w + (counted(y, ignore, v) ? y : 0) * ldw, h);
-  if (threadIdx.x % 32 == 0) shift[m] = z;
+__device__ __forceinline__ const char* side_ptr(const SideMatrix& s, int64_t r, int64_t c) {
+  return static_cast<const char*>(s.data) + r * s.row_stride + c * s.col_stride;
 }
 
-__global__ void ce_rows_kernel(SoftmaxCeRows r) {
+__device__ __forceinline__ bool nonzero(const char* p, DType t) {
+  return (t == DType::I32 || t == DType::I64) ? load_i(p, t) != 0 : load_f(p, t) != 0.0f;
+}
+
+__device__ __forceinline__ bool slot_ok(const SoftmaxRows& r, int64_t m, int64_t k, float* lp) {
+  const int64_t id = r.ids[m * r.k + k];
+  if (id < 0 || id >= r.v) return false;
+  if (r.mask.data && !nonzero(side_ptr(r.mask, m, k), r.mask.dtype)) return false;
+  *lp = load_f(side_ptr(r.logprobs, m, k), r.logprobs.dtype);
+  return *lp != -INFINITY;
+}
+
+__global__ void shift_kernel(SoftmaxRows r, SideMatrix labels_in, float* shift) {
   const int64_t m = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (m >= r.rows) return;
   const int lane = int(threadIdx.x % 32);
+  if (labels_in.data) {
+    const int64_t y = load_i(side_ptr(labels_in, m, 0), labels_in.dtype);
+    const auto* x = static_cast<const __nv_bfloat16*>(r.x) + m * r.ldx;
+    const auto* w = static_cast<const __nv_bfloat16*>(r.w) + (counted(y, r.ignore, r.v) ? y : 0) * r.ldw;
+    const float z = warp_dot(x, w, r.h);
+    if (lane == 0) {
+      shift[m] = z;
+      const_cast<int64_t*>(r.labels)[m] = y;
+    }
+    return;
+  }
+  float mx = -INFINITY, lp;
+  for (int64_t k = lane; k < r.k; k += 32)
+    if (slot_ok(r, m, k, &lp)) mx = fmaxf(mx, r.zk[m * r.k + k]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (lane == 0) shift[m] = mx == -INFINITY ? 0.0f : mx;
+}
+
+struct RowCoef {
+  float coef;   // the row's gradient scale (0: ignored)
+  float dense;  // the softmax's factor
+};
+
+// The per-row loss given lse (and, with labels, z_y through hard = lse − z_y), into the outputs; the soft
+// part's Σ p_k is returned through P. Every lane of the warp calls it; lane 0 writes.
+__device__ float row_loss_out(const SoftmaxRows& r, int64_t m, bool valid, float lse, float hard, float* P) {
+  float soft = 0.0f, psum = 0.0f, lp;
+  for (int64_t k = threadIdx.x % 32; k < r.k; k += 32)
+    if (slot_ok(r, m, k, &lp)) {
+      const float p = expf(lp);
+      soft += p * (lp - (r.zk[m * r.k + k] - lse));
+      psum += p;
+    }
+  soft = warp_sum(soft);
+  psum = warp_sum(psum);
+  *P = psum;
+  if (!r.labels) hard = 0.0f;
+  if (!valid) hard = soft = 0.0f;
+  if (threadIdx.x % 32 == 0) {
+    if (r.lse) r.lse[m] = lse;
+    if (r.loss) r.loss[m] = valid ? r.w_hard * hard + r.w_soft * soft + r.z_loss * lse * lse : 0.0f;
+    if (r.hard) r.hard[m] = hard;
+    if (r.soft) r.soft[m] = soft;
+  }
+  return soft;
+}
+
+__device__ RowCoef row_coef(const SoftmaxRows& r, int64_t m, bool valid, float lse, float P) {
+  RowCoef c{0.0f, 0.0f};
+  if (!valid || !r.e) return c;
+  c.coef = r.grad_scale * (r.scale_dev ? *r.scale_dev : 1.0f);
+  if (r.upstream.data)
+    c.coef *= load_f(static_cast<const char*>(r.upstream.data) + m * r.upstream.row_stride, r.upstream.dtype);
+  c.dense = (r.labels ? r.w_hard : 0.0f) + 2.0f * r.z_loss * lse + r.w_soft * P;
+  return c;
+}
+
+// Subtracts the row's sparse entries (coef·w_hard at the label, coef·w_soft·p_k at each valid slot) divided
+// by s from E, one store per distinct column (duplicate ids summed). The warp's lanes share the entries
+// through shared memory (kSoftmaxMaxSlots + 1 per warp).
+__device__ void fold_entries(const SoftmaxRows& r, int64_t m, int64_t y, RowCoef c, float s, int64_t* eid,
+                             float* ea) {
+  const int lane = int(threadIdx.x % 32);
+  int n = 0;
+  for (int64_t k0 = 0; k0 < r.k; k0 += 32) {  // compact the valid slots, in slot order
+    const int64_t k = k0 + lane;
+    float lp = 0.0f;
+    const bool ok = k < r.k && slot_ok(r, m, k, &lp);
+    const unsigned b = __ballot_sync(0xffffffffu, ok);
+    if (ok) {
+      const int at = n + __popc(b & ((1u << lane) - 1));
+      eid[at] = r.ids[m * r.k + k];
+      ea[at] = c.coef * r.w_soft * expf(lp);
+    }
+    n += __popc(b);
+  }
+  if (r.labels) {
+    if (lane == 0) {
+      eid[n] = y;
+      ea[n] = c.coef * r.w_hard;
+    }
+    ++n;
+  }
+  __syncwarp();
+  auto* e = static_cast<__nv_bfloat16*>(r.e) + m * r.lde;
+  for (int i = lane; i < n; i += 32) {
+    const int64_t id = eid[i];
+    bool first = true;
+    float a = 0.0f;
+    for (int j = 0; j < n; ++j)
+      if (eid[j] == id) {
+        if (j < i) first = false;
+        a += ea[j];
+      }
+    if (first && a != 0.0f) e[id] = __float2bfloat16_rn(__bfloat162float(e[id]) - a / s);
+  }
+  __syncwarp();
+}
+
+// xs[m, :] = bf16(s·x[m, :]) by the warp.
+__device__ void write_xs(const SoftmaxRows& r, int64_t m, float s) {
+  if (!r.xs) return;
+  const auto* x = static_cast<const __nv_bfloat16*>(r.x) + m * r.ldx;
+  auto* o = static_cast<__nv_bfloat16*>(r.xs) + m * r.h;
+  for (int64_t k = 2 * (threadIdx.x % 32); k < r.h; k += 64) {
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + k));
+    *reinterpret_cast<__nv_bfloat162*>(o + k) = __floats2bfloat162_rn(s * a.x, s * a.y);
+  }
+}
+
+__global__ void rows_kernel(SoftmaxRows r) {
+  __shared__ int64_t eid_all[kWarps][kSoftmaxMaxSlots + 1];
+  __shared__ float ea_all[kWarps][kSoftmaxMaxSlots + 1];
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const int64_t m = int64_t(blockIdx.x) * kWarps + warp;
+  if (m >= r.rows) return;
   float S = 0.0f;
-  for (int64_t t = lane; t < r.tiles; t += 32) S += r.part[t * r.rows + m];
+  for (int64_t t = lane; t < r.tiles; t += 32) S += r.part[m * r.tiles + t];
   S = warp_sum(S);
-  if (lane != 0) return;
-  const int64_t y = r.labels[m];
-  const bool valid = counted(y, r.ignore, r.v);
+  const int64_t y = r.labels ? r.labels[m] : -1;
+  const bool valid = !r.labels || counted(y, r.ignore, r.v);
   const float lse = r.shift[m] + logf(S);
   // Out of range: recomputed exactly. With E written every such row is, an ignored one too (an inf in E
   // would make NaN against its s = 0 in the gradient GEMMs); without, only the rows whose results count.
   bool bad = (valid || r.lse || r.e) && !(S >= 0x1p-100f && S <= 0x1p100f);
-  float coef = 0.0f, f = 1.0f;
-  if (valid && r.e) {
-    coef = r.grad_scale * (r.scale_dev ? *r.scale_dev : 1.0f);
-    if (r.upstream.data)
-      coef *= load_f(static_cast<const char*>(r.upstream.data) + m * r.upstream.row_stride, r.upstream.dtype);
-    f = 1.0f + 2.0f * r.z_loss * lse;
-    if (coef != 0.0f && !(fabsf(f) >= 1e-6f)) bad = true;
+  if (bad) {
+    if (lane == 0) r.bad[m] = 1;
+    return;
   }
-  r.bad[m] = bad ? 1 : 0;
-  if (bad) return;
-  if (r.lse) r.lse[m] = lse;
-  if (r.loss) r.loss[m] = valid ? logf(S) + r.z_loss * lse * lse : 0.0f;
-  if (!r.e) return;
-  r.s[m] = coef != 0.0f ? coef * f / S : 0.0f;
-  if (coef != 0.0f) {
-    __nv_bfloat16* p = static_cast<__nv_bfloat16*>(r.e) + m * r.lde + y;
-    *p = __float2bfloat16_rn(__bfloat162float(*p) - S / f);
-  }
+  float P = 0.0f;
+  row_loss_out(r, m, valid, lse, logf(S), &P);  // with labels the shift is z_y: hard = log S
+  const RowCoef c = row_coef(r, m, valid, lse, P);
+  const float s = c.coef != 0.0f ? c.coef * c.dense / S : 0.0f;
+  // Entries to fold but a zero scale (the dense factor vanished): only the exact kernel can write the row.
+  bad = c.coef != 0.0f && !(s != 0.0f && isfinite(s));
+  if (lane == 0) r.bad[m] = bad ? 1 : 0;
+  if (bad || !r.e) return;
+  if (lane == 0) r.s[m] = s;
+  if (c.coef != 0.0f) fold_entries(r, m, y, c, s, eid_all[warp], ea_all[warp]);
+  write_xs(r, m, s);
 }
 
-// A bad row, by one block: z recomputed from x and W in f32, an online max / sum, then (with e) the exact
-// gradient row written into E with s = 1.
-__device__ void fallback_row(const SoftmaxCeRows& r, int64_t m) {
+// A bad row, by one block: z recomputed from x and W in f32, an online max / sum, the losses, then (with e)
+// the exact gradient row written into E with s = 1 (the dense part, then the entries by one thread).
+__device__ void fallback_row(const SoftmaxRows& r, int64_t m) {
   extern __shared__ float xs[];
   __shared__ float wm[kWarps], ws[kWarps], stat[2];
   const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(r.x) + m * r.ldx;
@@ -330,48 +449,52 @@ __device__ void fallback_row(const SoftmaxCeRows& r, int64_t m) {
     ws[warp] = sum;
   }
   __syncthreads();
-  const int64_t y = r.labels[m];
-  const bool valid = counted(y, r.ignore, r.v);
+  const int64_t y = r.labels ? r.labels[m] : -1;
+  const bool valid = !r.labels || counted(y, r.ignore, r.v);
   if (threadIdx.x == 0) {
     float M = -INFINITY;
     for (int i = 0; i < kWarps; ++i) M = fmaxf(M, wm[i]);
     float S = 0.0f;
     for (int i = 0; i < kWarps; ++i) S += ws[i] == 0.0f ? 0.0f : ws[i] * expf(wm[i] - M);
     stat[0] = M + logf(S);
+    atomicAdd(&g_fallback_rows, 1ull);
   }
   __syncthreads();
   const float lse = stat[0];
-  const float zy = valid ? warp_dot_f(xs, w + y * r.ldw, r.h) : 0.0f;
-  if (threadIdx.x == 0) {
-    if (r.lse) r.lse[m] = lse;
-    if (r.loss) r.loss[m] = valid ? lse - zy + r.z_loss * lse * lse : 0.0f;
-    atomicAdd(&g_fallback_rows, 1ull);
+  const float zy = r.labels && valid ? warp_dot_f(xs, w + y * r.ldw, r.h) : 0.0f;
+  float P = 0.0f;
+  if (warp == 0) {
+    row_loss_out(r, m, valid, lse, lse - zy, &P);
+    if (lane == 0) stat[1] = P;
   }
-  if (!r.e) {
-    __syncthreads();  // xs is rewritten by the next row
-    return;
-  }
-  float coef = 0.0f;
-  if (valid) {
-    coef = r.grad_scale * (r.scale_dev ? *r.scale_dev : 1.0f);
-    if (r.upstream.data)
-      coef *= load_f(static_cast<const char*>(r.upstream.data) + m * r.upstream.row_stride, r.upstream.dtype);
-  }
-  const float f = 1.0f + 2.0f * r.z_loss * lse;
-  __nv_bfloat16* e = static_cast<__nv_bfloat16*>(r.e) + m * r.lde;
-  for (int64_t j = warp; j < r.wrows; j += kWarps) {
-    float g = 0.0f;
-    if (j < r.v && coef != 0.0f) {
-      const float z = warp_dot_f(xs, w + j * r.ldw, r.h);
-      g = coef * (f * expf(z - lse) - (j == y ? 1.0f : 0.0f));
+  __syncthreads();
+  P = stat[1];
+  if (r.e) {
+    const RowCoef c = row_coef(r, m, valid, lse, P);
+    __nv_bfloat16* e = static_cast<__nv_bfloat16*>(r.e) + m * r.lde;
+    for (int64_t j = warp; j < r.wrows; j += kWarps) {
+      float g = 0.0f;
+      if (j < r.v && c.coef != 0.0f) g = c.coef * c.dense * expf(warp_dot_f(xs, w + j * r.ldw, r.h) - lse);
+      if (lane == 0) e[j] = __float2bfloat16_rn(g);
     }
-    if (lane == 0) e[j] = __float2bfloat16_rn(g);
+    __syncthreads();
+    if (threadIdx.x == 0 && c.coef != 0.0f) {
+      if (r.labels) e[y] = __float2bfloat16_rn(__bfloat162float(e[y]) - c.coef * r.w_hard);
+      float lp;
+      for (int64_t k = 0; k < r.k; ++k)
+        if (slot_ok(r, m, k, &lp)) {
+          const int64_t id = r.ids[m * r.k + k];
+          e[id] = __float2bfloat16_rn(__bfloat162float(e[id]) - c.coef * r.w_soft * expf(lp));
+        }
+      r.s[m] = 1.0f;
+    }
+    if (threadIdx.x == 0 && c.coef == 0.0f) r.s[m] = 0.0f;
+    if (warp == 0) write_xs(r, m, c.coef != 0.0f ? 1.0f : 0.0f);
   }
-  if (threadIdx.x == 0) r.s[m] = 1.0f;
   __syncthreads();  // xs is rewritten by the next row
 }
 
-__global__ void ce_fallback_kernel(SoftmaxCeRows r) {
+__global__ void fallback_kernel(SoftmaxRows r) {
   for (int64_t m = blockIdx.x; m < r.rows; m += gridDim.x)
     if (r.bad[m]) fallback_row(r, m);
 }
@@ -384,16 +507,6 @@ __global__ void scale_add_kernel(float* dh, int64_t dh_ld, const float* t, int64
     const float add = sm == 0.0f ? 0.0f : sm * t[m * t_ld + k];  // s = 0: ignored row (t may be huge)
     float* o = dh + m * dh_ld + k;
     *o = accumulate ? *o + add : add;
-  }
-}
-
-__global__ void scale_rows_bf16_kernel(const __nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t h,
-                                       const float* s, __nv_bfloat16* out) {
-  const int64_t hp = h / 2;
-  RT_GRID_LOOP(i, rows * hp) {
-    const int64_t m = i / hp, k = 2 * (i % hp);
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + m * ldx + k));
-    *reinterpret_cast<__nv_bfloat162*>(out + m * h + k) = __floats2bfloat162_rn(s[m] * a.x, s[m] * a.y);
   }
 }
 
@@ -499,17 +612,15 @@ void softmax_gemm(const SoftmaxGemm& g, int sm_count, cudaStream_t stream) {
     launch<kStagesFwd, false>(grid, ta, tb, tc, g, stream);
 }
 
-void label_logits(const void* x, int64_t ldx, const void* w, int64_t ldw, int64_t rows, int64_t h,
-                  const int64_t* labels, int64_t ignore, int64_t v, float* shift, cudaStream_t stream) {
-  label_logits_kernel<<<unsigned((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(
-      static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w), ldw, rows, h,
-      reinterpret_cast<const long long*>(labels), ignore, v, shift);
-  RT_CUDA_LAUNCH_CHECK("label_logits_kernel");
+void softmax_shift(const SoftmaxRows& r, const SideMatrix& labels_in, float* shift, cudaStream_t stream) {
+  shift_kernel<<<unsigned((r.rows + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(r, labels_in, shift);
+  RT_CUDA_LAUNCH_CHECK("shift_kernel");
 }
 
-void softmax_ce_rows(const SoftmaxCeRows& r, cudaStream_t stream) {
-  ce_rows_kernel<<<unsigned((r.rows + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(r);
-  RT_CUDA_LAUNCH_CHECK("ce_rows_kernel");
+void softmax_rows(const SoftmaxRows& r, cudaStream_t stream) {
+  RT_CHECK(r.k <= kSoftmaxMaxSlots, "softmax epilogue rows: at most ", kSoftmaxMaxSlots, " slots, got ", r.k);
+  rows_kernel<<<unsigned((r.rows + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(r);
+  RT_CUDA_LAUNCH_CHECK("rows_kernel");
   const size_t smem = size_t(r.h) * sizeof(float);
   if (smem > 48 * 1024) {
     static std::mutex mu;
@@ -517,13 +628,13 @@ void softmax_ce_rows(const SoftmaxCeRows& r, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu);
     if (smem > set) {
       RT_CUDA_CHECK(
-          cudaFuncSetAttribute(ce_fallback_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+          cudaFuncSetAttribute(fallback_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       set = smem;
     }
   }
   // A few blocks scan the flags; each bad row takes a whole block (rare).
-  ce_fallback_kernel<<<unsigned(std::min<int64_t>(r.rows, 264)), 32 * kWarps, smem, stream>>>(r);
-  RT_CUDA_LAUNCH_CHECK("ce_fallback_kernel");
+  fallback_kernel<<<unsigned(std::min<int64_t>(r.rows, 264)), 32 * kWarps, smem, stream>>>(r);
+  RT_CUDA_LAUNCH_CHECK("fallback_kernel");
 }
 
 void scale_add_rows(float* dh, int64_t dh_ld, const float* t, int64_t t_ld, int64_t rows, int64_t h,
@@ -533,16 +644,6 @@ void scale_add_rows(float* dh, int64_t dh_ld, const float* t, int64_t t_ld, int6
   const int grid = int(std::min<int64_t>((n + 255) / 256, 132 * 32));
   scale_add_kernel<<<grid, 256, 0, stream>>>(dh, dh_ld, t, t_ld, rows, h, s, accumulate);
   RT_CUDA_LAUNCH_CHECK("scale_add_kernel");
-}
-
-void scale_rows_bf16(const void* x, int64_t ldx, int64_t rows, int64_t h, const float* s, void* out,
-                     cudaStream_t stream) {
-  const int64_t n = rows * (h / 2);
-  if (n == 0) return;
-  const int grid = int(std::min<int64_t>((n + 255) / 256, 132 * 32));
-  scale_rows_bf16_kernel<<<grid, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), ldx, rows, h, s,
-                                                   static_cast<__nv_bfloat16*>(out));
-  RT_CUDA_LAUNCH_CHECK("scale_rows_bf16_kernel");
 }
 
 size_t softmax_fallback_rows() {

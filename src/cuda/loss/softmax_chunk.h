@@ -1,7 +1,7 @@
 // The softmax-epilogue chunk (softmax_chunk.cu, built for sm_90a only): a fused loss chunk whose logits never
 // make a round trip through memory. For losses whose logits gradient is a scaled softmax plus one entry per
-// row (cross-entropy without label smoothing or softcap), with c_m = z[m, y_m] computed first (one dot
-// product per row):
+// row (cross-entropy without label smoothing or softcap; top-K forward KL at T = 1, see SoftmaxRows), with
+// c_m = z[m, y_m] computed first (one dot product per row):
 //   E [rows, Vg] bf16 = exp(z − c) and part [tiles, rows] f32 = its row sums per 256-column tile, written by
 //       the logits GEMM's epilogue (a persistent TMA + wgmma kernel: z itself is never stored);
 //   S_m = Σ part, lse_m = c_m + log S_m, loss_m = log S_m + z_loss·lse_m² (since c_m = z at the label);
@@ -42,19 +42,28 @@ int64_t softmax_tiles(int64_t wrows);
 // Queues the epilogue GEMM on stream. Throws retort::Error when the layout is not as above.
 void softmax_gemm(const SoftmaxGemm& g, int sm_count, cudaStream_t stream);
 
-// shift[m] = hidden[m, :]·W[y_m, :] in f32 (y_m = labels[m], or 0 for an ignored or out-of-range label).
-void label_logits(const void* x, int64_t ldx, const void* w, int64_t ldw, int64_t rows, int64_t h,
-                  const int64_t* labels, int64_t ignore, int64_t v, float* shift, cudaStream_t stream);
-
-struct SoftmaxCeRows {
+// The per-row side of a chunk: cross-entropy, or top-K distillation with forward KL at T = 1 over the full
+// vocabulary's Q (its gradient is also a scaled softmax plus one entry per slot and one at the label):
+//   hard = lse − z_y (with labels), soft = Σ_slots p_k (log p_k − (z_{id_k} − lse)), p_k = exp(logprob_k),
+//   loss = w_hard·hard + w_soft·soft + z_loss·lse² (cross-entropy: w_hard 1, no slots),
+//   G = coef·[(w_hard + 2·z_loss·lse + w_soft·Σ p_k)·softmax − w_hard·[j = y] − w_soft·Σ_k p_k·[j = id_k]].
+// Slot k is valid when mask != 0 (or no mask), logprob != −inf and 0 ≤ id < v, as in the row kernels.
+struct SoftmaxRows {
   const float* part = nullptr;
   int64_t tiles = 0, rows = 0, v = 0, wrows = 0;
   const float* shift = nullptr;
-  const int64_t* labels = nullptr;
+  const int64_t* labels = nullptr;  // contiguous, or nullptr: every row counts, no hard part
   int64_t ignore = -100;
-  float z_loss = 0.0f;
-  float* loss = nullptr;  // [rows] or nullptr
-  float* lse = nullptr;   // [rows] or nullptr
+  float z_loss = 0.0f, w_hard = 1.0f, w_soft = 0.0f;
+  // Slots (k > 0): ids contiguous i64 [rows, k], z at the ids f32 [rows, k] (0 on invalid slots).
+  int64_t k = 0;
+  const int64_t* ids = nullptr;
+  const float* zk = nullptr;
+  SideMatrix logprobs, mask;  // [rows, k]; mask may have no data
+  float* loss = nullptr;      // [rows] or nullptr
+  float* lse = nullptr;       // [rows] or nullptr
+  float* hard = nullptr;      // [rows] or nullptr (unweighted)
+  float* soft = nullptr;      // [rows] or nullptr (unweighted)
   // Gradient (e set): coef_m = grad_scale · (*scale_dev when set) · upstream[m] (1 without upstream).
   void* e = nullptr;
   int64_t lde = 0;
@@ -62,23 +71,28 @@ struct SoftmaxCeRows {
   const float* scale_dev = nullptr;
   SideMatrix upstream;     // [rows, 1] any float dtype, or no data
   float* s = nullptr;      // [rows] the row scales
-  int32_t* bad = nullptr;  // [rows] 1: recomputed by softmax_ce_fallback
-  // The fallback's inputs.
+  void* xs = nullptr;      // [rows, h] bf16: s_m·hidden[m, :] for dW, or nullptr
+  int32_t* bad = nullptr;  // [rows] 1: recomputed by the exact kernel
+  // hidden and W (the shift, the exact kernel).
   const void* x = nullptr;
   int64_t ldx = 0;
   const void* w = nullptr;
   int64_t ldw = 0, h = 0;
 };
-// The row statistics, losses and (with e) the row scales and the one-hot fold; then the exact recomputation
-// of the rows marked bad. Both queued on stream.
-void softmax_ce_rows(const SoftmaxCeRows& r, cudaStream_t stream);
+// The most slots the row kernels take.
+inline constexpr int64_t kSoftmaxMaxSlots = 128;
+
+// The shift: shift[m] = hidden[m, :]·W[y_m, :] in f32 with labels (y_m = labels_in[m], or 0 for an ignored or
+// out-of-range label), copying the labels into r.labels as i64; without labels the largest z at a valid slot.
+// labels_in: [rows, 1] int of any stride (its data null without labels).
+void softmax_shift(const SoftmaxRows& r, const SideMatrix& labels_in, float* shift, cudaStream_t stream);
+// The row statistics, losses and (with e) the row scales, the folded entries and xs; then the exact
+// recomputation of the rows marked bad. Both queued on stream.
+void softmax_rows(const SoftmaxRows& r, cudaStream_t stream);
 
 // dh[m, :] = (accumulate ? dh[m, :] : 0) + s[m]·t[m, :] (f32; t may be dh itself when not accumulating).
 void scale_add_rows(float* dh, int64_t dh_ld, const float* t, int64_t t_ld, int64_t rows, int64_t h,
                     const float* s, bool accumulate, cudaStream_t stream);
-// out[m, :] = bf16(s[m]·x[m, :]) (x bf16 rows of stride ldx, out dense [rows, h]).
-void scale_rows_bf16(const void* x, int64_t ldx, int64_t rows, int64_t h, const float* s, void* out,
-                     cudaStream_t stream);
 
 // Rows recomputed by the exact fallback since the process started (all devices).
 size_t softmax_fallback_rows();

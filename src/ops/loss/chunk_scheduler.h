@@ -93,7 +93,7 @@ struct SoftmaxChunk {
   void* logits = nullptr;  // the chunk's logits scratch, at least c·vp·2 bytes, 256-byte aligned
   int64_t vp = 0;          // its row length in elements
   LossSpec spec;           // cut to the chunk
-  RowOut out;              // loss, lse and grad_scale (out.grad is not used)
+  RowOut out;              // loss, lse, hard, soft and grad_scale (out.grad is not used)
   bool grad = false;       // the gradients below are wanted (any of them)
   Block row_upstream;      // [c, 1] per-row upstream gradient, or empty
   Block dhidden;           // [c, H] f32, or empty
@@ -210,8 +210,9 @@ class ChunkExecutor {
 
   // Optional: the whole dense chunk (logits GEMM, row loss, gradient GEMMs) for a loss whose logits gradient
   // is a scaled softmax plus one entry per row, without the logits' round trip through memory: the CUDA
-  // executor on sm_90a (src/cuda/loss/softmax_chunk.h) for cross-entropy without label smoothing or softcap,
-  // bf16 operands and no bias. The scheduler offers every such chunk (cross-entropy, no bias, no dbias).
+  // executor on sm_90a (src/cuda/loss/softmax_chunk.h) for cross-entropy without label smoothing or softcap
+  // and top-K forward KL at T = 1, bf16 operands and no bias. The scheduler offers every dense cross-entropy
+  // and top-K chunk without bias.
   // Returns false, having done nothing, when the executor has no such path for it.
   virtual bool softmax_chunk(const SoftmaxChunk& job) {
     (void)job;
