@@ -329,6 +329,7 @@ struct TopKCfg {
   int64_t n = 7, h = 4, v = 11, k = 4, chunk = 3;
   DType dt = DType::F32;
   Out what = Out::Loss;
+  DType logits = DType::F32;  // FusedLinearOptions::logits_dtype
 };
 
 // hidden, weight, bias, ids [n, k], logprobs [n, k], mask [n, k] in {0..3} (nonzero = valid), labels [n] in
@@ -357,10 +358,11 @@ LossCase topk_case(const std::string& name, TopKCfg cfg) {
     o.return_per_row = cfg.what == Out::PerRow;
     o.return_lse = cfg.what == Out::Lse;
     o.return_parts = cfg.what == Out::Hard || cfg.what == Out::Soft;
-    return pick(
-        fused_linear_topk_kd(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], in[4],
-                             cfg.mask ? in[5] : nullptr, cfg.labels ? in[6] : nullptr, o, chunked(cfg.chunk)),
-        cfg.what);
+    FusedLinearOptions f = chunked(cfg.chunk);
+    f.logits_dtype = cfg.logits;
+    return pick(fused_linear_topk_kd(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], in[4],
+                                     cfg.mask ? in[5] : nullptr, cfg.labels ? in[6] : nullptr, o, f),
+                cfg.what);
   };
   c.reference = [cfg](const std::vector<Ref>& in) {
     return topk_ref(head_ref(in[0], in[1], cfg.bias ? &in[2] : nullptr), ints(in[3]), mat(in[4]),
@@ -435,8 +437,35 @@ TEST_F(CudaFused, SoftmaxEpilogueTopK) {
     c.inputs[0] = hidden_in(cfg.n, cfg.h, DType::BF16, -1, 1);
     check(c, false);
   }
+  // 16-bit logits with labels: z at the slots from the bf16 exp block, |error| ≤ 2^-8 (the row pass reads
+  // them from bf16 logits, |error| ≤ 2^-9·|z|): the losses to 1e-6 nmse, the gradients as before.
+  for (bool big : {false, true}) {
+    TopKCfg cfg = base();
+    cfg.logits = DType::BF16;
+    cfg.what = Out::PerRow;
+    if (big) {
+      cfg.n = 300;
+      cfg.h = 64;
+      cfg.v = 50257;
+      cfg.k = 64;
+      cfg.chunk = 128;
+    }
+    LossCase c = topk_case(std::string("cflse_topk_low") + (big ? "_gpt2" : ""), cfg);
+    c.inputs[0] = hidden_in(cfg.n, cfg.h, DType::BF16, -1, 1);
+    c.fwd_tol = 1e-6;
+    CudaTol tol;
+    loosen_for(DType::BF16, c, tol);
+    tol.cpu = 1e-6;
+    tol.finite_differences = false;
+    EXPECT_TRUE(check_cuda(c, tol));
+    cfg.what = Out::Loss;  // and the gradients
+    LossCase g = topk_case(std::string("cflse_topk_lowg") + (big ? "_gpt2" : ""), cfg);
+    g.inputs[0] = hidden_in(cfg.n, cfg.h, DType::BF16, -1, 1);
+    g.fwd_tol = 1e-6;
+    EXPECT_TRUE(check_cuda(g, tol));
+  }
   const CudaSoftmaxEpilogueStats after = cuda_softmax_epilogue_stats(be);
-  if (on) EXPECT_GE(after.chunks - before.chunks, size_t(8 * 3 + 4 * 3 + 3 + 3));
+  if (on) EXPECT_GE(after.chunks - before.chunks, size_t(8 * 3 + 4 * 3 + 3 + 3 + 2 * 3 + 2 * 3));
   EXPECT_EQ(after.fallback_rows, before.fallback_rows);
 }
 

@@ -690,10 +690,15 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
       auto* ids = static_cast<int64_t*>(temp(size_t(c * r.k) * sizeof(int64_t)));
       fused::copy_block(ex_, t.ids, DType::I64, ids);
       r.ids = ids;
-      auto* zk = static_cast<float*>(temp(size_t(c * r.k) * sizeof(float)));
-      Phase phase([] { return std::string("softmax-epilogue gather"); }, ex_.stream);
-      fused::gather_topk_logits(ex_, x, w, Block{}, t, Block::dense(zk, DType::F32, c, r.k), runs_);
-      r.zk = zk;
+      if (t.labels.empty() || j.logits_dtype == DType::F32) {  // z at the slots exactly
+        auto* zk = static_cast<float*>(temp(size_t(c * r.k) * sizeof(float)));
+        Phase phase([] { return std::string("softmax-epilogue gather"); }, ex_.stream);
+        fused::gather_topk_logits(ex_, x, w, Block{}, t, Block::dense(zk, DType::F32, c, r.k), runs_);
+        r.zk = zk;
+      } else {  // 16-bit logits: from E (the shift is z at the label), which the GEMM then always writes
+        r.e_read = j.logits;
+        r.lde = j.vp;
+      }
       r.logprobs = side(t.logprobs);
       r.mask = side(t.mask);
       r.hard = j.out.hard;
@@ -716,7 +721,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
       g.h = h;
       g.wrows = wrows;
       g.v = v;
-      g.e = j.grad ? j.logits : nullptr;
+      g.e = j.grad || r.e_read ? j.logits : nullptr;
       g.lde = j.vp;
       g.shift = shift;
       g.part = part;

@@ -307,16 +307,32 @@ struct RowCoef {
 
 // The per-row loss given lse (and, with labels, z_y through hard = lse − z_y), into the outputs; the soft
 // part's Σ p_k is returned through P. Every lane of the warp calls it; lane 0 writes.
-__device__ float row_loss_out(const SoftmaxRows& r, int64_t m, bool valid, float lse, float hard, float* P) {
+// The per-row loss given lse (and, with labels, z_y through hard = lse − z_y), into the outputs; the soft
+// part's Σ p_k is returned through P. z at slot k: zrow[k], or (zrow null) shift + ln E[m, id] from the bf16
+// block (*zero set when such an E is 0: the row needs the exact kernel). Every lane of the warp calls it;
+// lane 0 writes.
+__device__ float row_loss_out(const SoftmaxRows& r, int64_t m, bool valid, float lse, float hard, float* P,
+                              const float* zrow, bool* zero) {
   float soft = 0.0f, psum = 0.0f, lp;
+  bool z0 = false;
+  const auto* erow = static_cast<const __nv_bfloat16*>(r.e_read) + m * r.lde;
   for (int64_t k = threadIdx.x % 32; k < r.k; k += 32)
     if (slot_ok(r, m, k, &lp)) {
+      float z;
+      if (zrow) {
+        z = zrow[k];
+      } else {
+        const float e = __bfloat162float(erow[r.ids[m * r.k + k]]);
+        z0 = z0 || !(e > 0.0f);
+        z = r.shift[m] + logf(e);
+      }
       const float p = expf(lp);
-      soft += p * (lp - (r.zk[m * r.k + k] - lse));
+      soft += p * (lp - (z - lse));
       psum += p;
     }
   soft = warp_sum(soft);
   psum = warp_sum(psum);
+  if (zero) *zero = __any_sync(0xffffffffu, z0);
   *P = psum;
   if (!r.labels) hard = 0.0f;
   if (!valid) hard = soft = 0.0f;
@@ -412,11 +428,13 @@ __global__ void rows_kernel(SoftmaxRows r) {
     return;
   }
   float P = 0.0f;
-  row_loss_out(r, m, valid, lse, logf(S), &P);  // with labels the shift is z_y: hard = log S
+  bool zero = false;  // with labels the shift is z_y: hard = log S
+  row_loss_out(r, m, valid, lse, logf(S), &P, r.zk ? r.zk + m * r.k : nullptr, &zero);
   const RowCoef c = row_coef(r, m, valid, lse, P);
   const float s = c.coef != 0.0f ? c.coef * c.dense / S : 0.0f;
-  // Entries to fold but a zero scale (the dense factor vanished): only the exact kernel can write the row.
-  bad = c.coef != 0.0f && !(s != 0.0f && isfinite(s));
+  // Entries to fold but a zero scale (the dense factor vanished), or a slot's E underflowed: only the exact
+  // kernel can write the row.
+  bad = (valid && zero) || (c.coef != 0.0f && !(s != 0.0f && isfinite(s)));
   if (lane == 0) r.bad[m] = bad ? 1 : 0;
   if (bad || !r.e) return;
   if (lane == 0) r.s[m] = s;
@@ -462,9 +480,16 @@ __device__ void fallback_row(const SoftmaxRows& r, int64_t m) {
   __syncthreads();
   const float lse = stat[0];
   const float zy = r.labels && valid ? warp_dot_f(xs, w + y * r.ldw, r.h) : 0.0f;
+  __shared__ float zks[kSoftmaxMaxSlots];  // z at the slots, exact
+  for (int64_t k = warp; k < r.k; k += kWarps) {
+    const int64_t id = r.ids[m * r.k + k];
+    const float z = id >= 0 && id < r.v ? warp_dot_f(xs, w + id * r.ldw, r.h) : 0.0f;
+    if (lane == 0) zks[k] = z;
+  }
+  __syncthreads();
   float P = 0.0f;
   if (warp == 0) {
-    row_loss_out(r, m, valid, lse, lse - zy, &P);
+    row_loss_out(r, m, valid, lse, lse - zy, &P, zks, nullptr);
     if (lane == 0) stat[1] = P;
   }
   __syncthreads();

@@ -55,10 +55,13 @@ struct SoftmaxRows {
   const int64_t* labels = nullptr;  // contiguous, or nullptr: every row counts, no hard part
   int64_t ignore = -100;
   float z_loss = 0.0f, w_hard = 1.0f, w_soft = 0.0f;
-  // Slots (k > 0): ids contiguous i64 [rows, k], z at the ids f32 [rows, k] (0 on invalid slots).
+  // Slots (k > 0): ids contiguous i64 [rows, k]; z at the ids f32 [rows, k] (0 on invalid slots), or, when
+  // zk is null, shift + ln E[m, id] from the bf16 block e_read (|error| ≤ 2^-8, for 16-bit logits, whose
+  // row pass reads z from bf16: |error| ≤ 2^-9·|z|; a slot whose E underflowed takes the exact kernel).
   int64_t k = 0;
   const int64_t* ids = nullptr;
   const float* zk = nullptr;
+  const void* e_read = nullptr;
   SideMatrix logprobs, mask;  // [rows, k]; mask may have no data
   float* loss = nullptr;      // [rows] or nullptr
   float* lse = nullptr;       // [rows] or nullptr

@@ -289,6 +289,7 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
       job.v = v;
       job.logits = logits_buf;
       job.vp = vp;
+      job.logits_dtype = ldt;
       job.spec = spec;
       job.out = out;
       job.grad = grad;

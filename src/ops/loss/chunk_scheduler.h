@@ -92,11 +92,12 @@ struct SoftmaxChunk {
   int64_t v = 0;           // the real vocabulary (Vg ≥ v)
   void* logits = nullptr;  // the chunk's logits scratch, at least c·vp·2 bytes, 256-byte aligned
   int64_t vp = 0;          // its row length in elements
-  LossSpec spec;           // cut to the chunk
-  RowOut out;              // loss, lse, hard, soft and grad_scale (out.grad is not used)
-  bool grad = false;       // the gradients below are wanted (any of them)
-  Block row_upstream;      // [c, 1] per-row upstream gradient, or empty
-  Block dhidden;           // [c, H] f32, or empty
+  DType logits_dtype = DType::F32;  // the plan's logits dtype: 16-bit allows 16-bit precision for z
+  LossSpec spec;                    // cut to the chunk
+  RowOut out;                       // loss, lse, hard, soft and grad_scale (out.grad is not used)
+  bool grad = false;                // the gradients below are wanted (any of them)
+  Block row_upstream;               // [c, 1] per-row upstream gradient, or empty
+  Block dhidden;                    // [c, H] f32, or empty
   bool accumulate_dhidden = false;
   Block dweight;  // [V, H] f32, or empty
   bool accumulate_dweight = false;
