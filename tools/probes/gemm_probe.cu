@@ -129,24 +129,14 @@ __global__ void __launch_bounds__(384, 1)
   }
 }
 
-__global__ void fill(__nv_bfloat16* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16((float(h & 0xffff) / 65535.0f - 0.5f) * 0.25f);
-  }
-}
-
 void run(int M, int N, int K) {
   __nv_bfloat16 *a, *b, *c, *cref;
   CK(cudaMalloc(&a, size_t(M) * K * 2));
   CK(cudaMalloc(&b, size_t(N) * K * 2));
   CK(cudaMalloc(&c, size_t(M) * N * 2));
   CK(cudaMalloc(&cref, size_t(M) * N * 2));
-  fill<<<1024, 256>>>(a, size_t(M) * K, 1);
-  fill<<<1024, 256>>>(b, size_t(N) * K, 2);
+  fill<<<1024, 256>>>(a, size_t(M) * K, 1, 0.25f);
+  fill<<<1024, 256>>>(b, size_t(N) * K, 2, 0.25f);
   const CUtensorMap ta = map_of(a, M, K, kBM), tb = map_of(b, N, K, kBN), tc = map_of(c, M, N, 64);
   const int smem = kStages * kStage + 1024;
   CK(cudaFuncSetAttribute(gemm, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -176,23 +166,10 @@ void run(int M, int N, int K) {
       if (!(e <= 1e-2 * std::fabs(y) + 1e-3)) ++bad;
       worst = std::isnan(e) ? INFINITY : std::fmax(worst, e);
     }
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    auto time = [&](auto f) {
-      for (int i = 0; i < 5; ++i) f();
-      cudaEventRecord(e0);
-      for (int i = 0; i < 20; ++i) f();
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      return ms / 20;
-    };
     double t_ours = 0, t_cublas = 0;
     for (int rep = 0; rep < 3; ++rep) {  // alternate
-      t_ours += time(ours);
-      t_cublas += time(theirs);
+      t_ours += time_ms(ours, 5);
+      t_cublas += time_ms(theirs, 5);
     }
     t_ours /= 3;
     t_cublas /= 3;
