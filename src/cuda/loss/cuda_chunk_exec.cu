@@ -650,7 +650,9 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
       return b.dtype == DType::BF16 && b.col_stride == 2 && b.row_stride % 16 == 0 &&
              reinterpret_cast<uintptr_t>(b.data) % 16 == 0;
     };
-    if (!rows16(x) || !rows16(w) || x.cols % 2 != 0 || x.cols != w.cols || x.rows == 0) return false;
+    // H ≤ 32,768: the exact-row kernel holds a hidden row in shared memory as f32.
+    if (!rows16(x) || !rows16(w) || x.cols % 2 != 0 || x.cols != w.cols || x.rows == 0 || x.cols > 32768)
+      return false;
     if (reinterpret_cast<uintptr_t>(j.logits) % 16 != 0 || j.vp % 8 != 0 || j.vp < w.rows) return false;
     if (!j.dhidden.empty() && (j.dhidden.dtype != DType::F32 || j.dhidden.col_stride != sizeof(float)))
       return false;

@@ -16,9 +16,12 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <map>
 #include <mutex>
+#include <utility>
 
 #include "../cuda_common.cuh"
 #include "sm90_ops.cuh"
@@ -527,15 +530,24 @@ CUtensorMap map_of(const void* p, int64_t rows, int64_t cols, int64_t ld, int bo
   return m;
 }
 
+// Raises kernel's dynamic shared memory limit to bytes on the current device (attributes are per device).
+void allow_smem(const void* kernel, size_t bytes) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, size_t> limit;
+  int dev = 0;
+  RT_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& lim = limit[{kernel, dev}];
+  if (bytes <= std::max<size_t>(lim, 48 * 1024)) return;
+  RT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  lim = bytes;
+}
+
 template <int STAGES, bool WRITE>
 void launch(int grid, const CUtensorMap& ta, const CUtensorMap& tb, const CUtensorMap& tc,
             const SoftmaxGemm& g, cudaStream_t stream) {
   constexpr int smem = STAGES * kStage + (WRITE ? kEpi : 0) + 1024;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    RT_CUDA_CHECK(cudaFuncSetAttribute(softmax_gemm_kernel<STAGES, WRITE>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  });
+  allow_smem(reinterpret_cast<const void*>(softmax_gemm_kernel<STAGES, WRITE>), smem);
   softmax_gemm_kernel<STAGES, WRITE><<<grid, 384, smem, stream>>>(ta, tb, tc, g.shift, g.part, int(g.rows),
                                                                   int(g.wrows), int(g.v), int(g.h));
   RT_CUDA_LAUNCH_CHECK("softmax_gemm_kernel");
@@ -602,16 +614,7 @@ void softmax_rows(const SoftmaxRows& r, cudaStream_t stream) {
   rows_kernel<<<unsigned((r.rows + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(r);
   RT_CUDA_LAUNCH_CHECK("rows_kernel");
   const size_t smem = size_t(r.h) * sizeof(float);
-  if (smem > 48 * 1024) {
-    static std::mutex mu;
-    static size_t set = 48 * 1024;
-    std::lock_guard<std::mutex> lock(mu);
-    if (smem > set) {
-      RT_CUDA_CHECK(
-          cudaFuncSetAttribute(fallback_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      set = smem;
-    }
-  }
+  allow_smem(reinterpret_cast<const void*>(fallback_kernel), smem);
   // A few blocks scan the flags; each bad row takes a whole block (rare).
   fallback_kernel<<<unsigned(std::min<int64_t>(r.rows, 264)), 32 * kWarps, smem, stream>>>(r);
   RT_CUDA_LAUNCH_CHECK("fallback_kernel");
