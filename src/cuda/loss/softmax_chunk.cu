@@ -7,11 +7,12 @@
 // hidden chunk in L2). Per CTA a producer warp issues TMA loads of 64-wide K tiles of x [128 rows] and W
 // [256 rows] (128-byte swizzle) into a ring of stages with full / empty mbarriers, running ahead across
 // tiles; two consumer warpgroups of 64 rows each issue m64n256k16 wgmmas from the shared-memory descriptors,
-// one group in flight. The epilogue forms exp2(z·log2 e − c·log2 e) (clamped at 2^126) for the columns < v,
-// reduces each row's sum over the tile (a fixed shuffle tree), stores it to part[tile, row], and stages the
-// bf16 tile in 128-byte swizzled shared memory of its own for TMA stores, so the ring keeps loading the next
-// tile meanwhile. TMA zero-fills loads beyond the rows, columns and K, and clips stores at the rows and
-// columns, so any extents work.
+// one group in flight. The epilogue forms exp2(z·log2 e − c·log2 e) for the columns < v (inf past f32's
+// range: the row's sum is then out of range and the exact kernel rewrites it; interior tiles skip the column
+// test), reduces each row's sum over the tile (a fixed shuffle tree), stores it to part[row, tile], and
+// stages the bf16 tile in 128-byte swizzled shared memory of its own for TMA stores, so the ring keeps
+// loading the next tile meanwhile. TMA zero-fills loads beyond the rows, columns and K, and clips stores at
+// the rows and columns, so any extents work.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -2,16 +2,16 @@
 // make a round trip through memory. For losses whose logits gradient is a scaled softmax plus one entry per
 // row (cross-entropy without label smoothing or softcap; top-K forward KL at T = 1, see SoftmaxRows), with
 // c_m = z[m, y_m] computed first (one dot product per row):
-//   E [rows, Vg] bf16 = exp(z − c) and part [tiles, rows] f32 = its row sums per 256-column tile, written by
+//   E [rows, Vg] bf16 = exp(z − c) and part [rows, tiles] f32 = its row sums per 256-column tile, written by
 //       the logits GEMM's epilogue (a persistent TMA + wgmma kernel: z itself is never stored);
 //   S_m = Σ part, lse_m = c_m + log S_m, loss_m = log S_m + z_loss·lse_m² (since c_m = z at the label);
 //   the logits gradient G = s_m·E' with s_m = coef_m·(1 + 2·z_loss·lse_m)/S_m and E' = E except
 //       E'[m, y_m] = E[m, y_m] − S_m/(1 + 2·z_loss·lse_m) (the one-hot term, folded in by the row kernel);
 //   dhidden = diag(s)·(E'·W) and dW (+)= E'ᵀ·(diag(s)·hidden): cuBLASLt GEMMs on E' with s applied to their
 //       small side (the executor runs them).
-// E is clamped at 2^126 so it is always finite; a row whose sum leaves [2^-100, 2^100] (its loss is beyond
-// ~69 nats of the label's shift, or non-finite inputs) is recomputed exactly by a slow per-row kernel, which
-// writes its true gradient row into E with s = 1. Host-only header.
+// A row whose sum leaves [2^-100, 2^100] (its loss is beyond ~69 nats of the label's shift, an E overflowed
+// to inf, or non-finite inputs) is recomputed exactly by a slow per-row kernel, which writes its true
+// gradient row into E with s = 1 (so no inf meets the gradient GEMMs). Host-only header.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -35,7 +35,7 @@ struct SoftmaxGemm {
   void* e = nullptr;                          // [rows, lde] bf16 (nullptr: forward only, E not written)
   int64_t lde = 0;
   const float* shift = nullptr;  // [rows]
-  float* part = nullptr;         // [tiles(wrows), rows]
+  float* part = nullptr;         // [rows, softmax_tiles(wrows)]
 };
 // The 256-column tiles of a row: the part buffer holds this many floats per row.
 int64_t softmax_tiles(int64_t wrows);
