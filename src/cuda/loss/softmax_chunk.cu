@@ -51,9 +51,16 @@ __device__ __forceinline__ float ex2_ftz(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-__device__ __forceinline__ void st_bf16x2(uint32_t addr, float lo, float hi) {
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(*reinterpret_cast<uint32_t*>(&v)) : "memory");
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+// Stores four 8 x 8 b16 matrices from the mma fragment layout: register j holds this lane's pair of
+// matrix j (row l / 4, columns 2 (l % 4) + {0, 1}); lanes 8 j .. 8 j + 7 give matrix j's row addresses.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b),
+               "r"(c), "r"(d)
+               : "memory");
 }
 #endif
 
@@ -102,7 +109,7 @@ __global__ void __launch_bounds__(384, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   const int cw = wg - 1, w = t / 32, l = t % 32;
   unsigned char* epi = base + STAGES * kStage + cw * (kEpi / 2);
-  const uint32_t epi_row = smem_u32(epi) + (16 * w + l / 4) * 128 + 4 * (l % 4);
+  const uint32_t epi_base = smem_u32(epi);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int m0 = (tile % mt) * kBM, nb = tile / mt, n0 = nb * kBN;
@@ -162,12 +169,17 @@ __global__ void __launch_bounds__(384, 1)
     if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
     asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      // Row 16 w + l/4 (+ 8) of this warpgroup's 64, column 8 i + 2 (l % 4): 64-column block i / 8,
-      // 16-byte chunk i % 8 swizzled with the row's low three bits (l / 4).
-      const uint32_t p = epi_row + (i / 8) * 8192 + (((i % 8) ^ (l / 4)) * 16);
-      st_bf16x2(p, d[4 * i], d[4 * i + 1]);
-      st_bf16x2(p + 1024, d[4 * i + 2], d[4 * i + 3]);
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+      // Four 8 x 8 blocks per stmatrix: (column block i, rows 0-7 and 8-15 of the warp's 16), then block
+      // i + 1. Lanes 8q .. 8q + 7 give block q's row addresses: row 16 w + 8 (q % 2) + l % 8 of this
+      // warpgroup's 64, column block b = i + q / 2 (64-column box b / 8, 16-byte chunk b % 8 swizzled with
+      // the row's low three bits, l % 8).
+      const int q = l / 8, b = i + q / 2;
+      const uint32_t p =
+          epi_base + (b / 8) * 8192 + (16 * w + 8 * (q % 2) + l % 8) * 128 + (((b % 8) ^ (l % 8)) * 16);
+      stmatrix_x4(p, pack_bf16x2(d[4 * i], d[4 * i + 1]), pack_bf16x2(d[4 * i + 2], d[4 * i + 3]),
+                  pack_bf16x2(d[4 * i + 4], d[4 * i + 5]), pack_bf16x2(d[4 * i + 6], d[4 * i + 7]));
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
