@@ -26,6 +26,7 @@ TEST(CudaAvailability, GivesAReasonOrAWorkingBackend) {
     const std::string msg = error_of([] { make_cuda_backend(0); });
     EXPECT_TRUE(mentions(msg, "cuda")) << msg;
     EXPECT_THROW(cuda_memory_stats(default_cpu_backend()), Error);
+    EXPECT_THROW(cuda_softmax_epilogue_stats(default_cpu_backend()), Error);
     GTEST_SKIP() << "CUDA unavailable: " << why;
   }
   EXPECT_TRUE(why.empty()) << why;
@@ -54,6 +55,13 @@ TEST(CudaAvailability, GivesAReasonOrAWorkingBackend) {
   const std::string emsg = error_of([] { make_cuda_backend(0); });
   unsetenv("RETORT_GEMM_TUNE");
   EXPECT_TRUE(mentions(emsg, "RETORT_GEMM_TUNE=3 must be 0")) << emsg;
+  // The softmax-epilogue switch: a bad RETORT_SOFTMAX_EPILOGUE, and its statistics asked of the CPU.
+  ASSERT_EQ(setenv("RETORT_SOFTMAX_EPILOGUE", "2", 1), 0);
+  const std::string smsg = error_of([] { make_cuda_backend(0); });
+  unsetenv("RETORT_SOFTMAX_EPILOGUE");
+  EXPECT_TRUE(mentions(smsg, "RETORT_SOFTMAX_EPILOGUE=2 must be 0")) << smsg;
+  const std::string scpu = error_of([] { cuda_softmax_epilogue_stats(default_cpu_backend()); });
+  EXPECT_TRUE(mentions(scpu, "cuda_softmax_epilogue_stats") && mentions(scpu, "not a CUDA backend")) << scpu;
 }
 
 class CudaBackendTest : public CudaTest {};

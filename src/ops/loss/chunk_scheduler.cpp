@@ -241,8 +241,7 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
 
   // Chunks an executor may run whole (ChunkExecutor::softmax_chunk).
   const bool offer_softmax = (kind == LossKind::CrossEntropy || kind == LossKind::TopK) && p.bias.empty() &&
-                             p.dbias.empty() && !online && !plan.sparse &&
-                             logits_bytes >= size_t(c_max) * size_t(vp) * 2;
+                             p.dbias.empty() && !online && !plan.sparse;
 
   for (int64_t r0 = 0; r0 < n; r0 += c_max) {
     const int64_t c = std::min(c_max, n - r0);
