@@ -450,7 +450,8 @@ int main(int argc, char** argv) {
     if (a == "--quick") {
       quick = true;
     } else if (a == "--budget-mib" && i + 1 < argc) {
-      budget_mib = size_t(std::atoll(argv[++i]));
+      const std::string b = argv[++i];
+      budget_mib = b == "auto" ? 0 : size_t(std::max(1LL, std::atoll(b.c_str())));
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
     } else if (a == "--logits" && i + 1 < argc &&
@@ -477,7 +478,8 @@ int main(int argc, char** argv) {
           "  --quick         smaller shapes (N / 8, H / 2, V / 4)\n"
           "  --budget-mib M  the fused ops' memory budget for chunk logits (default 2048: chunks of "
           "thousands\n"
-          "                  of rows, so that each GEMM is large and dW is read-modified-written few times)\n"
+          "                  of rows, so that each GEMM is large and dW is read-modified-written few times;\n"
+          "                  auto: the product's default, FusedLinearOptions::memory_budget 0)\n"
           "  --logits D      the chunk logits' dtype in the fused ops (default f32; bf16: half the bytes "
           "per\n"
           "                  row, 16-bit logits gradient in place)\n"
@@ -522,9 +524,10 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf(
-      "device: %s; budget %zu MiB; bf16 inputs, f32 accumulation and gradients; %s chunk logits; %.0f s "
+      "device: %s; budget %s MiB; bf16 inputs, f32 accumulation and gradients; %s chunk logits; %.0f s "
       "preheat; GEMM algorithms: %s; %s%s\n",
-      prop.name, budget_mib, dtype_name(logits_dtype), g_preheat_s,
+      prop.name, budget_mib ? std::to_string(budget_mib).c_str() : "auto", dtype_name(logits_dtype),
+      g_preheat_s,
       g_floor_best ? "floor: the fastest of cuBLASLt's first 8 in steady state (--floor best)"
                    : "floor: cuBLASLt's first choice (--floor first)",
       g_tune == GemmTune::All   ? "retort: every GEMM timed at first use (--gemm-tune all)"

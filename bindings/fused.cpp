@@ -15,7 +15,9 @@ const std::vector<std::string> kSlots = {"grad_hidden", "grad_weight", "grad_bia
 
 const char* const kFusedResults =
     "\n\nhidden is [N, H], weight [V, H] (one row per vocabulary entry, like nn.Linear), bias [V]; f32, bf16 "
-    "or f16. memory_budget bounds the chunk's f32 logits in bytes (chunk_rows > 0 fixes the chunk instead); "
+    "or f16. memory_budget bounds the chunk's logits in bytes (0, the default: an eighth of the backend's "
+    "free "
+    "memory, 32 MiB to 2 GiB on a GPU, to 256 MiB on the CPU; chunk_rows > 0 fixes the chunk instead); "
     "grad_hidden / grad_weight / grad_bias switch single gradients off. Inputs are NumPy arrays, DLPack "
     "producers or retort Tensors; backend overrides where the call runs. Returns the loss; with return_grad "
     "or "
@@ -49,7 +51,7 @@ Student students(LossCall& c, pyb::handle hidden, pyb::handle weight, pyb::handl
 void bind_fused(pyb::module_& m) {
   pyb::module_ losses = m.attr("losses");
   pyb::module_ ops = m.attr("ops");
-  const size_t kBudget = kFusedLinearDefaultBudget;
+  const size_t kBudget = kFusedLinearAutoBudget;
 
   // ---- plain functions --------------------------------------------------------------------------------
   losses.def(

@@ -66,7 +66,7 @@ python3 tools/test_summary.py --skips build-gpu/meson-logs/testlog.junit.xml | h
 # ---- benchmarks -----------------------------------------------------------------------------------------
 shopt -s nullglob
 # bench_fused_gpu runs at the issue-4 target settings: bf16 chunk logits, a 512 MiB budget (and online JSD
-# again at 1 GiB); its table rows are printed after the summary.
+# again at 1 GiB, CE small again at the default budget); its table rows are printed after the summary.
 bench_one() {  # name log args...
   local name=$1 log=$2 t0 st last
   shift 2
@@ -85,6 +85,9 @@ for b in build-gpu/bench/*; do
   if [ "$name" = bench_fused_gpu ]; then
     bench_one "$name 512M" "$logs/bench-$name.log" "$b" --logits bf16 --budget-mib 512
     bench_one "$name JSD 1G" "$logs/bench-$name-jsd1g.log" "$b" --logits bf16 --budget-mib 1024 --only "online JSD"
+    # CE small has no memory target: also at the product's default budget (automatic, from free memory).
+    bench_one "$name CE small auto" "$logs/bench-$name-auto.log" "$b" --logits bf16 --budget-mib auto \
+      --only "CE small"
   else
     bench_one "$name" "$logs/bench-$name.log" "$b"
   fi
@@ -94,7 +97,8 @@ done
 echo
 printf '%-28s %-6s %8s  %s\n' step status time result
 for r in "${rows[@]}"; do echo "$r"; done
-for f in "$logs/bench-bench_fused_gpu.log" "$logs/bench-bench_fused_gpu-jsd1g.log"; do
+for f in "$logs/bench-bench_fused_gpu.log" "$logs/bench-bench_fused_gpu-jsd1g.log" \
+  "$logs/bench-bench_fused_gpu-auto.log"; do
   [ -f "$f" ] && grep -E '^(case|CE|top-K|K-sparse|online JSD).* \| ' "$f"
 done
 echo "logs: $logs"

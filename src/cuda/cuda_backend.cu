@@ -124,6 +124,14 @@ class CudaBackend final : public Backend {
                " must be 0 (off) or 1 (on)");
       ex_.opts.softmax_epilogue = e[0] == '1';
     }
+    RT_CHECK(opts.softmax_pingpong >= -1 && opts.softmax_pingpong <= 1,
+             "cuda backend: softmax_pingpong must be -1 (by H), 0 (off) or 1 (on), got ",
+             opts.softmax_pingpong);
+    if (const char* e = std::getenv("RETORT_SOFTMAX_PINGPONG"); e && *e) {
+      RT_CHECK((e[0] == '0' || e[0] == '1') && !e[1], "cuda backend: RETORT_SOFTMAX_PINGPONG=", e,
+               " must be 0 (off) or 1 (on)");
+      ex_.opts.softmax_pingpong = e[0] - '0';
+    }
     DeviceScope scope(device);
     try {
       RT_CUDA_CHECK(cudaDeviceGetAttribute(&ex_.sm_count, cudaDevAttrMultiProcessorCount, device));

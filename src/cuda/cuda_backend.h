@@ -63,6 +63,15 @@ struct CudaOptions {
   // read that bf16 matrix, as they read the bf16 gradient otherwise). Other losses, options and devices take
   // the row-pass path. Environment override: RETORT_SOFTMAX_EPILOGUE=0 (off) or 1 (on).
   bool softmax_epilogue = true;
+  // How that epilogue GEMM's two consumer warpgroups share the work. Ping-pong (1): each takes 64 x 256 tiles
+  // of its own and they run their mainloops in turn, so one's epilogue (the exponentials and the bf16
+  // stores) runs while the other's matrix instructions keep the tensor cores busy. Cooperative (0): both
+  // work on one 128 x 256 tile and the tensor cores wait during their epilogue, with 3/5 of the ping-pong's
+  // L2 traffic per flop. -1 (the default): ping-pong for H ≤ 1,024, where the epilogue is a large part of
+  // each tile's time (H100, session 19: fused CE at H = 768 1.13-1.15x its floor against 1.17; top-K at
+  // H = 2,048 1.16 against 1.07-1.10). Environment override: RETORT_SOFTMAX_PINGPONG=0 or 1. Other values
+  // throw retort::Error from make_cuda_backend.
+  int softmax_pingpong = -1;
 };
 
 // True when retort was built with CUDA and at least one device is usable; why_not gets the reason otherwise.

@@ -178,6 +178,8 @@ struct CudaExec {
   std::shared_ptr<GemmCacheFile> gemm_cache = std::make_shared<GemmCacheFile>();
   // Chunks the fused losses ran on the softmax-epilogue path (CudaOptions::softmax_epilogue).
   std::shared_ptr<size_t> softmax_chunks = std::make_shared<size_t>(0);
+  // Device memory free for the fused losses' automatic budget, read at their first call (0: not yet).
+  std::shared_ptr<size_t> fused_free = std::make_shared<size_t>(0);
 
   // Grid size for a grid-stride loop over n items with blocks of `block` threads.
   int grid_for(int64_t n, int block) const {

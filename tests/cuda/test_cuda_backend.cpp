@@ -60,6 +60,14 @@ TEST(CudaAvailability, GivesAReasonOrAWorkingBackend) {
   const std::string smsg = error_of([] { make_cuda_backend(0); });
   unsetenv("RETORT_SOFTMAX_EPILOGUE");
   EXPECT_TRUE(mentions(smsg, "RETORT_SOFTMAX_EPILOGUE=2 must be 0")) << smsg;
+  ASSERT_EQ(setenv("RETORT_SOFTMAX_PINGPONG", "yes", 1), 0);
+  const std::string pmsg = error_of([] { make_cuda_backend(0); });
+  unsetenv("RETORT_SOFTMAX_PINGPONG");
+  EXPECT_TRUE(mentions(pmsg, "RETORT_SOFTMAX_PINGPONG=yes must be 0")) << pmsg;
+  CudaOptions bad_pp;
+  bad_pp.softmax_pingpong = 2;
+  const std::string ppmsg = error_of([&] { make_cuda_backend(0, bad_pp); });
+  EXPECT_TRUE(mentions(ppmsg, "softmax_pingpong") && mentions(ppmsg, "got 2")) << ppmsg;
   const std::string scpu = error_of([] { cuda_softmax_epilogue_stats(default_cpu_backend()); });
   EXPECT_TRUE(mentions(scpu, "cuda_softmax_epilogue_stats") && mentions(scpu, "not a CUDA backend")) << scpu;
 }

@@ -178,7 +178,9 @@ TEST_F(CudaFused, SoftmaxEpilogueCrossEntropy) {
     EXPECT_TRUE(check_cuda(c, tol));
   }
   const CudaSoftmaxEpilogueStats after = cuda_softmax_epilogue_stats(be);
-  if (on) EXPECT_GE(after.chunks - before.chunks, size_t(3 * (9 + 3 + 1) + 3 * 3));
+  if (on) {
+    EXPECT_GE(after.chunks - before.chunks, size_t(3 * (9 + 3 + 1) + 3 * 3));
+  }
   EXPECT_EQ(after.fallback_rows, before.fallback_rows);  // nothing here is beyond the epilogue's range
 }
 
@@ -465,8 +467,42 @@ TEST_F(CudaFused, SoftmaxEpilogueTopK) {
     EXPECT_TRUE(check_cuda(g, tol));
   }
   const CudaSoftmaxEpilogueStats after = cuda_softmax_epilogue_stats(be);
-  if (on) EXPECT_GE(after.chunks - before.chunks, size_t(8 * 3 + 4 * 3 + 3 + 3 + 2 * 3 + 2 * 3));
+  if (on) {
+    EXPECT_GE(after.chunks - before.chunks, size_t(8 * 3 + 4 * 3 + 3 + 3 + 2 * 3 + 2 * 3));
+  }
   EXPECT_EQ(after.fallback_rows, before.fallback_rows);
+}
+
+// The epilogue GEMM's two schedules (CudaOptions::softmax_pingpong) compute each E entry and partial sum the
+// same way (which warpgroup holds a tile is all that differs): bitwise equal outputs, gradients within the
+// GEMM picks' f32 rounding. Shapes with several 64-row tiles, a short last one, and several tiles per CTA
+// (V = 50,257: 197 column tiles), so that the ping-pong's warpgroups take turns many times.
+TEST_F(CudaFused, SoftmaxEpilogueSchedulesAgree) {
+  CudaOptions pp, coop;
+  pp.softmax_pingpong = 1;
+  coop.softmax_pingpong = 0;
+  auto a = make_cuda_backend(0, pp);
+  auto b = make_cuda_backend(0, coop);
+  const CudaSoftmaxEpilogueStats a0 = cuda_softmax_epilogue_stats(*a), b0 = cuda_softmax_epilogue_stats(*b);
+  if (!epilogue_on(a0)) GTEST_SKIP() << "softmax epilogue off or not supported here";
+  for (int64_t chunk : {int64_t(128), int64_t(300)})
+    EXPECT_TRUE(check_cuda_same(
+        epilogue_case("cflse_sched_ce" + std::to_string(chunk), 300, 64, 50257, chunk, Reduction::Mean, 0.01),
+        *a, *b, 1e-10));
+  TopKCfg cfg;
+  cfg.dt = DType::BF16;
+  cfg.bias = false;
+  cfg.n = 300;
+  cfg.h = 64;
+  cfg.v = 50257;
+  cfg.k = 64;
+  cfg.chunk = 300;
+  cfg.r.w_hard = 0.5;
+  LossCase c = topk_case("cflse_sched_topk", cfg);
+  c.inputs[0] = hidden_in(cfg.n, cfg.h, DType::BF16, -1, 1);
+  EXPECT_TRUE(check_cuda_same(c, *a, *b, 1e-10));
+  EXPECT_GE(cuda_softmax_epilogue_stats(*a).chunks - a0.chunks, size_t(3 + 1 + 1));
+  EXPECT_GE(cuda_softmax_epilogue_stats(*b).chunks - b0.chunks, size_t(3 + 1 + 1));
 }
 
 TEST_F(CudaFused, TopKDense) {
@@ -719,6 +755,11 @@ TEST_F(CudaFused, PeakMemoryWithinBudget) {
   const size_t bound = budget + size_t(4 * n * h) * sizeof(float) + (size_t(8) << 20);
   EXPECT_LE(extra, bound) << "peak extra " << extra << " bytes, budget " << budget;
   EXPECT_LT(extra, size_t(n * v) * sizeof(float) / 4);
+  // The automatic budget (0): an eighth of the free memory, at most 2 GiB; here the whole [N, Vp] f32
+  // logits (412 MiB) fit when the device has 3.3 GB or more free.
+  const size_t auto_extra = fused_ce_peak_extra(DType::F32, DType::F32, 0, n, h, v, "cfl_peak_auto");
+  EXPECT_LE(auto_extra, kFusedLinearAutoMaxGpu + size_t(4 * n * h) * sizeof(float) + (size_t(8) << 20));
+  std::printf("automatic budget: peak extra %.1f MiB\n", double(auto_extra) / double(1 << 20));
 }
 
 void expect_device_error(Graph& g, const std::vector<std::string>& parts) {

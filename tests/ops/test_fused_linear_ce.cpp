@@ -205,8 +205,9 @@ TEST(FusedLinearCE, BudgetSetsChunkRows) {
         },
         Seed::Unit);
   };
-  const GraphResult whole = run(kFusedLinearDefaultBudget);
-  for (size_t budget : {size_t(1), size_t(256 * 4), size_t(256 * 4 * 5 + 17), size_t(256 * 4 * 19)})
+  const GraphResult whole = run(size_t(256) << 20);
+  for (size_t budget :
+       {size_t(1), size_t(256 * 4), size_t(256 * 4 * 5 + 17), size_t(256 * 4 * 19), kFusedLinearAutoBudget})
     expect_close(run(budget), whole, 1e-12, "budget " + std::to_string(budget));
 
   // Planning reads only sizes (any non-null address marks a block as present).
@@ -448,7 +449,7 @@ TEST(FusedLinearCE, BadInputThrows) {
   o.z_loss = -1;
   expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, y, o); }, {"z_loss"});
   FusedLinearOptions f;
-  f.memory_budget = 0;
+  f.memory_budget = size_t(INT64_MAX) + 1;
   expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, y, {}, f); }, {"memory_budget"});
   f = {};
   f.chunk_rows = -2;

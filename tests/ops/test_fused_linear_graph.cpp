@@ -80,6 +80,11 @@ class Recorder : public loss::ChunkExecutor {
     if (inner_) inner_->scatter_grads(g, h, w, s, o);
   }
 
+  size_t auto_bytes = 0;  // > 0: the automatic budget this executor reports
+  size_t auto_budget() const override {
+    return auto_bytes ? auto_bytes : inner_ ? inner_->auto_budget() : kFusedLinearAutoMin;
+  }
+
   int count(const std::string& what) const { return int(std::count(calls.begin(), calls.end(), what)); }
 
  private:
@@ -144,6 +149,36 @@ struct HostProblem {
 
 ThreadPool& pool() {
   return default_cpu_backend().pool();
+}
+
+// memory_budget 0 is the executor's automatic budget, asked once per call; an explicit one is kept.
+TEST(FusedLinearScheduler, AutomaticBudgetComesFromTheExecutor) {
+  HostProblem hp("sched_auto");
+  auto cpu = loss::make_cpu_chunk_executor(pool());
+  const size_t row = 128 * sizeof(float);  // V = 37 padded to 128, f32 logits
+  for (auto [bytes, rows] :
+       {std::pair<size_t, int64_t>{3 * row, 3}, {5 * row + 7, 5}, {size_t(1) << 30, 10}}) {
+    Recorder rec(cpu.get());
+    rec.auto_bytes = bytes;
+    loss::FusedLinearProblem p = hp.problem(loss::LossKind::CrossEntropy, 0);
+    p.memory_budget = kFusedLinearAutoBudget;
+    loss::run_fused_linear(rec, p);
+    EXPECT_EQ(rec.max_logits_rows, rows) << bytes;
+    Recorder fixed(cpu.get());
+    fixed.auto_bytes = bytes;
+    p.memory_budget = 2 * row;
+    loss::run_fused_linear(fixed, p);
+    EXPECT_EQ(fixed.max_logits_rows, 2) << bytes;
+  }
+  // The rule: an eighth of the free memory, clamped per backend.
+  EXPECT_EQ(fused_linear_auto_budget(0, kFusedLinearAutoMaxGpu), kFusedLinearAutoMin);
+  EXPECT_EQ(fused_linear_auto_budget(size_t(4) << 30, kFusedLinearAutoMaxGpu), size_t(512) << 20);
+  EXPECT_EQ(fused_linear_auto_budget(size_t(80) << 30, kFusedLinearAutoMaxGpu), kFusedLinearAutoMaxGpu);
+  EXPECT_EQ(fused_linear_auto_budget(size_t(80) << 30, kFusedLinearAutoMaxCpu), kFusedLinearAutoMaxCpu);
+  // The CPU executor's own: within those bounds.
+  const size_t b = cpu->auto_budget();
+  EXPECT_GE(b, kFusedLinearAutoMin);
+  EXPECT_LE(b, kFusedLinearAutoMaxCpu);
 }
 
 TEST(FusedLinearScheduler, CallsPerChunk) {

@@ -365,8 +365,8 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     }
     // A C whose row count is not a multiple of 8 (the weight gradient [50257, H] of GPT-2's vocabulary) gets
     // only sm80 kernels from cuBLASLt, at about twice the time of the sm90 ones (H100): the rows up to a
-    // multiple of 128 go first, the few left after, each a GEMM of its own.
-    if (const int64_t m_main = m / 128 * 128; m % 8 != 0 && m_main >= 1024) {
+    // multiple of 8 go first, the few left after (< 8: a thin GEMM of little work), each a GEMM of its own.
+    if (const int64_t m_main = m / 8 * 8; m % 8 != 0 && m_main >= 1024) {
       auto part = [](const Block& x, bool t, int64_t r0, int64_t r) {
         if (!t) return x.sub_rows(r0, r);
         Block y = x;  // rows of C are columns of a transposed operand
@@ -456,6 +456,16 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   void scale_rows(const Block& g, const Block& u) override { fused::scale_rows(*cur_, resolve(g), u); }
   void zero(const Block& b) override { fused::zero(ex_, b); }
   bool pads_vocab() const override { return true; }
+  // From what the device has free plus what the backend's allocator keeps cached (reusable by the scratch),
+  // at the backend's first fused call.
+  size_t auto_budget() const override {
+    if (*ex_.fused_free == 0) {
+      size_t free = 0, total = 0;
+      RT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+      *ex_.fused_free = std::max<size_t>(1, free + ex_.alloc->stats().bytes_cached);
+    }
+    return fused_linear_auto_budget(*ex_.fused_free, kFusedLinearAutoMaxGpu);
+  }
   // cuBLASLt writes a bf16 (f16) C from bf16 (f16) operands with f32 accumulation; an f32 operand has no
   // 16-bit output (and a mixed pair runs on f32 copies), so those keep f32 logits.
   bool supports_16bit_logits(DType logits, DType a, DType b) const override {
@@ -628,10 +638,10 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     fused::scatter_topk_grads(ex_, g, hidden, w, side, out, runs_);
   }
 
-  // softmax_chunk.h: cross-entropy without label smoothing or softcap, or top-K distillation with forward KL
-  // at T = 1 over the full vocabulary (at most kSoftmaxMaxSlots slots); bf16 hidden and W with 16-byte
-  // aligned rows, an even H, f32 gradients with unit column strides.
-  bool softmax_chunk(const loss::SoftmaxChunk& j) override {
+  bool softmax_whole(const loss::SoftmaxChunk& j) const override { return softmax_takes(j, false); }
+
+  // Whether softmax_chunk takes j (check_logits: also the logits pointer, absent when softmax_whole asks).
+  bool softmax_takes(const loss::SoftmaxChunk& j, bool check_logits) const {
     if (!ex_.opts.softmax_epilogue || cur_ != &ex_) return false;
     const LossKind kind = j.spec.kind;
     if (kind == LossKind::CrossEntropy) {
@@ -653,12 +663,21 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     // H ≤ 32,768: the exact-row kernel holds a hidden row in shared memory as f32.
     if (!rows16(x) || !rows16(w) || x.cols % 2 != 0 || x.cols != w.cols || x.rows == 0 || x.cols > 32768)
       return false;
-    if (reinterpret_cast<uintptr_t>(j.logits) % 16 != 0 || j.vp % 8 != 0 || j.vp < w.rows) return false;
+    if ((check_logits && reinterpret_cast<uintptr_t>(j.logits) % 16 != 0) || j.vp % 8 != 0 || j.vp < w.rows)
+      return false;
     if (!j.dhidden.empty() && (j.dhidden.dtype != DType::F32 || j.dhidden.col_stride != sizeof(float)))
       return false;
     if (!j.dweight.empty() && j.dweight.dtype != DType::F32) return false;
-    if (!softmax_epilogue_supported(ex_.device)) return false;
+    return softmax_epilogue_supported(ex_.device);
+  }
 
+  // softmax_chunk.h: cross-entropy without label smoothing or softcap, or top-K distillation with forward KL
+  // at T = 1 over the full vocabulary (at most kSoftmaxMaxSlots slots); bf16 hidden and W with 16-byte
+  // aligned rows, an even H, f32 gradients with unit column strides. W may be padded (Vp rows) or not.
+  bool softmax_chunk(const loss::SoftmaxChunk& j) override {
+    if (!softmax_takes(j, true)) return false;
+    const LossKind kind = j.spec.kind;
+    const Block &x = j.hidden, &w = j.weight;
     shadow_of_ = nullptr;  // the logits block now holds E
     const int64_t c = x.rows, h = x.cols, wrows = w.rows, v = j.v, tiles = softmax_tiles(wrows);
     const int64_t ldx = int64_t(x.row_stride / 2), ldw = int64_t(w.row_stride / 2);
@@ -727,6 +746,9 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
       g.lde = j.vp;
       g.shift = shift;
       g.part = part;
+      const int pp = ex_.opts.softmax_pingpong;
+      g.schedule = pp == 1 || (pp < 0 && h <= kSoftmaxPingPongMaxH) ? SoftmaxSchedule::PingPong
+                                                                    : SoftmaxSchedule::Cooperative;
       softmax_gemm(g, ex_.sm_count, ex_.stream);
     }
     float* s = nullptr;
@@ -752,19 +774,30 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     ++*ex_.softmax_chunks;
     if (!j.grad) return true;
     const size_t rb = size_t(j.vp) * 2;
-    const Block e_g{j.logits, DType::BF16, c, wrows, rb, 2};  // E' over W's rows (pad columns are 0)
     if (!j.dhidden.empty()) {
+      // dh (+)= diag(s)·(E'·W). The GEMM's K runs over W's rows up to a multiple of 8 (cuBLASLt's sm90
+      // kernels want aligned extents; a padded W has Vp rows, an unpadded one V): the few rows left (< 8)
+      // are added by the scaling pass, which reads dh (or the GEMM's output) once anyway.
+      const int64_t k_main = wrows / 8 * 8;
+      const Block e_g{j.logits, DType::BF16, c, k_main, rb, 2};  // E' over those rows (pad columns are 0)
       const Block& dh = j.dhidden;
       const int64_t ld = int64_t(dh.row_stride / sizeof(float));
-      if (!j.accumulate_dhidden) {  // dh = E'·W, then scaled in place
-        gemm(e_g, false, w, false, dh, 1.0f, 0.0f);
-        scale_add_rows(static_cast<float*>(dh.data), ld, static_cast<float*>(dh.data), ld, c, h, s, false,
-                       ex_.stream);
-      } else {
-        auto* t = static_cast<float*>(temp(size_t(c * h) * sizeof(float)));
-        gemm(e_g, false, w, false, Block::dense(t, DType::F32, c, h), 1.0f, 0.0f);
-        scale_add_rows(static_cast<float*>(dh.data), ld, t, h, c, h, s, true, ex_.stream);
+      ScaleAddTail tail;
+      tail.cols = wrows - k_main;
+      tail.e = static_cast<const char*>(j.logits) + k_main * 2;
+      tail.lde = j.vp;
+      tail.w = static_cast<const char*>(w.data) + k_main * int64_t(w.row_stride);
+      tail.ldw = int64_t(w.row_stride / 2);
+      float* t = static_cast<float*>(dh.data);
+      int64_t t_ld = ld;
+      if (j.accumulate_dhidden) {  // the product into a temporary, then dh += diag(s)·(it + tail)
+        t = static_cast<float*>(temp(size_t(c * h) * sizeof(float)));
+        t_ld = h;
       }
+      gemm(e_g, false, w.sub_rows(0, k_main), false,
+           Block{t, DType::F32, c, h, size_t(t_ld) * sizeof(float), sizeof(float)}, 1.0f, 0.0f);
+      scale_add_rows(static_cast<float*>(dh.data), ld, t, t_ld, c, h, s, j.accumulate_dhidden, tail,
+                     ex_.sm_count, ex_.stream);
     }
     if (!j.dweight.empty()) {  // xs = diag(s)·hidden, written by the row kernels
       gemm(Block{j.logits, DType::BF16, c, v, rb, 2}, true, Block::dense(xs, DType::BF16, c, h), false,

@@ -32,9 +32,12 @@ namespace retort::cuda {
 
 namespace {
 
-constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 3, kStagesFwd = 4;
-constexpr int kTileA = kBM * kBK * 2, kTileB = kBN * kBK * 2, kStage = kTileA + kTileB;
-constexpr int kEpi = kBM * kBN * 2;  // the staged bf16 output tile
+constexpr int kBN = 256, kBK = 64;
+constexpr int kTileB = kBN * kBK * 2;
+constexpr int kEpi = 128 * kBN * 2;  // the staged bf16 output tiles (64 x 256 per consumer warpgroup)
+// Ring stages (x tile + W tile each) with E written / forward only: cooperative 48 KB stages, ping-pong 40
+// KB.
+constexpr int kStagesCoop = 3, kStagesCoopFwd = 4, kStagesPP = 4, kStagesPPFwd = 5;
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ unsigned long long g_fallback_rows = 0;
@@ -65,23 +68,42 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t a, uint32_t 
 #endif
 
 // WRITE: E stored (a gradient follows); otherwise only the row sums (a forward pass).
-template <int STAGES, bool WRITE>
+// PP (ping-pong): each consumer warpgroup takes whole 64 x 256 tiles of its own, the CTA's tiles alternating
+// between them, and the two run their mainloops in turn (two named barriers order them), so that one
+// warpgroup's epilogue (exp2, sums, bf16 staging) runs while the other's wgmmas keep the tensor cores busy.
+// Otherwise (cooperative) both warpgroups share a 128 x 256 tile, 64 rows each, and their epilogues run
+// together while the tensor cores wait. The ping-pong ring holds 64-row x tiles (a W tile then serves 64
+// rows, not 128: more L2 traffic per flop); the order also keeps each warpgroup within one phase of every
+// stage's barrier, which the parity waits need (the ring is filled in tile order, and a warpgroup starts
+// waiting on tile j's stages only once the other has waited on all of tile j - 1's). The ping-pong stores
+// each 64-column box of E as soon as it is staged (so the store of one box overlaps the staging of the next:
+// 0.503 against 0.543 ms on the CE-small chunk, H100; no gain for the cooperative schedule, which keeps one
+// store burst).
+template <bool PP>
+struct Shape {
+  static constexpr int kRows = PP ? 64 : 128;  // tile rows (x box rows)
+  static constexpr int kA = kRows * kBK * 2;
+  static constexpr int kStageBytes = kA + kTileB;
+};
+
+template <int STAGES, bool WRITE, bool PP>
 __global__ void __launch_bounds__(384, 1)
     softmax_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                         const __grid_constant__ CUtensorMap tc, const float* __restrict__ shift,
                         float* __restrict__ part, int rows, int wrows, int v, int h) {
 #ifdef RT_SM90A
+  constexpr int BM = Shape<PP>::kRows, TA = Shape<PP>::kA, ST = Shape<PP>::kStageBytes;
   extern __shared__ unsigned char raw[];
   unsigned char* base =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   __shared__ alignas(8) uint64_t full[STAGES], empty[STAGES];
   const int wg = int(threadIdx.x) / 128, t = int(threadIdx.x) % 128;
-  const int mt = (rows + kBM - 1) / kBM, nt = (wrows + kBN - 1) / kBN, kt_n = (h + kBK - 1) / kBK;
+  const int mt = (rows + BM - 1) / BM, nt = (wrows + kBN - 1) / kBN, kt_n = (h + kBK - 1) / kBK;
   const int tiles = mt * nt;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[s])));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;" ::"r"(smem_u32(&empty[s])));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[s])), "r"(PP ? 1 : 2));
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -91,16 +113,16 @@ __global__ void __launch_bounds__(384, 1)
     if (t == 0) {
       int it = 0;
       for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int m0 = (tile % mt) * kBM, n0 = (tile / mt) * kBN;
+        const int m0 = (tile % mt) * BM, n0 = (tile / mt) * kBN;
         for (int kt = 0; kt < kt_n; ++kt, ++it) {
           const int s = it % STAGES;
           bar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
-          unsigned char* sa = base + s * kStage;
+          unsigned char* sa = base + s * ST;
           asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&full[s])),
-                       "r"(kStage)
+                       "r"(ST)
                        : "memory");
           tma_load_2d(sa, &ta, kt * kBK, m0, &full[s]);
-          tma_load_2d(sa + kTileA, &tb, kt * kBK, n0, &full[s]);
+          tma_load_2d(sa + TA, &tb, kt * kBK, n0, &full[s]);
         }
       }
     }
@@ -108,17 +130,25 @@ __global__ void __launch_bounds__(384, 1)
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   const int cw = wg - 1, w = t / 32, l = t % 32;
-  unsigned char* epi = base + STAGES * kStage + cw * (kEpi / 2);
+  unsigned char* epi = base + STAGES * ST + cw * (kEpi / 2);
   const uint32_t epi_base = smem_u32(epi);
-  int it = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int m0 = (tile % mt) * kBM, nb = tile / mt, n0 = nb * kBN;
+  // The CTA's j-th tile is blockIdx.x + j·gridDim.x; its k-blocks fill ring slots j·kt_n .. j·kt_n + kt_n
+  // − 1. Cooperative: every tile, both warpgroups. Ping-pong: tiles j ≡ cw (mod 2).
+  const int step = PP ? 2 : 1;
+  for (int j = PP ? cw : 0, tile = blockIdx.x + j * gridDim.x; tile < tiles;
+       j += step, tile += step * gridDim.x) {
+    const int m0 = (tile % mt) * BM, nb = tile / mt, n0 = nb * kBN;
+    const int mrow = m0 + (PP ? 0 : 64 * cw);  // this warpgroup's first row
+    // Ping-pong: wait for the other warpgroup to have waited on all of tile j − 1's stages (named barrier
+    // 4 + cw: the other arrives on it, 256 threads in all).
+    if (PP && j > 0) asm volatile("bar.sync %0, 256;" ::"r"(4 + cw) : "memory");
     float d[128];  // zeroed by the first wgmma (scale-d 0)
+    int it = j * kt_n;
     for (int kt = 0; kt < kt_n; ++kt, ++it) {
       const int s = it % STAGES;
       bar_wait(&full[s], (it / STAGES) & 1);
-      const unsigned char* sa = base + s * kStage + cw * (64 * 128);
-      const unsigned char* sb = base + s * kStage + kTileA;
+      const unsigned char* sa = base + s * ST + (PP ? 0 : cw * (64 * 128));
+      const unsigned char* sb = base + s * ST + TA;
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) mma_n256(d, smem_desc(sa + 32 * ks), smem_desc(sb + 32 * ks), kt + ks);
@@ -126,10 +156,12 @@ __global__ void __launch_bounds__(384, 1)
       asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
       if (kt > 0 && t == 0) bar_arrive(&empty[(it - 1) % STAGES]);
     }
+    // Ping-pong: the other warpgroup's next tile (if any) may start its waits.
+    if (PP && tile + gridDim.x < tiles) asm volatile("bar.arrive %0, 256;" ::"r"(5 - cw) : "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     if (t == 0) bar_arrive(&empty[(it - 1) % STAGES]);
     // This thread holds rows r0 and r0 + 8, columns n0 + 8 i + 2 (l % 4) + {0, 1}, i < 32.
-    const int r0 = m0 + 64 * cw + 16 * w + l / 4;
+    const int r0 = mrow + 16 * w + l / 4;
     const float c0 = r0 < rows ? shift[r0] * kLog2e : 0.0f;
     const float c1 = r0 + 8 < rows ? shift[r0 + 8] * kLog2e : 0.0f;
     float s0 = 0.0f, s1 = 0.0f;
@@ -168,29 +200,50 @@ __global__ void __launch_bounds__(384, 1)
     // This warpgroup's previous TMA store has finished reading its staging buffer.
     if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
     asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
+    if constexpr (PP) {  // each 64-column box stored once staged (its store overlaps the next box's staging)
 #pragma unroll
+      for (int bx = 0; bx < 4; ++bx) {
 #pragma unroll
-    for (int i = 0; i < 32; i += 2) {
-      // Four 8 x 8 blocks per stmatrix: (column block i, rows 0-7 and 8-15 of the warp's 16), then block
-      // i + 1. Lanes 8q .. 8q + 7 give block q's row addresses: row 16 w + 8 (q % 2) + l % 8 of this
-      // warpgroup's 64, column block b = i + q / 2 (64-column box b / 8, 16-byte chunk b % 8 swizzled with
-      // the row's low three bits, l % 8).
-      const int q = l / 8, b = i + q / 2;
-      const uint32_t p =
-          epi_base + (b / 8) * 8192 + (16 * w + 8 * (q % 2) + l % 8) * 128 + (((b % 8) ^ (l % 8)) * 16);
-      stmatrix_x4(p, pack_bf16x2(d[4 * i], d[4 * i + 1]), pack_bf16x2(d[4 * i + 2], d[4 * i + 3]),
-                  pack_bf16x2(d[4 * i + 4], d[4 * i + 5]), pack_bf16x2(d[4 * i + 6], d[4 * i + 7]));
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
-    if (t == 0 && m0 + 64 * cw < rows) {
-      for (int b = 0; b < 4; ++b)
-        if (n0 + 64 * b < wrows)
+        for (int i = 8 * bx; i < 8 * bx + 8; i += 2) {
+          const int q = l / 8, b = i + q / 2;
+          const uint32_t p =
+              epi_base + (b / 8) * 8192 + (16 * w + 8 * (q % 2) + l % 8) * 128 + (((b % 8) ^ (l % 8)) * 16);
+          stmatrix_x4(p, pack_bf16x2(d[4 * i], d[4 * i + 1]), pack_bf16x2(d[4 * i + 2], d[4 * i + 3]),
+                      pack_bf16x2(d[4 * i + 4], d[4 * i + 5]), pack_bf16x2(d[4 * i + 6], d[4 * i + 7]));
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
+        if (t == 0 && mrow < rows && n0 + 64 * bx < wrows)
           asm volatile(
               "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(&tc),
-              "r"(n0 + 64 * b), "r"(m0 + 64 * cw), "r"(smem_u32(epi + b * 8192))
+              "r"(n0 + 64 * bx), "r"(mrow), "r"(smem_u32(epi + bx * 8192))
               : "memory");
-      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      }
+      if (t == 0 && mrow < rows) asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; i += 2) {
+        // Four 8 x 8 blocks per stmatrix: (column block i, rows 0-7 and 8-15 of the warp's 16), then block
+        // i + 1. Lanes 8q .. 8q + 7 give block q's row addresses: row 16 w + 8 (q % 2) + l % 8 of this
+        // warpgroup's 64, column block b = i + q / 2 (64-column box b / 8, 16-byte chunk b % 8 swizzled with
+        // the row's low three bits, l % 8).
+        const int q = l / 8, b = i + q / 2;
+        const uint32_t p =
+            epi_base + (b / 8) * 8192 + (16 * w + 8 * (q % 2) + l % 8) * 128 + (((b % 8) ^ (l % 8)) * 16);
+        stmatrix_x4(p, pack_bf16x2(d[4 * i], d[4 * i + 1]), pack_bf16x2(d[4 * i + 2], d[4 * i + 3]),
+                    pack_bf16x2(d[4 * i + 4], d[4 * i + 5]), pack_bf16x2(d[4 * i + 6], d[4 * i + 7]));
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
+      if (t == 0 && mrow < rows) {
+        for (int b = 0; b < 4; ++b)
+          if (n0 + 64 * b < wrows)
+            asm volatile(
+                "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(&tc),
+                "r"(n0 + 64 * b), "r"(mrow), "r"(smem_u32(epi + b * 8192))
+                : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      }
     }
   }
   if (WRITE && t == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -205,10 +258,28 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// x[0..h) · w[0..h), bf16 pairs strided over the warp's lanes (h even, rows 4-byte aligned); every lane
-// gets the sum.
+// Eight bf16 as f32 pairs, from a 16-byte load.
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float2 (&f)[4]) {
+  const uint4 q = *reinterpret_cast<const uint4*>(p);
+  const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) f[i] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u[i]));
+}
+
+// x[0..h) · w[0..h) over the warp's lanes (h even, rows 16-byte aligned: 8 entries per load when h is a
+// multiple of 8, else pairs); every lane gets the sum.
 __device__ __forceinline__ float warp_dot(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t h) {
   float acc = 0.0f;
+  if (h % 8 == 0) {
+    for (int64_t k = 8 * (threadIdx.x % 32); k < h; k += 256) {
+      float2 a[4], b[4];
+      load8(x + k, a);
+      load8(w + k, b);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc = fmaf(a[i].x, b[i].x, fmaf(a[i].y, b[i].y, acc));
+    }
+    return warp_sum(acc);
+  }
   for (int64_t k = 2 * (threadIdx.x % 32); k < h; k += 64) {
     const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + k));
     const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(w + k));
@@ -373,6 +444,20 @@ __device__ void write_xs(const SoftmaxRows& r, int64_t m, float s) {
   if (!r.xs) return;
   const auto* x = static_cast<const __nv_bfloat16*>(r.x) + m * r.ldx;
   auto* o = static_cast<__nv_bfloat16*>(r.xs) + m * r.h;
+  if (r.h % 8 == 0) {  // rows of x and xs 16-byte aligned: 8 entries per load and store
+    for (int64_t k = 8 * (threadIdx.x % 32); k < r.h; k += 256) {
+      float2 a[4];
+      load8(x + k, a);
+      uint32_t u[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const __nv_bfloat162 b = __floats2bfloat162_rn(s * a[i].x, s * a[i].y);
+        u[i] = *reinterpret_cast<const uint32_t*>(&b);
+      }
+      *reinterpret_cast<uint4*>(o + k) = make_uint4(u[0], u[1], u[2], u[3]);
+    }
+    return;
+  }
   for (int64_t k = 2 * (threadIdx.x % 32); k < r.h; k += 64) {
     const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + k));
     *reinterpret_cast<__nv_bfloat162*>(o + k) = __floats2bfloat162_rn(s * a.x, s * a.y);
@@ -495,14 +580,44 @@ __global__ void fallback_kernel(SoftmaxRows r) {
     if (r.bad[m]) fallback_row(r, m);
 }
 
+// VEC consecutive columns per thread (4: f32 rows 16-byte aligned, h a multiple of 4).
+template <int VEC>
 __global__ void scale_add_kernel(float* dh, int64_t dh_ld, const float* t, int64_t t_ld, int64_t rows,
-                                 int64_t h, const float* s, bool accumulate) {
-  RT_GRID_LOOP(i, rows * h) {
-    const int64_t m = i / h, k = i % h;
+                                 int64_t h, const float* s, bool accumulate, ScaleAddTail tail) {
+  const int64_t groups = h / VEC;
+  RT_GRID_LOOP(i, rows * groups) {
+    const int64_t m = i / groups, k = (i % groups) * VEC;
     const float sm = s[m];
-    const float add = sm == 0.0f ? 0.0f : sm * t[m * t_ld + k];  // s = 0: ignored row (t may be huge)
+    float add[VEC];
+    if (sm == 0.0f) {  // an ignored row: its t (and tail) may be huge or inf
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) add[u] = 0.0f;
+    } else {
+      const float* tr = t + m * t_ld + k;
+      if constexpr (VEC == 4) {
+        const float4 q = *reinterpret_cast<const float4*>(tr);
+        add[0] = q.x, add[1] = q.y, add[2] = q.z, add[3] = q.w;
+      } else {
+        add[0] = tr[0];
+      }
+      const auto* e = static_cast<const __nv_bfloat16*>(tail.e) + m * tail.lde;
+      for (int64_t j = 0; j < tail.cols; ++j) {
+        const float ej = __bfloat162float(e[j]);
+        const auto* wr = static_cast<const __nv_bfloat16*>(tail.w) + j * tail.ldw + k;
+#pragma unroll
+        for (int u = 0; u < VEC; ++u) add[u] = fmaf(ej, __bfloat162float(wr[u]), add[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) add[u] *= sm;
+    }
     float* o = dh + m * dh_ld + k;
-    *o = accumulate ? *o + add : add;
+    if constexpr (VEC == 4) {
+      float4 q = accumulate ? *reinterpret_cast<const float4*>(o) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      q.x += add[0], q.y += add[1], q.z += add[2], q.w += add[3];
+      *reinterpret_cast<float4*>(o) = q;
+    } else {
+      *o = accumulate ? *o + add[0] : add[0];
+    }
   }
 }
 
@@ -556,13 +671,18 @@ void allow_smem(const void* kernel, size_t bytes) {
   lim = bytes;
 }
 
-template <int STAGES, bool WRITE>
-void launch(int grid, const CUtensorMap& ta, const CUtensorMap& tb, const CUtensorMap& tc,
-            const SoftmaxGemm& g, cudaStream_t stream) {
-  constexpr int smem = STAGES * kStage + (WRITE ? kEpi : 0) + 1024;
-  allow_smem(reinterpret_cast<const void*>(softmax_gemm_kernel<STAGES, WRITE>), smem);
-  softmax_gemm_kernel<STAGES, WRITE><<<grid, 384, smem, stream>>>(ta, tb, tc, g.shift, g.part, int(g.rows),
-                                                                  int(g.wrows), int(g.v), int(g.h));
+template <int STAGES, bool WRITE, bool PP>
+void launch(const SoftmaxGemm& g, int sm_count, cudaStream_t stream) {
+  constexpr int smem = STAGES * Shape<PP>::kStageBytes + (WRITE ? kEpi : 0) + 1024;
+  const auto kernel = softmax_gemm_kernel<STAGES, WRITE, PP>;
+  const CUtensorMap ta = map_of(g.x, g.rows, g.h, g.ldx, Shape<PP>::kRows);
+  const CUtensorMap tb = map_of(g.w, g.wrows, g.h, g.ldw, kBN);
+  const CUtensorMap tc = g.e ? map_of(g.e, g.rows, g.wrows, g.lde, 64) : tb;
+  const int64_t tiles = (g.rows + Shape<PP>::kRows - 1) / Shape<PP>::kRows * softmax_tiles(g.wrows);
+  const int grid = int(std::min<int64_t>(sm_count, tiles));
+  allow_smem(reinterpret_cast<const void*>(kernel), smem);
+  kernel<<<grid, 384, smem, stream>>>(ta, tb, tc, g.shift, g.part, int(g.rows), int(g.wrows), int(g.v),
+                                      int(g.h));
   RT_CUDA_LAUNCH_CHECK("softmax_gemm_kernel");
 }
 
@@ -587,7 +707,7 @@ bool softmax_epilogue_supported(int device) {
               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
               major == 9 && minor == 0;
     cudaFuncAttributes a{};
-    ok = ok && cudaFuncGetAttributes(&a, softmax_gemm_kernel<kStages, true>) == cudaSuccess &&
+    ok = ok && cudaFuncGetAttributes(&a, softmax_gemm_kernel<kStagesCoop, true, false>) == cudaSuccess &&
          a.binaryVersion == 90 && encoder() != nullptr;
     (void)cudaGetLastError();
     known[device] = ok ? 1 : 2;
@@ -606,15 +726,17 @@ void softmax_gemm(const SoftmaxGemm& g, int sm_count, cudaStream_t stream) {
                (!g.e || aligned16(g.e, g.lde)) && g.ldx >= g.h && g.ldw >= g.h && (!g.e || g.lde >= g.wrows),
            "softmax epilogue GEMM: needs bf16 rows 16-byte aligned, got x [", g.rows, ", ", g.h, "] ld ",
            g.ldx, ", W [", g.wrows, ", ", g.h, "] ld ", g.ldw, ", E ld ", g.lde);
-  const CUtensorMap ta = map_of(g.x, g.rows, g.h, g.ldx, kBM);
-  const CUtensorMap tb = map_of(g.w, g.wrows, g.h, g.ldw, kBN);
-  const CUtensorMap tc = g.e ? map_of(g.e, g.rows, g.wrows, g.lde, 64) : tb;
-  const int64_t tiles = (g.rows + kBM - 1) / kBM * softmax_tiles(g.wrows);
-  const int grid = int(std::min<int64_t>(sm_count, tiles));
-  if (g.e)
-    launch<kStages, true>(grid, ta, tb, tc, g, stream);
+  RT_CHECK(g.schedule == SoftmaxSchedule::Cooperative || g.schedule == SoftmaxSchedule::PingPong,
+           "softmax epilogue GEMM: unknown schedule ", int(g.schedule));
+  const bool pp = g.schedule == SoftmaxSchedule::PingPong;
+  if (g.e && pp)
+    launch<kStagesPP, true, true>(g, sm_count, stream);
+  else if (g.e)
+    launch<kStagesCoop, true, false>(g, sm_count, stream);
+  else if (pp)
+    launch<kStagesPPFwd, false, true>(g, sm_count, stream);
   else
-    launch<kStagesFwd, false>(grid, ta, tb, tc, g, stream);
+    launch<kStagesCoopFwd, false, false>(g, sm_count, stream);
 }
 
 void softmax_shift(const SoftmaxRows& r, const SideMatrix& labels_in, float* shift, cudaStream_t stream) {
@@ -634,11 +756,18 @@ void softmax_rows(const SoftmaxRows& r, cudaStream_t stream) {
 }
 
 void scale_add_rows(float* dh, int64_t dh_ld, const float* t, int64_t t_ld, int64_t rows, int64_t h,
-                    const float* s, bool accumulate, cudaStream_t stream) {
-  const int64_t n = rows * h;
-  if (n == 0) return;
-  const int grid = int(std::min<int64_t>((n + 255) / 256, 132 * 32));
-  scale_add_kernel<<<grid, 256, 0, stream>>>(dh, dh_ld, t, t_ld, rows, h, s, accumulate);
+                    const float* s, bool accumulate, const ScaleAddTail& tail, int sm_count,
+                    cudaStream_t stream) {
+  RT_ASSERT(tail.cols >= 0 && tail.cols < 8 && (tail.cols == 0 || (tail.e && tail.w)));
+  if (rows == 0 || h == 0) return;
+  const bool vec = h % 4 == 0 && dh_ld % 4 == 0 && t_ld % 4 == 0 &&
+                   reinterpret_cast<uintptr_t>(dh) % 16 == 0 && reinterpret_cast<uintptr_t>(t) % 16 == 0;
+  const int64_t n = vec ? rows * (h / 4) : rows * h;
+  const int grid = int(std::min<int64_t>((n + 255) / 256, int64_t(std::max(sm_count, 1)) * 8));
+  if (vec)
+    scale_add_kernel<4><<<grid, 256, 0, stream>>>(dh, dh_ld, t, t_ld, rows, h, s, accumulate, tail);
+  else
+    scale_add_kernel<1><<<grid, 256, 0, stream>>>(dh, dh_ld, t, t_ld, rows, h, s, accumulate, tail);
   RT_CUDA_LAUNCH_CHECK("scale_add_kernel");
 }
 

@@ -25,6 +25,17 @@ namespace retort::cuda {
 // compute capability 9.0.
 bool softmax_epilogue_supported(int device);
 
+// How the epilogue GEMM's two consumer warpgroups share the work: both on one 128 x 256 tile, their epilogues
+// together while the tensor cores wait (Cooperative), or each on 64 x 256 tiles of its own, their mainloops
+// in turn so that one's epilogue runs under the other's wgmmas (PingPong: hides the epilogue, but a W tile
+// then serves 64 rows instead of 128, so L2 traffic per flop is 5/3 of the cooperative's; it wins at small
+// H, where the epilogue is a large part of a tile's time, and loses at large H: bench/RESULTS.md, session
+// 19).
+enum class SoftmaxSchedule { Cooperative = 1, PingPong = 2 };
+// The schedule the CUDA executor picks by default (CudaOptions::softmax_pingpong = -1): ping-pong up to this
+// H.
+inline constexpr int64_t kSoftmaxPingPongMaxH = 1024;
+
 // bf16 row-major operands, rows 16-byte aligned (ld a multiple of 8 elements, base 16-byte aligned).
 struct SoftmaxGemm {
   const void* x = nullptr;  // [rows, h]
@@ -36,6 +47,7 @@ struct SoftmaxGemm {
   int64_t lde = 0;
   const float* shift = nullptr;  // [rows]
   float* part = nullptr;         // [rows, softmax_tiles(wrows)]
+  SoftmaxSchedule schedule = SoftmaxSchedule::Cooperative;
 };
 // The 256-column tiles of a row: the part buffer holds this many floats per row.
 int64_t softmax_tiles(int64_t wrows);
@@ -93,9 +105,20 @@ void softmax_shift(const SoftmaxRows& r, const SideMatrix& labels_in, float* shi
 // recomputation of the rows marked bad. Both queued on stream.
 void softmax_rows(const SoftmaxRows& r, cudaStream_t stream);
 
-// dh[m, :] = (accumulate ? dh[m, :] : 0) + s[m]·t[m, :] (f32; t may be dh itself when not accumulating).
+// The last few columns of E' (and rows of W) that the dhidden GEMM left out (cols < 8; 0: none): E'[m, j]
+// at e + m·lde + j and W[j, :] at w + j·ldw, bf16, j < cols.
+struct ScaleAddTail {
+  int64_t cols = 0;
+  const void* e = nullptr;
+  int64_t lde = 0;
+  const void* w = nullptr;
+  int64_t ldw = 0;
+};
+// dh[m, :] = (accumulate ? dh[m, :] : 0) + s[m]·(t[m, :] + Σ_j E'[m, j]·W[j, :]) over the tail's columns
+// (f32; t may be dh itself when not accumulating; s[m] = 0 adds nothing, whatever t holds).
 void scale_add_rows(float* dh, int64_t dh_ld, const float* t, int64_t t_ld, int64_t rows, int64_t h,
-                    const float* s, bool accumulate, cudaStream_t stream);
+                    const float* s, bool accumulate, const ScaleAddTail& tail, int sm_count,
+                    cudaStream_t stream);
 
 // Rows recomputed by the exact fallback since the process started (all devices).
 size_t softmax_fallback_rows();

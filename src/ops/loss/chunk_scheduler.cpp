@@ -121,6 +121,7 @@ size_t padded_bytes(const Block& w, int64_t vp) {
 
 ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shadow, bool logits16) {
   ChunkPlan plan;
+  const size_t total = p.memory_budget > 0 ? p.memory_budget : kFusedLinearAutoMin;
   const int64_t n = p.hidden.rows, v = p.weight.rows;
   plan.padded_vocab = (v + kVocabPad - 1) / kVocabPad * kVocabPad;
   plan.sparse = sparse_topk(p);
@@ -141,12 +142,12 @@ ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shad
   if (pad_weights && !plan.sparse && plan.padded_vocab > v) {
     const size_t ws = padded_bytes(p.weight, plan.padded_vocab);
     const size_t ts = p.online_teacher() ? padded_bytes(p.teacher_weight, plan.padded_vocab) : 0;
-    if (ws > 0 && (!p.online_teacher() || ts > 0) && ws + ts <= p.memory_budget / 2) {
+    if (ws > 0 && (!p.online_teacher() || ts > 0) && ws + ts <= total / 2) {
       plan.pad_weights = true;
       pad_bytes = ws + ts;
     }
   }
-  const size_t budget = p.memory_budget - pad_bytes;
+  const size_t budget = total - pad_bytes;
   int64_t rows = p.chunk_rows > 0 ? p.chunk_rows : int64_t(std::max<size_t>(1, budget / budget_per_row));
   if (p.chunk_rows <= 0 && rows < n) {
     // As few chunks as the budget allows, of even size (no short tail chunk), rounded up to a multiple of
@@ -165,7 +166,9 @@ ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shad
   return plan;
 }
 
-void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
+void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& problem) {
+  FusedLinearProblem p = problem;
+  if (p.memory_budget == kFusedLinearAutoBudget) p.memory_budget = ex.auto_budget();
   const int64_t n = p.hidden.rows, v = p.weight.rows;
   RT_ASSERT(n > 0 && v > 0 && p.weight.cols == p.hidden.cols);
   const LossKind kind = p.spec.kind;
@@ -192,7 +195,28 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
       logits16 = logits16 &&
                  ex.supports_16bit_logits(p.logits_dtype, p.teacher_hidden.dtype, p.teacher_weight.dtype);
   }
-  const ChunkPlan plan = plan_chunks(p, ex.pads_vocab(), ex.shadow_bytes_per_logit(), logits16);
+  // Chunks an executor may run whole (ChunkExecutor::softmax_chunk); when it takes all of them, W needs no
+  // padded copy.
+  const bool offer_softmax = (kind == LossKind::CrossEntropy || kind == LossKind::TopK) && p.bias.empty() &&
+                             p.dbias.empty() && !online && !sparse_topk(p);
+  bool softmax_all = false;
+  if (offer_softmax) {
+    SoftmaxChunk whole;
+    whole.hidden = p.hidden;
+    whole.weight = p.weight;
+    whole.v = v;
+    whole.vp = (v + kVocabPad - 1) / kVocabPad * kVocabPad;
+    whole.spec = p.spec;
+    whole.grad = grad;
+    whole.row_upstream = p.row_upstream;
+    whole.dhidden = p.dhidden;
+    whole.accumulate_dhidden = p.accumulate_dhidden;
+    whole.dweight = p.dweight;
+    whole.accumulate_dweight = p.accumulate_dweight;
+    softmax_all = ex.softmax_whole(whole);
+  }
+  const ChunkPlan plan =
+      plan_chunks(p, ex.pads_vocab() && !softmax_all, ex.shadow_bytes_per_logit(), logits16);
   const int64_t c_max = plan.chunk_rows, vp = plan.padded_vocab;
   const DType ldt = plan.logits_dtype;
   char* base = static_cast<char*>(ex.scratch(plan.scratch_bytes));
@@ -238,10 +262,6 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p) {
   }
   all.lse = p.lse;
   all.grad_scale = p.grad_scale * inv;
-
-  // Chunks an executor may run whole (ChunkExecutor::softmax_chunk).
-  const bool offer_softmax = (kind == LossKind::CrossEntropy || kind == LossKind::TopK) && p.bias.empty() &&
-                             p.dbias.empty() && !online && !plan.sparse;
 
   for (int64_t r0 = 0; r0 < n; r0 += c_max) {
     const int64_t c = std::min(c_max, n - r0);

@@ -42,10 +42,6 @@ struct Tensor;
 
 namespace retort::loss {
 
-// The default memory budget: bytes of chunk logits (student, plus teacher when it is computed online).
-// 256 MiB is ~1,300 rows of a 50,257-entry vocabulary: large enough that the GEMMs run at full speed, small
-// next to the [N, V] logits of a real batch.
-inline constexpr size_t kDefaultFusedBudget = kFusedLinearDefaultBudget;
 // Logit rows in scratch are padded to a multiple of this many entries (alignment of every row; the GEMMs
 // still compute exactly V columns).
 inline constexpr int64_t kVocabPad = 128;
@@ -154,6 +150,9 @@ class ChunkExecutor {
   // out[0] = scale · Σ_{r < n} v[r], summed in a fixed order.
   virtual void reduce(const float* v, int64_t n, float scale, float* out) = 0;
 
+  // The automatic memory budget (FusedLinearOptions::memory_budget 0): fused_linear_auto_budget of the
+  // memory free, read at the backend's first fused call so that every step of a run chunks alike.
+  virtual size_t auto_budget() const { return kFusedLinearAutoMin; }
   // Whether the logits GEMMs should run over the padded vocabulary Vp (a multiple of kVocabPad): the
   // scheduler then copies W (and an online teacher's W) into zero-padded [Vp, H] scratch with copy(), so that
   // the logits GEMM's N and the dhidden GEMM's K are multiples of 128 (a GPU's tensor-core kernels need
@@ -219,6 +218,14 @@ class ChunkExecutor {
     (void)job;
     return false;
   }
+  // Optional: whether softmax_chunk() takes every chunk of a problem, asked before the loop with a job for
+  // all N rows, the weight as the caller gave it (unpadded) and no logits pointer (the scratch is 256-byte
+  // aligned). A yes lets the scheduler skip the zero-padded weight copy (pads_vocab), which that path does
+  // not need: its chunks then see W unpadded.
+  virtual bool softmax_whole(const SoftmaxChunk& job) const {
+    (void)job;
+    return false;
+  }
   // Optional: gather_logits, the gathered row loss (loss, soft part and LSE into out, its gradient into g)
   // and the dhidden half of scatter_grads in one pass, when the executor has one for these options and
   // layouts (the CUDA executor: forward KL). Returns false, having done nothing, otherwise.
@@ -265,9 +272,11 @@ struct FusedLinearProblem {
   float grad_scale = 1.0f;
   Block row_upstream;
 
-  size_t memory_budget = kDefaultFusedBudget;  // bytes of chunk logits (see kDefaultFusedBudget)
-  int64_t chunk_rows = 0;                      // > 0: exactly this many rows per chunk, whatever the budget
-  std::string what;                            // the op and shapes, for error messages
+  // Bytes of chunk logits (FusedLinearOptions::memory_budget); 0: automatic, resolved by run_fused_linear
+  // from ChunkExecutor::auto_budget() (plan_chunks, which has no executor, takes 0 as kFusedLinearAutoMin).
+  size_t memory_budget = kFusedLinearAutoBudget;
+  int64_t chunk_rows = 0;  // > 0: exactly this many rows per chunk, whatever the budget
+  std::string what;        // the op and shapes, for error messages
   // FusedLinearOptions::logits_dtype: BF16 / F16 asks for 16-bit chunk logits, which the scheduler uses when
   // the executor supports them (supports_16bit_logits), the loss is not selective log-softmax and the path
   // is not K-sparse; otherwise (and for F32) the logits are f32.

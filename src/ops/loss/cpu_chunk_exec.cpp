@@ -1,7 +1,10 @@
 // The CPU ChunkExecutor: the packed CPU GEMM (matmul_kernel.h) and the CPU row kernels (row_kernels.h), on
 // the thread pool of the backend. Every helper splits its work by rows or columns so that each output
 // element is computed by one thread in a fixed order: results do not depend on the thread count.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -127,8 +130,31 @@ bool slot_valid(const TopKSide& s, int64_t r, int64_t k) {
   return get_f(s.logprobs, r, k) != -std::numeric_limits<float>::infinity();
 }
 
+// Memory the system can give without swapping: /proc/meminfo's MemAvailable (read defensively), else the free
+// pages sysconf reports, else 0 (unknown). Read once per process: every step of a run chunks alike.
+size_t available_memory() {
+  static const size_t bytes = [] {
+    if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+      char line[256];
+      unsigned long long kib = 0;
+      bool found = false;
+      while (!found && std::fgets(line, sizeof(line), f))
+        found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+      std::fclose(f);
+      if (found && kib > 0 && kib < (1ull << 50)) return size_t(kib) * 1024;
+    }
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : size_t(0);
+  }();
+  return bytes;
+}
+
 class CpuChunkExecutor final : public ChunkExecutor {
  public:
+  size_t auto_budget() const override {
+    return fused_linear_auto_budget(available_memory(), kFusedLinearAutoMaxCpu);
+  }
+
   explicit CpuChunkExecutor(ThreadPool& pool) : pool_(pool), kernel_(gemm::best_kernel()) {}
 
   int64_t validate(const LossSpec& spec, int64_t rows, int64_t v, Reduction,

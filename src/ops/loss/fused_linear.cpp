@@ -146,7 +146,6 @@ struct Checker {
 // Checks the lm-head and the fused options, and creates the node with src[0..2] and the options set.
 Tensor* fused_node(Context& ctx, Op op, const Checker& ck, Tensor* bias, Reduction red,
                    const FusedLinearOptions& f, const int64_t ne[kMaxDims]) {
-  RT_CHECK(f.memory_budget > 0, ck.op, ": memory_budget must be > 0 bytes", ck.shapes());
   RT_CHECK(f.chunk_rows >= 0, ck.op, ": chunk_rows must be >= 0 (0: from the memory budget), got ",
            f.chunk_rows, ck.shapes());
   RT_CHECK(f.memory_budget <= size_t(INT64_MAX), ck.op, ": memory_budget ", f.memory_budget, " is too large");

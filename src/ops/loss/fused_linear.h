@@ -25,9 +25,20 @@
 
 namespace retort {
 
-// Default memory budget: 256 MiB of chunk logits, ~1,300 rows of a 50,257-entry vocabulary (half that with
-// an online teacher, whose logits take the same room).
-inline constexpr size_t kFusedLinearDefaultBudget = size_t(256) << 20;
+// memory_budget 0 (the default): derived from the memory free on the backend the op runs on, read when a
+// fused op first runs there (so every later step chunks alike): an eighth of it, at least 32 MiB and at most
+// 2 GiB on a GPU (on an 80 GB H100: 2 GiB, one chunk of 16,384 rows of GPT-2's vocabulary in bf16; with 4 GB
+// free, 512 MiB) or 256 MiB on the CPU (its scratch cache: larger chunks gain nothing there). Set a budget
+// for runs that must chunk alike on every machine (results depend on the chunk size only through f32
+// rounding).
+inline constexpr size_t kFusedLinearAutoBudget = 0;
+inline constexpr size_t kFusedLinearAutoMin = size_t(32) << 20;
+inline constexpr size_t kFusedLinearAutoMaxGpu = size_t(2) << 30, kFusedLinearAutoMaxCpu = size_t(256) << 20;
+// The automatic budget for `free_bytes` of free memory (0: unknown) and a backend's cap.
+constexpr size_t fused_linear_auto_budget(size_t free_bytes, size_t cap) {
+  const size_t b = free_bytes / 8;
+  return b < kFusedLinearAutoMin ? kFusedLinearAutoMin : b > cap ? cap : b;
+}
 
 struct FusedLinearOptions {
   // Bytes of chunk logits (student, plus teacher when computed online): at most budget / (es·Vp·(1 or 2))
@@ -37,7 +48,8 @@ struct FusedLinearOptions {
   // the gradients themselves (f32, shaped like hidden, W and bias), per-row vectors, and a backend's own
   // temporaries (on the CPU: GEMM packing buffers, an 8 MiB staging block for dW, and the chunk's hidden rows
   // as f32 on the K-sparse path).
-  size_t memory_budget = kFusedLinearDefaultBudget;
+  // (0: automatic, from the backend's free memory; see kFusedLinearAutoBudget.)
+  size_t memory_budget = kFusedLinearAutoBudget;
   int64_t chunk_rows = 0;  // > 0: exactly this many rows per chunk, overriding the budget (tests, tuning)
   // Which gradients flow. Off: no gradient reaches that input through this loss, as if it were detached
   // (e.g. a frozen lm-head tied to a trained embedding). On: produced when the input needs one.
