@@ -27,13 +27,13 @@ namespace retort {
 
 // memory_budget 0 (the default): derived from the memory free on the backend the op runs on, read when a
 // fused op first runs there (so every later step chunks alike): an eighth of it, at least 32 MiB and at most
-// 2 GiB on a GPU (on an 80 GB H100: 2 GiB, one chunk of 16,384 rows of GPT-2's vocabulary in bf16; with 4 GB
-// free, 512 MiB) or 256 MiB on the CPU (its scratch cache: larger chunks gain nothing there). Set a budget
-// for runs that must chunk alike on every machine (results depend on the chunk size only through f32
-// rounding).
+// 1 GiB on a GPU (on an 80 GB H100: 1 GiB, chunks of 8,192 rows of GPT-2's vocabulary in bf16; with 4 GB
+// free, 512 MiB; larger budgets measured no faster: bench/RESULTS.md, session 19) or 256 MiB on the CPU (its
+// scratch cache: larger chunks gain nothing there). Set a budget for runs that must chunk alike on every
+// machine (results depend on the chunk size only through f32 rounding).
 inline constexpr size_t kFusedLinearAutoBudget = 0;
 inline constexpr size_t kFusedLinearAutoMin = size_t(32) << 20;
-inline constexpr size_t kFusedLinearAutoMaxGpu = size_t(2) << 30, kFusedLinearAutoMaxCpu = size_t(256) << 20;
+inline constexpr size_t kFusedLinearAutoMaxGpu = size_t(1) << 30, kFusedLinearAutoMaxCpu = size_t(256) << 20;
 // The automatic budget for `free_bytes` of free memory (0: unknown) and a backend's cap.
 constexpr size_t fused_linear_auto_budget(size_t free_bytes, size_t cap) {
   const size_t b = free_bytes / 8;
