@@ -377,22 +377,25 @@ LossCase topk_case(const std::string& name, TopKCfg cfg) {
 
 // Top-K forward KL at T = 1 over the full vocabulary takes the softmax-epilogue path too (bf16, rows of 16
 // bytes, no bias): the slots and the label are folded into the bf16 exp(z − shift) block per row.
+// Top-K forward KL at T = 1 with a hard part, bf16 operands, no bias: the epilogue path's options.
+TopKCfg epilogue_topk_cfg(int64_t n, int64_t h, int64_t v, int64_t k, int64_t chunk) {
+  TopKCfg cfg;
+  cfg.dt = DType::BF16;
+  cfg.bias = false;
+  cfg.n = n;
+  cfg.h = h;
+  cfg.v = v;
+  cfg.k = k;
+  cfg.chunk = chunk;
+  cfg.r.w_hard = 0.5;
+  return cfg;
+}
+
 TEST_F(CudaFused, SoftmaxEpilogueTopK) {
   Backend& be = cuda_backend();
   const CudaSoftmaxEpilogueStats before = cuda_softmax_epilogue_stats(be);
   const bool on = epilogue_on(before);
-  auto base = [] {
-    TopKCfg cfg;
-    cfg.dt = DType::BF16;
-    cfg.bias = false;
-    cfg.n = 9;
-    cfg.h = 8;
-    cfg.v = 300;
-    cfg.k = 6;
-    cfg.chunk = 4;
-    cfg.r.w_hard = 0.5;
-    return cfg;
-  };
+  auto base = [] { return epilogue_topk_cfg(9, 8, 300, 6, 4); };
   auto check = [](const LossCase& c0, bool fd) {
     LossCase c = c0;
     CudaTol tol;
@@ -489,15 +492,7 @@ TEST_F(CudaFused, SoftmaxEpilogueSchedulesAgree) {
     EXPECT_TRUE(check_cuda_same(
         epilogue_case("cflse_sched_ce" + std::to_string(chunk), 300, 64, 50257, chunk, Reduction::Mean, 0.01),
         *a, *b, 1e-10));
-  TopKCfg cfg;
-  cfg.dt = DType::BF16;
-  cfg.bias = false;
-  cfg.n = 300;
-  cfg.h = 64;
-  cfg.v = 50257;
-  cfg.k = 64;
-  cfg.chunk = 300;
-  cfg.r.w_hard = 0.5;
+  const TopKCfg cfg = epilogue_topk_cfg(300, 64, 50257, 64, 300);
   LossCase c = topk_case("cflse_sched_topk", cfg);
   c.inputs[0] = hidden_in(cfg.n, cfg.h, DType::BF16, -1, 1);
   EXPECT_TRUE(check_cuda_same(c, *a, *b, 1e-10));

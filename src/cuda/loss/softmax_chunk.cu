@@ -65,6 +65,18 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t a, uint32_t 
                "r"(c), "r"(d)
                : "memory");
 }
+// Column blocks i and i + 1 (8 columns each) of this thread's m64n256 fragment d, as bf16, into the staged
+// tile at epi_base (this warpgroup's 64 rows, four 64-column boxes of 8 KB, 128-byte swizzled): four 8 x 8
+// blocks per stmatrix, (block i, rows 0-7 and 8-15 of warp w's 16) then block i + 1. Lanes 8q .. 8q + 7 give
+// block q's row addresses: row 16 w + 8 (q % 2) + l % 8, column block b = i + q / 2 (box b / 8, 16-byte chunk
+// b % 8 swizzled with the row's low three bits, l % 8). i must be a constant after unrolling.
+__device__ __forceinline__ void stage_pair(uint32_t epi_base, const float (&d)[128], int i, int w, int l) {
+  const int q = l / 8, b = i + q / 2;
+  const uint32_t p =
+      epi_base + (b / 8) * 8192 + (16 * w + 8 * (q % 2) + l % 8) * 128 + (((b % 8) ^ (l % 8)) * 16);
+  stmatrix_x4(p, pack_bf16x2(d[4 * i], d[4 * i + 1]), pack_bf16x2(d[4 * i + 2], d[4 * i + 3]),
+              pack_bf16x2(d[4 * i + 4], d[4 * i + 5]), pack_bf16x2(d[4 * i + 6], d[4 * i + 7]));
+}
 #endif
 
 // WRITE: E stored (a gradient follows); otherwise only the row sums (a forward pass).
@@ -204,13 +216,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int bx = 0; bx < 4; ++bx) {
 #pragma unroll
-        for (int i = 8 * bx; i < 8 * bx + 8; i += 2) {
-          const int q = l / 8, b = i + q / 2;
-          const uint32_t p =
-              epi_base + (b / 8) * 8192 + (16 * w + 8 * (q % 2) + l % 8) * 128 + (((b % 8) ^ (l % 8)) * 16);
-          stmatrix_x4(p, pack_bf16x2(d[4 * i], d[4 * i + 1]), pack_bf16x2(d[4 * i + 2], d[4 * i + 3]),
-                      pack_bf16x2(d[4 * i + 4], d[4 * i + 5]), pack_bf16x2(d[4 * i + 6], d[4 * i + 7]));
-        }
+        for (int i = 8 * bx; i < 8 * bx + 8; i += 2) stage_pair(epi_base, d, i, w, l);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
         if (t == 0 && mrow < rows && n0 + 64 * bx < wrows)
@@ -222,17 +228,7 @@ __global__ void __launch_bounds__(384, 1)
       if (t == 0 && mrow < rows) asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     } else {
 #pragma unroll
-      for (int i = 0; i < 32; i += 2) {
-        // Four 8 x 8 blocks per stmatrix: (column block i, rows 0-7 and 8-15 of the warp's 16), then block
-        // i + 1. Lanes 8q .. 8q + 7 give block q's row addresses: row 16 w + 8 (q % 2) + l % 8 of this
-        // warpgroup's 64, column block b = i + q / 2 (64-column box b / 8, 16-byte chunk b % 8 swizzled with
-        // the row's low three bits, l % 8).
-        const int q = l / 8, b = i + q / 2;
-        const uint32_t p =
-            epi_base + (b / 8) * 8192 + (16 * w + 8 * (q % 2) + l % 8) * 128 + (((b % 8) ^ (l % 8)) * 16);
-        stmatrix_x4(p, pack_bf16x2(d[4 * i], d[4 * i + 1]), pack_bf16x2(d[4 * i + 2], d[4 * i + 3]),
-                    pack_bf16x2(d[4 * i + 4], d[4 * i + 5]), pack_bf16x2(d[4 * i + 6], d[4 * i + 7]));
-      }
+      for (int i = 0; i < 32; i += 2) stage_pair(epi_base, d, i, w, l);
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
       if (t == 0 && mrow < rows) {
