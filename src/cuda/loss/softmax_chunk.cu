@@ -212,35 +212,24 @@ __global__ void __launch_bounds__(384, 1)
     // This warpgroup's previous TMA store has finished reading its staging buffer.
     if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
     asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
-    if constexpr (PP) {  // each 64-column box stored once staged (its store overlaps the next box's staging)
+    // Staged and stored in batches of 64-column boxes: the ping-pong stores each box once it is staged (its
+    // store overlaps the next box's staging), the cooperative schedule all four after one barrier.
+    constexpr int kBatch = PP ? 1 : 4;
 #pragma unroll
-      for (int bx = 0; bx < 4; ++bx) {
+    for (int b0 = 0; b0 < 4; b0 += kBatch) {
 #pragma unroll
-        for (int i = 8 * bx; i < 8 * bx + 8; i += 2) stage_pair(epi_base, d, i, w, l);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
-        if (t == 0 && mrow < rows && n0 + 64 * bx < wrows)
-          asm volatile(
-              "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(&tc),
-              "r"(n0 + 64 * bx), "r"(mrow), "r"(smem_u32(epi + bx * 8192))
-              : "memory");
-      }
-      if (t == 0 && mrow < rows) asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    } else {
-#pragma unroll
-      for (int i = 0; i < 32; i += 2) stage_pair(epi_base, d, i, w, l);
+      for (int i = 8 * b0; i < 8 * (b0 + kBatch); i += 2) stage_pair(epi_base, d, i, w, l);
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
-      if (t == 0 && mrow < rows) {
-        for (int b = 0; b < 4; ++b)
-          if (n0 + 64 * b < wrows)
+      if (t == 0 && mrow < rows)
+        for (int bx = b0; bx < b0 + kBatch; ++bx)
+          if (n0 + 64 * bx < wrows)
             asm volatile(
                 "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(&tc),
-                "r"(n0 + 64 * b), "r"(mrow), "r"(smem_u32(epi + b * 8192))
+                "r"(n0 + 64 * bx), "r"(mrow), "r"(smem_u32(epi + bx * 8192))
                 : "memory");
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-      }
     }
+    if (t == 0 && mrow < rows) asm volatile("cp.async.bulk.commit_group;" ::: "memory");
   }
   if (WRITE && t == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 #else

@@ -199,22 +199,20 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& problem) {
   // padded copy.
   const bool offer_softmax = (kind == LossKind::CrossEntropy || kind == LossKind::TopK) && p.bias.empty() &&
                              p.dbias.empty() && !online && !sparse_topk(p);
-  bool softmax_all = false;
-  if (offer_softmax) {
-    SoftmaxChunk whole;
-    whole.hidden = p.hidden;
-    whole.weight = p.weight;
-    whole.v = v;
-    whole.vp = (v + kVocabPad - 1) / kVocabPad * kVocabPad;
-    whole.spec = p.spec;
-    whole.grad = grad;
-    whole.row_upstream = p.row_upstream;
-    whole.dhidden = p.dhidden;
-    whole.accumulate_dhidden = p.accumulate_dhidden;
-    whole.dweight = p.dweight;
-    whole.accumulate_dweight = p.accumulate_dweight;
-    softmax_all = ex.softmax_whole(whole);
-  }
+  // The whole problem as one job: asked about before planning, then cut per chunk.
+  SoftmaxChunk whole;
+  whole.hidden = p.hidden;
+  whole.weight = p.weight;
+  whole.v = v;
+  whole.vp = (v + kVocabPad - 1) / kVocabPad * kVocabPad;
+  whole.spec = p.spec;
+  whole.grad = grad;
+  if (grad) whole.row_upstream = p.row_upstream;
+  whole.dhidden = p.dhidden;
+  whole.accumulate_dhidden = p.accumulate_dhidden;
+  whole.dweight = p.dweight;
+  whole.accumulate_dweight = p.accumulate_dweight;
+  const bool softmax_all = offer_softmax && ex.softmax_whole(whole);
   const ChunkPlan plan =
       plan_chunks(p, ex.pads_vocab() && !softmax_all, ex.shadow_bytes_per_logit(), logits16);
   const int64_t c_max = plan.chunk_rows, vp = plan.padded_vocab;
@@ -302,20 +300,15 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& problem) {
     }
 
     if (offer_softmax) {
-      SoftmaxChunk job;
+      SoftmaxChunk job = whole;
       job.hidden = hc;
       job.weight = weight_g;
-      job.v = v;
       job.logits = logits_buf;
-      job.vp = vp;
       job.logits_dtype = ldt;
       job.spec = spec;
       job.out = out;
-      job.grad = grad;
-      if (grad && !p.row_upstream.empty()) job.row_upstream = p.row_upstream.sub_rows(r0, c);
-      if (!p.dhidden.empty()) job.dhidden = p.dhidden.sub_rows(r0, c);
-      job.accumulate_dhidden = p.accumulate_dhidden;
-      job.dweight = p.dweight;
+      job.row_upstream = whole.row_upstream.sub_rows(r0, c);
+      job.dhidden = whole.dhidden.sub_rows(r0, c);
       job.accumulate_dweight = !first || p.accumulate_dweight;
       if (ex.softmax_chunk(job)) continue;
     }
