@@ -640,24 +640,6 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
 
   bool softmax_whole(const loss::SoftmaxChunk& j) const override { return softmax_takes(j, false); }
 
-  // What softmax_chunk() takes from the allocator per chunk row (its temporaries below): top-K slot ids and
-  // exact z at the slots, labels, shift, the partial sums per 256-column tile, and with a gradient the row
-  // scales, the bad-row flags, the scaled hidden rows for dW and, when dhidden accumulates, the product.
-  size_t softmax_row_bytes(const loss::SoftmaxChunk& j) const override {
-    const int64_t h = j.hidden.cols, tiles = softmax_tiles(j.weight.rows);
-    size_t b = sizeof(float) + size_t(tiles) * sizeof(float) + sizeof(int32_t);  // shift, part, bad
-    const bool topk = j.spec.kind == LossKind::TopK;
-    const bool labels = topk ? !j.spec.topk.labels.empty() : !j.spec.ce.labels.empty();
-    if (labels) b += sizeof(int64_t);
-    if (topk) b += size_t(j.spec.topk.logprobs.cols) * (sizeof(int64_t) + sizeof(float));
-    if (j.grad) {
-      b += sizeof(float);
-      if (!j.dweight.empty()) b += size_t(h) * 2;
-      if (!j.dhidden.empty() && j.accumulate_dhidden) b += size_t(h) * sizeof(float);
-    }
-    return b;
-  }
-
   // Whether softmax_chunk takes j (check_logits: also the logits pointer, absent when softmax_whole asks).
   bool softmax_takes(const loss::SoftmaxChunk& j, bool check_logits) const {
     if (!ex_.opts.softmax_epilogue || cur_ != &ex_) return false;

@@ -119,8 +119,7 @@ size_t padded_bytes(const Block& w, int64_t vp) {
   return align_up(size_t(vp) * row);
 }
 
-ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shadow, bool logits16,
-                      size_t side) {
+ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shadow, bool logits16) {
   ChunkPlan plan;
   const size_t total = p.memory_budget > 0 ? p.memory_budget : kFusedLinearAutoMin;
   const int64_t n = p.hidden.rows, v = p.weight.rows;
@@ -135,11 +134,10 @@ ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shad
   } else {
     per_row = size_t(plan.padded_vocab) * dtype_size(plan.logits_dtype) * (p.online_teacher() ? 2 : 1);
   }
-  // The budget also covers what the executor keeps beside the scratch per row (not allocated here): its copy
-  // of the logits gradient (16-bit logits take their gradient in place, so none is kept for them) and its
-  // per-row side buffers.
+  // The budget also covers what the executor keeps beside the scratch per row (not allocated here); 16-bit
+  // logits take their gradient in place, so no executor copy is kept for them.
   const size_t budget_per_row =
-      per_row + (!plan.sparse && !low && p.wants_grad() ? size_t(plan.padded_vocab) * shadow : 0) + side;
+      per_row + (!plan.sparse && !low && p.wants_grad() ? size_t(plan.padded_vocab) * shadow : 0);
   size_t pad_bytes = 0;
   if (pad_weights && !plan.sparse && plan.padded_vocab > v) {
     const size_t ws = padded_bytes(p.weight, plan.padded_vocab);
@@ -215,8 +213,8 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& problem) {
   whole.dweight = p.dweight;
   whole.accumulate_dweight = p.accumulate_dweight;
   const bool softmax_all = offer_softmax && ex.softmax_whole(whole);
-  const ChunkPlan plan = plan_chunks(p, ex.pads_vocab() && !softmax_all, ex.shadow_bytes_per_logit(),
-                                     logits16, softmax_all ? ex.softmax_row_bytes(whole) : 0);
+  const ChunkPlan plan =
+      plan_chunks(p, ex.pads_vocab() && !softmax_all, ex.shadow_bytes_per_logit(), logits16);
   const int64_t c_max = plan.chunk_rows, vp = plan.padded_vocab;
   const DType ldt = plan.logits_dtype;
   char* base = static_cast<char*>(ex.scratch(plan.scratch_bytes));

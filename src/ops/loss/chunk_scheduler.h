@@ -226,14 +226,6 @@ class ChunkExecutor {
     (void)job;
     return false;
   }
-  // Optional, asked with the same job when softmax_whole says yes: the bytes softmax_chunk() takes per chunk
-  // row beside the scheduler's scratch (row statistics, scaled hidden rows, ...), held while the chunk's
-  // logits are: the scheduler counts them in the memory budget, so that the budget bounds the extra memory a
-  // step takes, not only its logits.
-  virtual size_t softmax_row_bytes(const SoftmaxChunk& job) const {
-    (void)job;
-    return 0;
-  }
   // Optional: gather_logits, the gathered row loss (loss, soft part and LSE into out, its gradient into g)
   // and the dhidden half of scatter_grads in one pass, when the executor has one for these options and
   // layouts (the CUDA executor: forward KL). Returns false, having done nothing, otherwise.
@@ -308,10 +300,9 @@ struct ChunkPlan {
 // floats, and the padded copies take at most half the memory budget, which they are then counted in);
 // shadow: the executor's shadow_bytes_per_logit() (not counted with 16-bit logits); logits16: the executor
 // supports the problem's 16-bit logits_dtype (supports_16bit_logits for the student's and the teacher's
-// operands); side: bytes the executor takes per chunk row beside the scratch (softmax_row_bytes), counted in
-// the budget.
+// operands).
 ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights = false, size_t shadow = 0,
-                      bool logits16 = false, size_t side = 0);
+                      bool logits16 = false);
 
 // Runs the problem on ex. Throws retort::Error (from validation) before anything is written.
 void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p);

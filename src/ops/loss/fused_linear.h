@@ -44,12 +44,11 @@ struct FusedLinearOptions {
   // Bytes of chunk logits (student, plus teacher when computed online): at most budget / (es·Vp·(1 or 2))
   // rows fit (es = 4 for f32 logits, 2 for 16-bit ones, see logits_dtype; Vp = V rounded up to 128; the
   // K-sparse top-K path: budget / (4·K)); the chunks are the fewest that allows, evened out and rounded up to
-  // a multiple of 128 rows where that still fits, at least 1 row and at most N. Also counted: what a backend
-  // keeps per chunk row beside them (CUDA: a 16-bit copy of f32 logits' gradient; on the softmax-epilogue
-  // path the row statistics, partial sums and the scaled hidden rows for dW). Not counted: the gradients
-  // themselves (f32, shaped like hidden, W and bias), per-row vectors over all N, and a backend's other
+  // a multiple of 128 rows where that still fits, at least 1 row and at most N. Not counted:
+  // the gradients themselves (f32, shaped like hidden, W and bias), per-row vectors, and a backend's own
   // temporaries (on the CPU: GEMM packing buffers, an 8 MiB staging block for dW, and the chunk's hidden rows
-  // as f32 on the K-sparse path). (0: automatic, from the backend's free memory; see kFusedLinearAutoBudget.)
+  // as f32 on the K-sparse path).
+  // (0: automatic, from the backend's free memory; see kFusedLinearAutoBudget.)
   size_t memory_budget = kFusedLinearAutoBudget;
   int64_t chunk_rows = 0;  // > 0: exactly this many rows per chunk, overriding the budget (tests, tuning)
   // Which gradients flow. Off: no gradient reaches that input through this loss, as if it were detached
