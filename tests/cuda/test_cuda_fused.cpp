@@ -375,8 +375,6 @@ LossCase topk_case(const std::string& name, TopKCfg cfg) {
   return c;
 }
 
-// Top-K forward KL at T = 1 over the full vocabulary takes the softmax-epilogue path too (bf16, rows of 16
-// bytes, no bias): the slots and the label are folded into the bf16 exp(z − shift) block per row.
 // Top-K forward KL at T = 1 with a hard part, bf16 operands, no bias: the epilogue path's options.
 TopKCfg epilogue_topk_cfg(int64_t n, int64_t h, int64_t v, int64_t k, int64_t chunk) {
   TopKCfg cfg;
@@ -391,6 +389,8 @@ TopKCfg epilogue_topk_cfg(int64_t n, int64_t h, int64_t v, int64_t k, int64_t ch
   return cfg;
 }
 
+// Top-K forward KL at T = 1 over the full vocabulary takes the softmax-epilogue path too (bf16, rows of 16
+// bytes, no bias): the slots and the label are folded into the bf16 exp(z − shift) block per row.
 TEST_F(CudaFused, SoftmaxEpilogueTopK) {
   Backend& be = cuda_backend();
   const CudaSoftmaxEpilogueStats before = cuda_softmax_epilogue_stats(be);

@@ -333,8 +333,6 @@ struct RowCoef {
 };
 
 // The per-row loss given lse (and, with labels, z_y through hard = lse − z_y), into the outputs; the soft
-// part's Σ p_k is returned through P. Every lane of the warp calls it; lane 0 writes.
-// The per-row loss given lse (and, with labels, z_y through hard = lse − z_y), into the outputs; the soft
 // part's Σ p_k is returned through P. z at slot k: zrow[k], or (zrow null) shift + ln E[m, id] from the bf16
 // block (*zero set when such an E is 0: the row needs the exact kernel). Every lane of the warp calls it;
 // lane 0 writes.
