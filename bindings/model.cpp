@@ -176,19 +176,21 @@ void bind_config(pyb::module_& m) {
       m, "TransformerConfig",
       "The shape of a Transformer: vocab, context, layers, d_model, heads, kv_heads (0: heads), d_ff (0: "
       "about "
-      "8/3 d_model), rope_theta, norm_eps, tie_embeddings. Every field is a read/write attribute.");
+      "8/3 d_model), rope_theta, norm_eps, tie_embeddings, qkv_bias. Every field is a read/write attribute.");
   c.def(
       pyb::init([](int64_t vocab, int64_t context, int64_t layers, int64_t d_model, int64_t heads,
-                   int64_t kv_heads, int64_t d_ff, float rope_theta, float norm_eps, bool tie_embeddings) {
+                   int64_t kv_heads, int64_t d_ff, float rope_theta, float norm_eps, bool tie_embeddings,
+                   bool qkv_bias) {
         TransformerConfig t;
         t.vocab = vocab, t.context = context, t.layers = layers, t.d_model = d_model, t.heads = heads;
         t.kv_heads = kv_heads, t.d_ff = d_ff, t.rope_theta = rope_theta, t.norm_eps = norm_eps;
-        t.tie_embeddings = tie_embeddings;
+        t.tie_embeddings = tie_embeddings, t.qkv_bias = qkv_bias;
         return t;
       }),
       pyb::kw_only(), pyb::arg("vocab") = 256, pyb::arg("context") = 128, pyb::arg("layers") = 4,
       pyb::arg("d_model") = 128, pyb::arg("heads") = 4, pyb::arg("kv_heads") = 0, pyb::arg("d_ff") = 0,
       pyb::arg("rope_theta") = 10000.0f, pyb::arg("norm_eps") = 1e-5f, pyb::arg("tie_embeddings") = true,
+      pyb::arg("qkv_bias") = false,
       "A config (keywords only; the defaults are examples/train.cpp's). Checked when a Transformer is made, "
       "or by resolved().");
   c.def_readwrite("vocab", &TransformerConfig::vocab, "Vocabulary size.")
@@ -203,6 +205,7 @@ void bind_config(pyb::module_& m) {
       .def_readwrite("rope_theta", &TransformerConfig::rope_theta, "RoPE base.")
       .def_readwrite("norm_eps", &TransformerConfig::norm_eps, "RMSNorm epsilon (inside the square root).")
       .def_readwrite("tie_embeddings", &TransformerConfig::tie_embeddings, "The lm head is the embedding.")
+      .def_readwrite("qkv_bias", &TransformerConfig::qkv_bias, "Biases on the q, k, v projections (Qwen2).")
       .def("resolved", &TransformerConfig::resolved,
            "The config with the 0 defaults filled in; raises retort.Error (ValueError) naming a bad field.")
       .def_property_readonly("head_dim", &TransformerConfig::head_dim, "d_model / heads.")

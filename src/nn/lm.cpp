@@ -68,7 +68,8 @@ std::map<std::string, std::string> config_to_metadata(const TransformerConfig& c
       {"config.layers", std::to_string(c.layers)}, {"config.d_model", std::to_string(c.d_model)},
       {"config.heads", std::to_string(c.heads)},   {"config.kv_heads", std::to_string(c.kv_heads)},
       {"config.d_ff", std::to_string(c.d_ff)},     {"config.rope_theta", float_str(c.rope_theta)},
-      {"config.norm_eps", float_str(c.norm_eps)},  {"config.tie_embeddings", c.tie_embeddings ? "1" : "0"}};
+      {"config.norm_eps", float_str(c.norm_eps)},  {"config.tie_embeddings", c.tie_embeddings ? "1" : "0"},
+      {"config.qkv_bias", c.qkv_bias ? "1" : "0"}};
 }
 
 TransformerConfig config_from_metadata(const std::map<std::string, std::string>& md,
@@ -84,6 +85,8 @@ TransformerConfig config_from_metadata(const std::map<std::string, std::string>&
   c.rope_theta = parse_float(md, "config.rope_theta", path);
   c.norm_eps = parse_float(md, "config.norm_eps", path);
   c.tie_embeddings = parse_int(md, "config.tie_embeddings", path) != 0;
+  // Absent in checkpoints written before biases existed: those models have none.
+  c.qkv_bias = md.count("config.qkv_bias") != 0 && parse_int(md, "config.qkv_bias", path) != 0;
   try {
     return c.resolved();
   } catch (const Error& e) {

@@ -1,6 +1,7 @@
 #include "transformer.h"
 
 #include <cmath>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -38,53 +39,73 @@ std::string TransformerConfig::describe() const {
   std::ostringstream os;
   os << "layers=" << layers << " d_model=" << d_model << " heads=" << heads << " kv_heads=" << kv_heads
      << " d_ff=" << d_ff << " vocab=" << vocab << " context=" << context
-     << (tie_embeddings ? " tied" : " untied");
+     << (tie_embeddings ? " tied" : " untied") << (qkv_bias ? " qkv_bias" : "");
   return os.str();
 }
 
-Transformer::Transformer(Context& ctx, const TransformerConfig& config, uint64_t seed)
-    : config_(config.resolved()), ctx_(&ctx) {
-  const TransformerConfig& c = config_;
+std::vector<ParamSpec> transformer_parameters(const TransformerConfig& config) {
+  const TransformerConfig c = config.resolved();
   const int64_t hd = c.head_dim();
-  std::mt19937_64 rng(seed);
   // GPT-2's init: small normal weights, and the projections that write into the residual stream scaled down
   // by 1/sqrt(2·layers), since each block adds two of them and the stream's variance would otherwise grow
   // with depth.
-  auto normal = [&](const Shape& shape, const std::string& name, float stddev) {
-    Tensor* t = ctx.param(DType::F32, shape, name);
-    std::normal_distribution<float> dist(0.0f, stddev);
-    std::vector<float> v(size_t(t->nelements()));
-    for (float& x : v) x = dist(rng);
-    set_data(t, v);
-    params_.push_back(t);
-    return t;
-  };
-  auto ones = [&](const Shape& shape, const std::string& name) {
-    Tensor* t = ctx.param(DType::F32, shape, name);
-    set_data(t, std::vector<float>(size_t(t->nelements()), 1.0f));
-    params_.push_back(t);
-    return t;
-  };
   const float std0 = 0.02f;
   const float std_resid = std0 / std::sqrt(2.0f * float(c.layers));
-
-  tok_emb_ = normal({c.vocab, c.d_model}, "tok_emb", std0);
+  using I = ParamSpec::Init;
+  std::vector<ParamSpec> v;
+  v.push_back({"tok_emb", {c.vocab, c.d_model}, I::Normal, std0});
   for (int64_t l = 0; l < c.layers; ++l) {
     const std::string p = "layer" + std::to_string(l) + ".";
-    TransformerBlock b;
-    b.attn_norm = ones({c.d_model}, p + "attn_norm");
-    b.wq = normal({c.heads * hd, c.d_model}, p + "wq", std0);
-    b.wk = normal({c.kv_heads * hd, c.d_model}, p + "wk", std0);
-    b.wv = normal({c.kv_heads * hd, c.d_model}, p + "wv", std0);
-    b.wo = normal({c.d_model, c.heads * hd}, p + "wo", std_resid);
-    b.mlp_norm = ones({c.d_model}, p + "mlp_norm");
-    b.w_gate = normal({c.d_ff, c.d_model}, p + "w_gate", std0);
-    b.w_up = normal({c.d_ff, c.d_model}, p + "w_up", std0);
-    b.w_down = normal({c.d_model, c.d_ff}, p + "w_down", std_resid);
-    blocks_.push_back(b);
+    v.push_back({p + "attn_norm", {c.d_model}, I::Ones, 0});
+    v.push_back({p + "wq", {c.heads * hd, c.d_model}, I::Normal, std0});
+    v.push_back({p + "wk", {c.kv_heads * hd, c.d_model}, I::Normal, std0});
+    v.push_back({p + "wv", {c.kv_heads * hd, c.d_model}, I::Normal, std0});
+    if (c.qkv_bias) {
+      v.push_back({p + "bq", {c.heads * hd}, I::Zeros, 0});
+      v.push_back({p + "bk", {c.kv_heads * hd}, I::Zeros, 0});
+      v.push_back({p + "bv", {c.kv_heads * hd}, I::Zeros, 0});
+    }
+    v.push_back({p + "wo", {c.d_model, c.heads * hd}, I::Normal, std_resid});
+    v.push_back({p + "mlp_norm", {c.d_model}, I::Ones, 0});
+    v.push_back({p + "w_gate", {c.d_ff, c.d_model}, I::Normal, std0});
+    v.push_back({p + "w_up", {c.d_ff, c.d_model}, I::Normal, std0});
+    v.push_back({p + "w_down", {c.d_model, c.d_ff}, I::Normal, std_resid});
   }
-  final_norm_ = ones({c.d_model}, "final_norm");
-  lm_head_ = c.tie_embeddings ? tok_emb_ : normal({c.vocab, c.d_model}, "lm_head", std0);
+  v.push_back({"final_norm", {c.d_model}, I::Ones, 0});
+  if (!c.tie_embeddings) v.push_back({"lm_head", {c.vocab, c.d_model}, I::Normal, std0});
+  return v;
+}
+
+Transformer::Transformer(Context& ctx, const TransformerConfig& config, uint64_t seed, bool init)
+    : config_(config.resolved()), ctx_(&ctx) {
+  std::mt19937_64 rng(seed);
+  std::map<std::string, Tensor*> by_name;
+  for (const ParamSpec& spec : transformer_parameters(config_)) {
+    Tensor* t = ctx.param(DType::F32, spec.shape, spec.name);
+    if (init) {
+      std::vector<float> v(size_t(t->nelements()), spec.init == ParamSpec::Init::Ones ? 1.0f : 0.0f);
+      if (spec.init == ParamSpec::Init::Normal) {
+        std::normal_distribution<float> dist(0.0f, spec.stddev);
+        for (float& x : v) x = dist(rng);
+      }
+      set_data(t, v);
+    }
+    params_.push_back(t);
+    by_name[spec.name] = t;
+  }
+  auto get = [&](const std::string& name) {
+    auto it = by_name.find(name);
+    return it == by_name.end() ? nullptr : it->second;
+  };
+  tok_emb_ = get("tok_emb");
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    const std::string p = "layer" + std::to_string(l) + ".";
+    blocks_.push_back({get(p + "attn_norm"), get(p + "wq"), get(p + "wk"), get(p + "wv"), get(p + "bq"),
+                       get(p + "bk"), get(p + "bv"), get(p + "wo"), get(p + "mlp_norm"), get(p + "w_gate"),
+                       get(p + "w_up"), get(p + "w_down")});
+  }
+  final_norm_ = get("final_norm");
+  lm_head_ = config_.tie_embeddings ? tok_emb_ : get("lm_head");
 }
 
 int64_t Transformer::parameter_count() const {
@@ -109,9 +130,13 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
   const TransformerConfig& c = config_;
   const int64_t H = c.heads, KV = c.kv_heads, hd = c.head_dim();
   h = lowp(ctx, h);                             // one cast shared by the three projections
-  Tensor* q = mm(ctx, h, blk.wq, false, true);  // [B*T, H*hd]
-  Tensor* k = mm(ctx, h, blk.wk, false, true);  // [B*T, KV*hd]
-  Tensor* v = mm(ctx, h, blk.wv, false, true);  // [B*T, KV*hd]
+  auto proj = [&](Tensor* w, Tensor* bias) {
+    Tensor* y = mm(ctx, h, w, false, true);
+    return bias ? add(ctx, y, bias) : y;
+  };
+  Tensor* q = proj(blk.wq, blk.bq);  // [B*T, H*hd]
+  Tensor* k = proj(blk.wk, blk.bk);  // [B*T, KV*hd]
+  Tensor* v = proj(blk.wv, blk.bv);  // [B*T, KV*hd]
   q = rope(ctx, reshape(ctx, q, {B, T, H, hd}), positions, RopeMode::Normal, c.rope_theta);
   k = rope(ctx, reshape(ctx, k, {B, T, KV, hd}), positions, RopeMode::Normal, c.rope_theta);
   v = reshape(ctx, v, {B, T, KV, hd});

@@ -23,6 +23,7 @@ struct TransformerConfig {
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
   bool tie_embeddings = true;  // lm head = token embedding
+  bool qkv_bias = false;       // biases on the q, k and v projections (Qwen2); none elsewhere
   // The dtype the matmuls run in. F32: everything f32. BF16 (or F16): mixed precision. The parameters stay
   // f32 (the optimizer's master weights) and so do RMSNorm, RoPE, softmax and the residual stream; every
   // matmul (q/k/v/o, the attention scores and probs·V, the MLP's gate/up/down, the lm head) reads its
@@ -45,6 +46,9 @@ struct TransformerBlock {
   Tensor* wq;         // [heads * head_dim, d_model]
   Tensor* wk;         // [kv_heads * head_dim, d_model]
   Tensor* wv;         // [kv_heads * head_dim, d_model]
+  Tensor* bq = nullptr;  // [heads * head_dim] when qkv_bias, else null
+  Tensor* bk = nullptr;  // [kv_heads * head_dim] when qkv_bias
+  Tensor* bv = nullptr;  // [kv_heads * head_dim] when qkv_bias
   Tensor* wo;         // [d_model, heads * head_dim]
   Tensor* mlp_norm;   // [d_model]
   Tensor* w_gate;     // [d_ff, d_model]
@@ -52,11 +56,25 @@ struct TransformerBlock {
   Tensor* w_down;     // [d_model, d_ff]
 };
 
+// One parameter as a config implies it: its name, shape (outermost first) and initialization.
+struct ParamSpec {
+  enum class Init { Normal, Ones, Zeros };
+  std::string name;  // "tok_emb", "layer0.wq", ..., "final_norm", "lm_head"
+  Shape shape;
+  Init init = Init::Normal;
+  float stddev = 0;  // for Init::Normal
+};
+// Every parameter of a model of config c (resolved first; throws retort::Error on a bad config), in the
+// order Transformer::parameters() holds them.
+std::vector<ParamSpec> transformer_parameters(const TransformerConfig& c);
+
 class Transformer {
  public:
   // Creates every parameter in ctx (f32) with a seeded init: N(0, 0.02) weights, the residual projections
-  // (wo, w_down) scaled by 1/sqrt(2 layers), norm weights 1. Throws retort::Error on a bad config.
-  Transformer(Context& ctx, const TransformerConfig& config, uint64_t seed = 0);
+  // (wo, w_down) scaled by 1/sqrt(2 layers), norm weights 1, biases 0. With init false the parameters are
+  // left unset, for a caller that fills every one of them next (loading a model file). Throws retort::Error
+  // on a bad config.
+  Transformer(Context& ctx, const TransformerConfig& config, uint64_t seed = 0, bool init = true);
 
   // Logits f32 [B*T, vocab] (row b*T + t predicts the token after position t) for tokens i32 [B, T] with
   // T <= context (the lm head in the compute dtype, like every matmul). Adds nodes to ctx (which must be the

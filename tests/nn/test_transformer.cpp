@@ -137,6 +137,31 @@ TEST(Transformer, GradientsMatchFiniteDifferences) {
 TEST(Transformer, GradientsMatchFiniteDifferencesGqaUntied) {
   check_gradients(tiny(4, 2, false));
 }
+TEST(Transformer, GradientsMatchFiniteDifferencesQkvBias) {
+  TransformerConfig c = tiny(4, 2, false);
+  c.qkv_bias = true;
+  check_gradients(c);
+}
+
+// The parameter list a config implies is the one the model holds, name for name and shape for shape (the
+// model loaders validate files against the former).
+TEST(Transformer, ParameterSpecsMatchTheModel) {
+  CpuBackend be(1);
+  for (bool bias : {false, true})
+    for (bool tied : {true, false}) {
+      TransformerConfig c = tiny(4, 2, tied);
+      c.qkv_bias = bias;
+      Context ctx(be);
+      Transformer m(ctx, c, 1);
+      const std::vector<ParamSpec> specs = transformer_parameters(c);
+      ASSERT_EQ(specs.size(), m.parameters().size()) << c.describe();
+      for (size_t i = 0; i < specs.size(); ++i) {
+        EXPECT_EQ(specs[i].name, m.parameters()[i]->name);
+        EXPECT_EQ(specs[i].shape, m.parameters()[i]->shape());
+      }
+      EXPECT_EQ(m.blocks()[0].bq != nullptr, bias);
+    }
+}
 
 // Grouped-query attention with kv_heads = 1 is multi-head attention whose key and value heads are all equal.
 TEST(Transformer, GroupedQueryAttentionEqualsRepeatedHeads) {
