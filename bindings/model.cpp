@@ -60,6 +60,8 @@ struct PyModel {
   BackendPtr be;
   std::shared_ptr<PyCtx> ctx;
   std::unique_ptr<Transformer> model;
+  std::shared_ptr<const Tokenizer> tokenizer;  // a loaded model's own; null otherwise
+  std::string source;                          // PretrainedModel::describe() of a loaded model
   std::mutex mu;
 
   // Forward-only graphs, built on first use per batch shape and re-run with new ids.
@@ -357,6 +359,9 @@ void bind_transformer(pyb::module_& m) {
           "dtypes and shapes). Raises retort.Error naming the file and tensor on a missing or mismatched "
           "one, "
           "before changing anything.")
+      .def_property_readonly(
+          "source", [](const PyModel& p) { return p.source; },
+          "What a loaded model was read from (format, architecture, name, weight types); '' otherwise.")
       .def("__repr__", [](const PyModel& p) {
         return "retort.Transformer(" + p.model->config().describe() + ", " +
                std::to_string(p.model->parameter_count()) + " parameters, " + p.be->name() + ")";
@@ -468,10 +473,39 @@ void bind_trainer(pyb::module_& m) {
 
 }  // namespace
 
+void bind_pretrained(pyb::module_& m) {
+  m.def(
+      "load_model",
+      [](const std::string& path, pyb::handle backend, pyb::handle compute_dtype) {
+        auto pm = std::make_shared<PyModel>();
+        pm->be = parse_backend(backend);
+        if (!pm->be) pm->be = cpu_backend(0);
+        const DType cd = compute_dtype.is_none() ? default_compute_dtype(*pm->be->backend)
+                                                 : parse_dtype(compute_dtype);
+        pm->ctx = std::make_shared<PyCtx>(pm->be);
+        pyb::gil_scoped_release nogil;
+        const PretrainedModel src = PretrainedModel::open(path);
+        TransformerConfig c = src.config();
+        c.compute_dtype = cd;
+        pm->model = std::make_unique<Transformer>(*pm->ctx, c, 0, false);
+        src.load_into(*pm->model);
+        pm->tokenizer = src.tokenizer();
+        pm->source = src.describe();
+        return pm;
+      },
+      pyb::arg("path"), pyb::kw_only(), pyb::arg("backend") = pyb::none(), pyb::arg("compute_dtype") = pyb::none(),
+      "A pretrained model as a retort.Transformer: a GGUF file (llama / qwen2; F32, F16, BF16, Q8_0, Q4_0/1, "
+      "Q5_0/1, Q4_K, Q5_K, Q6_K weights dequantized to f32), a Hugging Face directory (config.json, "
+      "model.safetensors or its shards, tokenizer.json) or a retort checkpoint. Its .tokenizer is the file's "
+      "tokenizer (None for a retort checkpoint). compute_dtype: the matmuls' dtype (default bf16 on a GPU, f32 "
+      "on the CPU). Raises retort.Error naming the file and the fault.");
+}
+
 void bind_model(pyb::module_& m) {
   bind_config(m);
   bind_transformer(m);
   bind_trainer(m);
+  bind_pretrained(m);
 }
 
 }  // namespace retort::py

@@ -17,6 +17,7 @@
 #include "io/topk_cache.h"
 #include "nn/lm.h"
 #include "nn/optim.h"
+#include "nn/pretrained.h"
 #include "nn/transformer.h"
 #include "ops/ops.h"
 #include "ops/loss/fused_linear.h"

@@ -97,6 +97,7 @@ class Transformer {
   int64_t parameter_count() const;
 
   Tensor* embedding() const { return tok_emb_; }
+  Tensor* final_norm() const { return final_norm_; }
   const std::vector<TransformerBlock>& blocks() const { return blocks_; }
 
  private:
