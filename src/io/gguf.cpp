@@ -269,11 +269,10 @@ class GgufParser {
     v.count_ = size_t(count);
     if (v.elem_ == GgufType::String) {
       v.strs_.reserve(v.count_);
-      for (size_t i = 0; i < v.count_; ++i) v.strs_.push_back(read_string(what + " element"));
+      for (size_t i = 0; i < v.count_; ++i) v.strs_.push_back(read_string(what));
     } else if (v.elem_ == GgufType::Array) {
       v.items_.reserve(v.count_);
-      for (size_t i = 0; i < v.count_; ++i)
-        v.items_.push_back(read_value(GgufType::Array, depth, what + " element"));
+      for (size_t i = 0; i < v.count_; ++i) v.items_.push_back(read_value(GgufType::Array, depth, what));
     } else {
       std::span<const uint8_t> b = r_.bytes(size_t(count * min_bytes), what.c_str());
       if (v.elem_ == GgufType::Bool)
