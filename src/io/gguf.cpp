@@ -11,7 +11,6 @@ namespace retort {
 
 namespace {
 
-constexpr uint64_t kDefaultAlignment = 32;
 // Arrays of arrays deeper than this are refused: no model needs them, and the parser recurses per level.
 constexpr int kMaxDepth = 8;
 // The smallest key/value (u64 key length, u32 type, a one-byte value) and the smallest tensor info (u64 name
