@@ -215,7 +215,9 @@ Tokenizer Tokenizer::from_spec(const TokenizerSpec& spec) {
     if (tok.types_[id] == TokenType::Normal) {
       if (!io::gpt2_text_to_bytes(s, tok.tokens_[id]))
         fail(where() + " has a character outside GPT-2's byte-to-unicode alphabet");
-      by_text.emplace(s, int32_t(id));
+      if (auto [it, fresh] = by_text.emplace(s, int32_t(id)); !fresh)
+        fail("tokens " + std::to_string(it->second) + " and " + std::to_string(id) + " have the same bytes " +
+             in_quotes(tok.tokens_[id]));
     } else {
       tok.tokens_[id] = s;
     }
@@ -389,6 +391,17 @@ const std::string& Tokenizer::token_bytes(int32_t id) const {
 std::string Tokenizer::token_text(int32_t id) const {
   const std::string& b = token_bytes(id);
   return types_[size_t(id)] == TokenType::Normal ? io::bytes_to_gpt2_text(b) : b;
+}
+
+int32_t Tokenizer::token_from_text(std::string_view text) const {
+  if (int32_t id = specials_.id_of(text); id >= 0) return id;
+  std::string bytes;
+  if (io::gpt2_text_to_bytes(text, bytes))
+    if (int32_t id = token_id(bytes); id >= 0) return id;
+  // Unused tokens ("[PAD151643]") are in neither table.
+  for (size_t id = 0; id < tokens_.size(); ++id)
+    if (types_[id] == TokenType::Unused && tokens_[id] == text) return int32_t(id);
+  return -1;
 }
 
 TokenType Tokenizer::token_type(int32_t id) const {

@@ -31,15 +31,15 @@ enum class TokenType : int32_t { Normal = 1, Unknown = 2, Control = 3, UserDefin
 // A vocabulary as model files describe it (GGUF's tokenizer.ggml.tokens / token_type / merges / pre /
 // bos_token_id / eos_token_id / add_bos_token).
 struct TokenizerSpec {
-  std::vector<std::string> tokens;  // id -> token: Normal ones in GPT-2's byte-to-unicode alphabet ("Ġthe"),
-                                    // the others as their text ("<|im_start|>")
-  std::vector<int32_t> types;       // id -> TokenType value; empty: all Normal
-  std::vector<std::string> merges;  // "a b" in GPT-2's alphabet, best first
+  std::vector<std::string> tokens = {};  // id -> token: Normal ones in GPT-2's byte-to-unicode alphabet
+                                         // ("Ġthe"), the others as their text ("<|im_start|>")
+  std::vector<int32_t> types = {};       // id -> TokenType value; empty: all Normal
+  std::vector<std::string> merges = {};  // "a b" in GPT-2's alphabet, best first
   PreTokenizer pre = PreTokenizer::Gpt2;
   int32_t bos = -1, eos = -1;  // -1: none
   bool add_bos = false;        // the model expects BOS before each text (encode() never adds it)
   bool ignore_merges = false;  // a piece that is itself a token becomes that token (Llama 3; HF's flag)
-  std::string source;          // a file name, for error messages
+  std::string source = "";     // a file name, for error messages
 };
 
 struct BpeTrainOptions {
@@ -103,6 +103,8 @@ class Tokenizer {
   const std::string& token_bytes(int32_t id) const;
   // Token id as model files spell it: GPT-2's alphabet for a Normal token ("Ġworld"), the text otherwise.
   std::string token_text(int32_t id) const;
+  // token_text's inverse: the id of the token model files spell `text` ("Ġworld", "<|im_start|>"), or -1.
+  int32_t token_from_text(std::string_view text) const;
   TokenType token_type(int32_t id) const;
   // Whether id is an Unknown, Control or UserDefined token (throws retort::Error when out of range).
   bool is_special(int32_t id) const;
