@@ -173,5 +173,6 @@ void bind_losses(pyb::module_& m);  // losses.cpp: retort.losses
 void bind_fused(pyb::module_& m);   // fused.cpp: the fused linear losses in retort.losses and retort.ops
 void bind_model(pyb::module_& m);   // model.cpp: TransformerConfig, Transformer, Trainer
 void bind_gguf(pyb::module_& m);    // gguf.cpp: GgufFile
+void bind_tokenizer(pyb::module_& m);  // tokenizer.cpp: Tokenizer
 
 }  // namespace retort::py

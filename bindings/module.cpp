@@ -109,6 +109,7 @@ PYBIND11_MODULE(retort, m) {
   rp::bind_losses(m);
   rp::bind_model(m);
   rp::bind_gguf(m);
+  rp::bind_tokenizer(m);
 
   // Backends must go while the interpreter (and the CUDA runtime) still exists, not in static destructors.
   pyb::module_::import("atexit").attr("register")(pyb::cpp_function(&rp::clear_backend_cache));

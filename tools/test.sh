@@ -22,7 +22,7 @@ ninja_jobs=()
 step "tools"
 ensure_build_tools
 ensure_gtest
-ensure_py_modules pybind11:pybind11 numpy:numpy pytest:pytest gguf:gguf
+ensure_py_modules pybind11:pybind11 numpy:numpy pytest:pytest gguf:gguf tokenizers:tokenizers safetensors:safetensors
 if find_nvcc; then
   echo "nvcc: $(command -v nvcc) ($(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))"
 else

@@ -49,7 +49,7 @@ Tokenizer Tokenizer::train(std::string_view corpus, const BpeTrainOptions& optio
 
   // Unique pieces with their counts, sorted so that nothing downstream depends on hash order.
   std::unordered_map<std::string_view, int64_t> counts;
-  io::gpt2_pretokenize(corpus, [&](std::string_view p) { ++counts[p]; });
+  io::pretokenize(options.pre, corpus, [&](std::string_view p) { ++counts[p]; });
   std::vector<std::pair<std::string_view, int64_t>> pieces(counts.begin(), counts.end());
   std::sort(pieces.begin(), pieces.end());
   counts.clear();
@@ -141,11 +141,13 @@ Tokenizer Tokenizer::train(std::string_view corpus, const BpeTrainOptions& optio
     }
   }
 
+  tok.types_.assign(tok.tokens_.size(), TokenType::Normal);
   for (const std::string& s : options.special_tokens) {
-    tok.special_ids_.push_back(int32_t(tok.tokens_.size()));
     tok.tokens_.push_back(s);
+    tok.types_.push_back(TokenType::Control);
   }
-  tok.build("trained vocabulary");
+  tok.pre_ = options.pre;
+  tok.build("trained vocabulary", /*require_all_bytes=*/true);
   return tok;
 }
 

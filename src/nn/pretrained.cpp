@@ -101,6 +101,38 @@ std::string join_types(const std::set<std::string>& types) {
 
 // ---- GGUF -------------------------------------------------------------------------------------------------
 
+// The tokenizer in a GGUF's tokenizer.ggml.* keys (byte-level BPE only: "gpt2" is how GGUF names it).
+Tokenizer gguf_tokenizer(const GgufFile& g) {
+  const std::string model = g.get_string("tokenizer.ggml.model");
+  if (model != "gpt2")
+    file_error(g.path(), "tokenizer.ggml.model is '" + model +
+                             "': retort reads byte-level BPE vocabularies ('gpt2'), not SentencePiece ('llama') "
+                             "or others");
+  TokenizerSpec spec;
+  spec.source = g.path();
+  spec.tokens = g.get_string_array("tokenizer.ggml.tokens");
+  if (g.has("tokenizer.ggml.token_type"))
+    for (int64_t t : g.get_int_array("tokenizer.ggml.token_type")) spec.types.push_back(int32_t(t));
+  if (!spec.types.empty() && spec.types.size() != spec.tokens.size())
+    file_error(g.path(), "tokenizer.ggml.token_type has " + std::to_string(spec.types.size()) +
+                             " entries for " + std::to_string(spec.tokens.size()) + " tokens");
+  if (g.has("tokenizer.ggml.merges")) spec.merges = g.get_string_array("tokenizer.ggml.merges");
+  spec.pre = parse_pre_tokenizer(g.get_string("tokenizer.ggml.pre", "default"));
+  spec.ignore_merges = spec.pre == PreTokenizer::Llama3;
+  auto id = [&](const char* key) {
+    if (!g.has(key)) return int32_t(-1);
+    const uint64_t v = g.get_uint(key);
+    if (v >= spec.tokens.size())
+      file_error(g.path(), std::string(key) + " is " + std::to_string(v) + ", outside the " +
+                               std::to_string(spec.tokens.size()) + " tokens");
+    return int32_t(v);
+  };
+  spec.bos = id("tokenizer.ggml.bos_token_id");
+  spec.eos = id("tokenizer.ggml.eos_token_id");
+  spec.add_bos = g.get_bool("tokenizer.ggml.add_bos_token", false);
+  return Tokenizer::from_spec(spec);
+}
+
 // GGUF's tensor names for a retort parameter name ("layer3.wq" -> "blk.3.attn_q.weight").
 std::string gguf_name(const std::string& retort_name) {
   static const std::map<std::string, std::string> top = {
@@ -151,7 +183,7 @@ void open_gguf(PretrainedModel::Impl& m) {
   c.tie_embeddings = g.find_tensor("output.weight") == nullptr;
 
   // The tokenizer first: it gives the vocabulary when the metadata has no vocab_size.
-  m.tokenizer = std::make_shared<const Tokenizer>(Tokenizer::from_gguf(g));
+  m.tokenizer = std::make_shared<const Tokenizer>(gguf_tokenizer(g));
   c.vocab = int64_t(g.get_uint(a + "vocab_size", uint64_t(m.tokenizer->vocab_size())));
   if (c.vocab != m.tokenizer->vocab_size())
     file_error(m.path, a + "vocab_size is " + std::to_string(c.vocab) + " but the tokenizer has " +
