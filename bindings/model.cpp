@@ -360,6 +360,9 @@ void bind_transformer(pyb::module_& m) {
           "one, "
           "before changing anything.")
       .def_property_readonly(
+          "tokenizer", [](const PyModel& p) { return std::const_pointer_cast<Tokenizer>(p.tokenizer); },
+          "A loaded model's own retort.Tokenizer (None for a model made here or a retort checkpoint).")
+      .def_property_readonly(
           "source", [](const PyModel& p) { return p.source; },
           "What a loaded model was read from (format, architecture, name, weight types); '' otherwise.")
       .def("__repr__", [](const PyModel& p) {

@@ -20,7 +20,7 @@ std::string repr(const Tokenizer& t) {
 }  // namespace
 
 void bind_tokenizer(pyb::module_& m) {
-  pyb::class_<Tokenizer> c(
+  pyb::class_<Tokenizer, std::shared_ptr<Tokenizer>> c(
       m, "Tokenizer",
       "Byte-level BPE tokenizer (GPT-2, SmolLM2, Llama 3, Qwen2, or trained here).\n\n"
       "Build one from a Hugging Face tokenizer.json (Tokenizer.from_hf), from a GGUF file's tokenizer arrays "

@@ -117,7 +117,11 @@ Tokenizer gguf_tokenizer(const GgufFile& g) {
     file_error(g.path(), "tokenizer.ggml.token_type has " + std::to_string(spec.types.size()) +
                              " entries for " + std::to_string(spec.tokens.size()) + " tokens");
   if (g.has("tokenizer.ggml.merges")) spec.merges = g.get_string_array("tokenizer.ggml.merges");
-  spec.pre = parse_pre_tokenizer(g.get_string("tokenizer.ggml.pre", "default"));
+  try {
+    spec.pre = parse_pre_tokenizer(g.get_string("tokenizer.ggml.pre", "default"));
+  } catch (const Error& e) {
+    file_error(g.path(), std::string("tokenizer.ggml.pre: ") + e.what());
+  }
   spec.ignore_merges = spec.pre == PreTokenizer::Llama3;
   auto id = [&](const char* key) {
     if (!g.has(key)) return int32_t(-1);
