@@ -17,6 +17,9 @@ constexpr int kMaxDepth = 8;
 // length, u32 n_dims, one u64 dim, u32 type, u64 offset): what bounds the counts before anything is reserved.
 constexpr uint64_t kMinKvBytes = 8 + 4 + 1;
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
+// Reservations stop here; beyond it containers grow as entries are actually read, so memory follows the bytes
+// parsed rather than a count that merely fits the file (each entry becomes a much larger object).
+constexpr uint64_t kMaxReserve = 4096;
 constexpr uint64_t kInt64Max = uint64_t(std::numeric_limits<int64_t>::max());
 
 bool is_signed_type(GgufType t) {
@@ -267,10 +270,10 @@ class GgufParser {
               r_.remaining(), " bytes left");
     v.count_ = size_t(count);
     if (v.elem_ == GgufType::String) {
-      v.strs_.reserve(v.count_);
+      v.strs_.reserve(std::min<uint64_t>(count, kMaxReserve));
       for (size_t i = 0; i < v.count_; ++i) v.strs_.push_back(read_string(what));
     } else if (v.elem_ == GgufType::Array) {
-      v.items_.reserve(v.count_);
+      v.items_.reserve(std::min<uint64_t>(count, kMaxReserve));
       for (size_t i = 0; i < v.count_; ++i) v.items_.push_back(read_value(GgufType::Array, depth, what));
     } else {
       std::span<const uint8_t> b = r_.bytes(size_t(count * min_bytes), what.c_str());
@@ -282,7 +285,7 @@ class GgufParser {
   }
 
   void read_metadata(uint64_t n) {
-    f_.kv_.reserve(size_t(n));
+    f_.kv_.reserve(std::min<uint64_t>(n, kMaxReserve));
     for (uint64_t i = 0; i < n; ++i) {
       std::string key = read_string("key of metadata entry " + std::to_string(i));
       const std::string what = "metadata key '" + key + "'";
@@ -303,7 +306,7 @@ class GgufParser {
   }
 
   void read_tensor_infos(uint64_t n) {
-    f_.tensors_.reserve(size_t(n));
+    f_.tensors_.reserve(std::min<uint64_t>(n, kMaxReserve));
     for (uint64_t i = 0; i < n; ++i) {
       GgufFile::TensorInfo t;
       t.name = read_string("name of tensor " + std::to_string(i));

@@ -69,7 +69,7 @@ void check_type(QuantType t, std::vector<int> half_offsets, const RefDecoder& re
       const RefValue r = ref(src.data() + k * tr.block_bytes, i);
       const double got = out[size_t(k * tr.block_elems + i)];
       if (std::isnan(r.v)) {
-        ASSERT_TRUE(std::isnan(got)) << "elem " << k;
+        ASSERT_TRUE(std::isnan(got)) << "block " << k << " elem " << i;
         continue;
       }
       // At most three f32 roundings, each within 2^-24 of the terms' magnitude.
