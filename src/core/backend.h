@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "quant.h"
 #include "tensor.h"
 
 namespace retort {
@@ -53,6 +54,11 @@ class Backend {
   // Optimizer updates on tensors this backend holds (grad, m, v are f32 with p's shape; p is contiguous).
   virtual void adamw_update(Tensor* p, const Tensor* grad, Tensor* m, Tensor* v, const AdamWParams& o) = 0;
   virtual void sgd_update(Tensor* p, const Tensor* grad, Tensor* momentum_buf, const SgdParams& o) = 0;
+  // Decodes n = dst's element count of type t (whole blocks at host_blocks) into dst, a contiguous float
+  // tensor this backend holds, in dst's dtype: loading a quantized model file. The host decodes and writes;
+  // a GPU copies the blocks over and decodes them there. Throws retort::Error for a type retort cannot
+  // decode or a bad dst.
+  virtual void dequantize_into(Tensor* dst, QuantType t, const uint8_t* host_blocks);
   // Sum of squares of a contiguous f32 tensor, in double.
   virtual double sum_squares(const Tensor* t) = 0;
   // t *= s for a contiguous f32 tensor.

@@ -1,7 +1,9 @@
 #include "quant.h"
 
 #include <cstring>
+#include <vector>
 
+#include "backend.h"
 #include "error.h"
 
 namespace retort {
@@ -92,6 +94,24 @@ void dequantize(QuantType t, const uint8_t* src, DType out, void* dst, int64_t n
     else
       for (int64_t i = 0; i < tr.block_elems; ++i) ob[i] = f32_to_f16(tmp[i]);
   }
+}
+
+}  // namespace retort
+
+namespace retort {
+
+void Backend::dequantize_into(Tensor* dst, QuantType t, const uint8_t* host_blocks) {
+  RT_CHECK(dst != nullptr && is_float(dst->dtype) && dst->is_contiguous() && dst->data != nullptr,
+           "dequantize_into: dst must be a contiguous float tensor with storage, got ",
+           dst ? dst->describe() : std::string("null"));
+  const int64_t n = dst->nelements();
+  if (is_host()) {
+    dequantize(t, host_blocks, dst->dtype, dst->data, n);
+    return;
+  }
+  std::vector<uint8_t> tmp(size_t(n) * dtype_size(dst->dtype));
+  dequantize(t, host_blocks, dst->dtype, tmp.data(), n);
+  write(dst->data, tmp.data(), tmp.size());
 }
 
 }  // namespace retort

@@ -236,6 +236,23 @@ class CudaBackend final : public Backend {
     launch_sgd(ex_, p, grad, mom, o);
   }
 
+  void dequantize_into(Tensor* dst, QuantType t, const uint8_t* host_blocks) override {
+    RT_CHECK(dst != nullptr && is_float(dst->dtype) && dst->is_contiguous() && dst->data != nullptr,
+             "dequantize_into: dst must be a contiguous float tensor with storage, got ",
+             dst ? dst->describe() : std::string("null"));
+    const QuantTraits& q = quant_traits(t);
+    const int64_t n = dst->nelements();
+    RT_CHECK(q.block_elems > 0 && n % q.block_elems == 0, "dequantize_into: ", dst->describe(), " is not whole ",
+             q.name, " blocks");
+    const size_t bytes = size_t(n / q.block_elems) * size_t(q.block_bytes);
+    DeviceScope scope(ex_.device);
+    DeviceBuffer raw(ex_.alloc, bytes);
+    RT_CUDA_CHECK(cudaMemcpyAsync(raw.data(), host_blocks, bytes, cudaMemcpyHostToDevice, ex_.stream));
+    launch_dequantize(t, raw.as<uint8_t>(), dst->dtype, dst->data, n, ex_.stream);
+    // The staging block goes back to the allocator when this returns: the decode must have read it.
+    finish();
+  }
+
   double sum_squares(const Tensor* t) override {
     check_f32_contiguous(t, "sum_squares");
     DeviceScope scope(ex_.device);

@@ -198,6 +198,9 @@ using CudaLauncher = void (*)(CudaExec& ex, Tensor* node);
 using CudaOpTable = std::array<CudaLauncher, kOpCount>;
 
 // Registration, one per op family file.
+// n elements of quantized type t at device address src decoded into dst (f32, bf16 or f16), on stream.
+void launch_dequantize(QuantType t, const uint8_t* src, DType out, void* dst, int64_t n, cudaStream_t stream);
+
 void register_cuda_view_ops(CudaOpTable& t);
 void register_cuda_elementwise_ops(CudaOpTable& t);
 void register_cuda_reduce_ops(CudaOpTable& t);

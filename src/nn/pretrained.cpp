@@ -37,10 +37,14 @@ bool same_architecture(const TransformerConfig& a, const TransformerConfig& b) {
          a.norm_eps == b.norm_eps && a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias;
 }
 
-// One parameter's source: where it is in the file (for messages) and how to produce its f32 values.
+// One parameter's source: where it is in the file (for messages) and its stored blocks, which the backend
+// holding the parameter decodes (on the GPU for a model that lives there), or, when the values need a
+// host-side transform first, a function producing them in f32.
 struct TensorSource {
   std::string file_name;
-  std::function<void(float*)> read;  // writes the parameter's elements, outermost-first row-major order
+  QuantType type = QuantType::F32;
+  const uint8_t* raw = nullptr;      // whole blocks of `type`, or null
+  std::function<void(float*)> read;  // when raw is null: the elements, outermost-first row-major order
 };
 
 struct PretrainedModel::Impl {
@@ -210,8 +214,7 @@ void open_gguf(PretrainedModel::Impl& m) {
       file_error(m.path, "tensor " + t.name + " has type " + quant_name(t.type) + ", which retort cannot dequantize");
     types.insert(quant_name(t.type));
     shapes[it->second] = t.shape;
-    const GgufFile::TensorInfo* info = &t;
-    m.params[it->second] = {t.name, [file, info](float* out) { file->dequantize(*info, out); }};
+    m.params[it->second] = {t.name, t.type, file->tensor_bytes(t).data(), nullptr};
   }
   check_tensor_set(m.path, c, m.params, shapes);
   m.weights = join_types(types);
@@ -380,11 +383,16 @@ void open_hf(PretrainedModel::Impl& m) {
       const bool is_k = rn.ends_with(".wk") || rn.ends_with(".bk");
       const int64_t heads = is_q ? c.heads : c.kv_heads, hd = c.head_dim();
       const int64_t cols = rn.ends_with(".bq") || rn.ends_with(".bk") ? 1 : c.d_model;
-      m.params[rn] = {n, [shards, sp, n, dt, is_q, is_k, heads, hd, cols](float* out) {
+      if (!is_q && !is_k) {
+        const QuantType qt = dt == DType::BF16 ? QuantType::BF16 : dt == DType::F16 ? QuantType::F16 : QuantType::F32;
+        m.params[rn] = {n, qt, sp->bytes(n).data(), nullptr};
+        continue;
+      }
+      m.params[rn] = {n, QuantType::F32, nullptr, [sp, n, dt, heads, hd, cols](float* out) {
                         const auto b = sp->bytes(n);
                         const int64_t count = int64_t(b.size() / dtype_size(dt));
                         for (int64_t i = 0; i < count; ++i) out[i] = load_f32(b.data(), dt, i);
-                        if (is_q || is_k) rotate_half_to_pairs(out, heads, hd, cols);
+                        rotate_half_to_pairs(out, heads, hd, cols);
                       }};
     }
   }
@@ -440,8 +448,13 @@ void PretrainedModel::load_into(Transformer& model) const {
   for (Tensor* p : model.parameters()) {
     auto it = m.params.find(p->name);
     RT_CHECK(it != m.params.end(), "load model ", m.path, ": no tensor for parameter ", p->name);
+    const TensorSource& src = it->second;
+    if (src.raw) {
+      p->backend().dequantize_into(p, src.type, src.raw);
+      continue;
+    }
     buf.resize(size_t(p->nelements()));
-    it->second.read(buf.data());
+    src.read(buf.data());
     set_data(p, buf);
   }
 }
