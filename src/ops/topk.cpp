@@ -1,13 +1,15 @@
 // topk_logprobs: the K largest entries of each row of logits as log-softmax values, with their column ids
-// (a teacher's top-K next-token candidates). One pass per row on the CPU: the row max (vectorized), a
-// selection of the K best with a heap of K entries that only the rare entry above its worst enters
-// (O(V + hits·log K)), then the exps in place for the log-sum-exp (vectorized, summed in double).
+// (a teacher's top-K next-token candidates). On the CPU, per row: block maxima (vectorized) give the row max
+// and a lower bound of the K-th value, the few entries above it are partially sorted (O(V + M log K) for M
+// candidates, usually a few more than K), then the exps in place for the log-sum-exp (vectorized, summed in
+// double). Rows are split over the thread pool.
 //
 // Order and ties: larger value first, equal values by smaller id, so the CUDA kernel (which selects on the
 // same stored values) gives the same ids bit for bit. -inf entries are ordinary values (logprob -inf); a row
 // of -inf only has no distribution: logprobs -inf, ids 0..K-1. NaN and +inf throw.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -41,31 +43,35 @@ inline bool better(const Entry& a, const Entry& b) {
           c < V && std::isnan(row[c]) ? "NaN" : "+inf", " at column ", c, " (logits must be finite or -inf)");
 }
 
-// The K best entries of z[0, V) into heap (best first). The heap keeps its worst entry on top; entries are
-// offered in id order, so one equal to the worst never displaces it (the worst has the smaller id).
-void select_top(const float* z, int64_t V, int64_t K, std::vector<Entry>& heap) {
-  heap.clear();
-  for (int64_t i = 0; i < K; ++i) heap.push_back({z[i], int32_t(i)});
-  std::make_heap(heap.begin(), heap.end(), better);
-  float worst = heap.front().v;
-  // Blocks whose max does not beat the worst are skipped with one vectorized max (NaNs read as not better,
-  // like the comparison below; a NaN row is refused afterwards anyway).
-  constexpr int64_t kBlock = 64;
-  for (int64_t i = K; i < V;) {
-    const int64_t end = std::min(V, (i / kBlock + 1) * kBlock);
-    if (end - i == kBlock && !(vmath::max(z + i, kBlock) > worst)) {
-      i = end;
-      continue;
-    }
-    for (; i < end; ++i)
-      if (z[i] > worst) {
-        std::pop_heap(heap.begin(), heap.end(), better);
-        heap.back() = {z[i], int32_t(i)};
-        std::push_heap(heap.begin(), heap.end(), better);
-        worst = heap.front().v;
-      }
+struct Scratch {
+  std::vector<float> z, block_max, nth;
+  std::vector<Entry> cand;
+};
+
+// Candidates for the K best entries of z[0, V) into s.cand, in id order; returns the row max (NaNs skipped).
+// The K-th largest block max is a lower bound of the row's K-th value (K blocks hold an entry that large),
+// so only entries at least that large, in blocks whose max reaches it, can be among the K best: with about
+// 4K blocks, a few more than K entries. Fewer than K candidates means the row holds NaN.
+float select_candidates(const float* z, int64_t V, int64_t K, Scratch& s) {
+  const int64_t block = std::clamp<int64_t>(V / (4 * K) / 16 * 16, 64, 1024);
+  const int64_t nb = (V + block - 1) / block;
+  s.block_max.resize(size_t(nb));
+  for (int64_t b = 0; b < nb; ++b)
+    s.block_max[size_t(b)] = vmath::max(z + b * block, std::min(block, V - b * block));
+  const float m = *std::max_element(s.block_max.begin(), s.block_max.end());
+  float bound = -std::numeric_limits<float>::infinity();
+  if (nb >= K) {
+    s.nth = s.block_max;
+    std::nth_element(s.nth.begin(), s.nth.begin() + (K - 1), s.nth.end(), std::greater<float>());
+    bound = s.nth[size_t(K - 1)];
   }
-  std::sort(heap.begin(), heap.end(), better);
+  s.cand.clear();
+  for (int64_t b = 0; b < nb; ++b) {
+    if (!(s.block_max[size_t(b)] >= bound)) continue;
+    for (int64_t i = b * block; i < std::min(V, (b + 1) * block); ++i)
+      if (z[i] >= bound) s.cand.push_back({z[i], int32_t(i)});
+  }
+  return m;
 }
 
 void cpu_topk_logprobs(Tensor* t, ThreadPool& pool) {
@@ -77,26 +83,27 @@ void cpu_topk_logprobs(Tensor* t, ThreadPool& pool) {
   pool.parallel_for(
       N,
       [&](int64_t b, int64_t e) {
-        std::vector<float> z(static_cast<size_t>(V));
-        std::vector<Entry> heap;
-        heap.reserve(size_t(K));
+        Scratch s;
+        s.z.resize(size_t(V));
+        float* z = s.z.data();
         for (int64_t r = b; r < e; ++r) {
-          cpu::load_row(x, r, z.data());
-          const float m = vmath::max(z.data(), V);  // NaNs skipped; found by the sum below
-          if (m == std::numeric_limits<float>::infinity()) not_finite(x, r, z.data(), V);
-          select_top(z.data(), V, K, heap);
+          cpu::load_row(x, r, z);
+          const float m = select_candidates(z, V, K, s);
+          if (m == std::numeric_limits<float>::infinity() || int64_t(s.cand.size()) < K)
+            not_finite(x, r, z, V);
+          std::partial_sort(s.cand.begin(), s.cand.begin() + K, s.cand.end(), better);
           double log_s = 0;
           if (m == -std::numeric_limits<float>::infinity()) {
             for (int64_t i = 0; i < V; ++i)
-              if (std::isnan(z[size_t(i)])) not_finite(x, r, z.data(), V);
+              if (std::isnan(z[i])) not_finite(x, r, z, V);
           } else {
             // exp(z - m) in place (the selection is done): a NaN stays NaN there, so its column is found.
-            const double s = vmath::exp_affine(z.data(), z.data(), V, m, 1.0f, 0.0f, 1.0f, 0.0f);
-            if (std::isnan(s)) not_finite(x, r, z.data(), V);
-            log_s = std::log(s);
+            const double sum = vmath::exp_affine(z, z, V, m, 1.0f, 0.0f, 1.0f, 0.0f);
+            if (std::isnan(sum)) not_finite(x, r, z, V);
+            log_s = std::log(sum);
           }
           for (int64_t k = 0; k < K; ++k) {
-            const Entry& en = heap[size_t(k)];
+            const Entry& en = s.cand[size_t(k)];
             // A row of -inf only has no distribution: every slot reads as padding (-inf).
             lp[r * K + k] = m == -std::numeric_limits<float>::infinity()
                                 ? -std::numeric_limits<float>::infinity()
