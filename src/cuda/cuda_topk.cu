@@ -14,9 +14,11 @@
 //
 // A NaN or +inf logit is recorded in the device error record (the row), reported at the next synchronize.
 #include <algorithm>
+#include <cfloat>
 #include <type_traits>
 
 #include "cuda_common.cuh"
+#include "loss/row_common.cuh"
 
 namespace retort::cuda {
 
@@ -24,7 +26,6 @@ namespace {
 
 constexpr int kMaxK = 2048;  // the shared candidate buffer and the kept lists are sized for it
 constexpr int kMaxThreads = 512;
-constexpr float kLog2e = 1.4426950408889634f;
 
 // The order-preserving key of a value: a larger value has a larger key. -0 takes +0's key: they are equal
 // values, ordered by id as on the CPU. Key 0 (a NaN's) marks an empty slot.
@@ -180,24 +181,21 @@ __device__ __forceinline__ void keep(Kept<kT>& s, uint32_t key, int id) {
   }
 }
 
-// The first pass over n values: the online (max, sum of exp), the non-finite check, the kept list.
+// The first pass over n values: the online (max, sum of exp), and the kept list. The max starts at -FLT_MAX,
+// not -inf, so every value adds a term without a branch: -inf adds 0, a NaN makes the sum NaN and +inf the
+// max +inf (the checks after the pass), and a row of -inf only ends with the sum 0. The terms use the
+// flush-to-zero exp2: one below 2^-126 cannot change a sum that holds the max's 1.
 template <int kT>
-__device__ __forceinline__ void scan_values(MaxSum& ms, bool& bad, Kept<kT>& kp, const float* v, int n,
-                                            int id) {
+__device__ __forceinline__ void scan_values(MaxSum& ms, Kept<kT>& kp, const float* v, int n, int id) {
   float lm = v[0];
 #pragma unroll
-  for (int q = 0; q < n; ++q) {
-    bad |= !(v[q] < INFINITY);
-    lm = fmaxf(lm, v[q]);
-  }
+  for (int q = 1; q < n; ++q) lm = fmaxf(lm, v[q]);
   if (lm > ms.m) {
-    ms.s *= exp2f((ms.m - lm) * kLog2e);
+    ms.s *= rowk::fast_exp2((ms.m - lm) * rowk::kLog2e);
     ms.m = lm;
   }
-  if (ms.m > -INFINITY) {
 #pragma unroll
-    for (int q = 0; q < n; ++q) ms.s += exp2f((v[q] - ms.m) * kLog2e);
-  }
+  for (int q = 0; q < n; ++q) ms.s += rowk::fast_exp2((v[q] - ms.m) * rowk::kLog2e);
   kp.seen += n;
   if (order_key(lm) > kp.key[kT - 1]) {
 #pragma unroll
@@ -341,13 +339,13 @@ __global__ __launch_bounds__(kMaxThreads) void topk_logprobs_kernel(Args a) {
   const int K = a.K;
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
     const Row row = make_row<T>(a.x, r);
-    MaxSum ms{-INFINITY, 0.0f};
-    bool bad = false;
+    MaxSum ms{-FLT_MAX, 0.0f};
     Kept<kT> kp;
 #pragma unroll
     for (int i = 0; i < kT; ++i) kp.key[i] = 0, kp.id[i] = 0;
     kp.seen = 0;
-    visit_row<T>(row, [&](const float* v, int n, int id) { scan_values(ms, bad, kp, v, n, id); });
+    visit_row<T>(row, [&](const float* v, int n, int id) { scan_values(ms, kp, v, n, id); });
+    const bool bad = ms.s != ms.s || ms.m == INFINITY;  // a NaN or +inf among this thread's values
     ms = block_maxsum(ms, sh_ms);
     if (__syncthreads_or(bad) && threadIdx.x == 0) report_error(a.err, Op::TopKLogprobs, kErrNotFinite, r, 0);
 
@@ -389,12 +387,13 @@ __global__ __launch_bounds__(kMaxThreads) void topk_logprobs_kernel(Args a) {
     __syncthreads();
     sort_desc(buf, n);
 
-    const float log_s = logf(ms.s);
+    const float log_s = logf(ms.s);  // ms.s >= 1 (the max's own term) unless the row is -inf only
     for (int k = threadIdx.x; k < K; k += blockDim.x) {
       const uint64_t e = buf[k];
       const float v = key_value(uint32_t(e >> 32));
       // A row of -inf only has no distribution: every slot reads as padding (-inf), as on the CPU.
-      a.lp[r * K + k] = ms.m == -INFINITY ? -INFINITY : (v - ms.m) - log_s;
+      // fminf: the approximate exp may leave the best entry's logprob an ulp above 0; it never is.
+      a.lp[r * K + k] = ms.s == 0.0f ? -INFINITY : fminf((v - ms.m) - log_s, 0.0f);
       a.ids[r * K + k] = int32_t(~uint32_t(e));
     }
     __syncthreads();  // buf and sh are the next row's
