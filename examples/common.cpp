@@ -353,26 +353,6 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
 
 namespace ex {
 
-void topk_logprobs(const float* logits, int64_t rows, int64_t V, int64_t K, int32_t* ids, float* logprobs) {
-  RT_CHECK(K >= 1 && K <= V, "top-K: K = ", K, " must be in [1, vocab ", V, "]");
-  std::vector<int32_t> idx(static_cast<size_t>(V));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* z = logits + r * V;
-    const float mx = *std::max_element(z, z + V);
-    double s = 0;
-    for (int64_t v = 0; v < V; ++v) s += std::exp(double(z[v] - mx));
-    const float lse = mx + float(std::log(s));
-    for (int64_t v = 0; v < V; ++v) idx[size_t(v)] = int32_t(v);
-    // Ties go to the smaller id, so the cache does not depend on the sort's whims.
-    std::partial_sort(idx.begin(), idx.begin() + K, idx.end(),
-                      [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
-    for (int64_t k = 0; k < K; ++k) {
-      ids[r * K + k] = idx[size_t(k)];
-      logprobs[r * K + k] = std::min(0.0f, z[idx[size_t(k)]] - lse);
-    }
-  }
-}
-
 Sampler::Sampler(Context& ctx, Transformer& model) : model_(model) {
   const int64_t T = model.config().context;
   tokens_ = ctx.input(DType::I32, {1, T}, "gen_tokens");

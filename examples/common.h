@@ -123,10 +123,6 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
 
 namespace ex {
 
-// ---- teacher top-K --------------------------------------------------------------------------------------
-// The K largest log-softmax entries of each row of logits [rows, V] (best first): ids and logprobs [rows, K].
-void topk_logprobs(const float* logits, int64_t rows, int64_t V, int64_t K, int32_t* ids, float* logprobs);
-
 // ---- sampling -------------------------------------------------------------------------------------------
 // Autoregressive sampling with one full-context forward per token (no KV cache: these models are small).
 class Sampler {

@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
     std::unique_ptr<Context> tctx;
     std::unique_ptr<Transformer> tmodel;
     std::unique_ptr<Graph> tgraph;
-    Tensor *ttokens = nullptr, *tlogits = nullptr;
+    Tensor* ttokens = nullptr;
+    TopKLogprobs ttop;
     if (!cache) {
       tctx = std::make_unique<Context>(*dev.backend);
       TransformerConfig tc = tcfg;
@@ -142,10 +143,11 @@ int main(int argc, char** argv) {
       tmodel = std::make_unique<Transformer>(*tctx, tc);
       tck.load_model(*tmodel);
       ttokens = tctx->input(DType::I32, {to.batch, tcfg.context}, "teacher_tokens");
-      tlogits = tmodel->forward(*tctx, ttokens);
-      tlogits->flags |= kOutput;
+      // The teacher's top K per position computed where its logits are: only [B*T, K] reaches the host.
+      ttop = topk_logprobs(*tctx, tmodel->forward(*tctx, ttokens), k);
+      ttop.logprobs->flags |= kOutput;
       tgraph = std::make_unique<Graph>(*tctx);
-      tgraph->forward(tlogits);
+      tgraph->forward(ttop.logprobs);
     }
 
     Transformer model(ctx, sc, to.seed);
@@ -182,18 +184,12 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
 
     std::function<void(const Batch&)> online;
-    std::vector<int32_t> ids;
-    std::vector<float> lp;
     if (!cache) {
       online = [&](const Batch& b) {
         set_data_int(ttokens, std::vector<int64_t>(b.inputs.begin(), b.inputs.end()));
         tgraph->compute();
-        const std::vector<float> z = get_data(tlogits);
-        const int64_t N = b.B * b.T;
-        ids.resize(size_t(N * k));
-        lp.resize(size_t(N * k));
-        topk_logprobs(z.data(), N, tcfg.vocab, k, ids.data(), lp.data());
-        set_data_int(trainer.teacher_ids(), std::vector<int64_t>(ids.begin(), ids.end()));
+        const std::vector<float> lp = get_data(ttop.logprobs);
+        set_data_int(trainer.teacher_ids(), get_data_int(ttop.ids));
         set_data(trainer.teacher_logprobs(), lp);
         set_data(trainer.teacher_mask(), std::vector<float>(lp.size(), 1.0f));
       };

@@ -2,6 +2,7 @@
 // candidates per position to a teacher top-K cache (src/io/topk_cache.h), which distill reads.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "common.h"
 
@@ -15,7 +16,8 @@ const char* kHelp =
 Loads the teacher checkpoint (written by train), reads the token shards it was trained on (or --shards), and
 runs the teacher over them window by window in stream order: windows of the teacher's context, stride = the
 context, the batch loader's windows exactly. For each position p it keeps the K most likely next tokens and
-their log-probabilities, log softmax(teacher logits at p), best first, and writes them to
+their log-probabilities, log softmax(teacher logits at p), best first (selected where the logits are, on
+the GPU with --device cuda: only K per position reaches the host), and writes them to
 "<out>_00000.topk", ... — checksummed shards that distill memory-maps. Position p holds the teacher's
 distribution for token p+1, the one predicted from p: a training batch row starting at s reads [s, s+T) and
 lines up with its targets. Every shard is written atomically.
@@ -75,11 +77,20 @@ int main(int argc, char** argv) {
     const int64_t B = std::min(batch, windows);
     lo.batch = B;
     BatchLoader loader(paths, lo);
+    // The logits [B*T, V] stay on the device: the graph hands back the top K per position and the summed
+    // loss, so the host reads [B*T, K] instead of [B*T, V].
     Tensor* tokens = ctx.input(DType::I32, {B, T}, "tokens");
+    Tensor* targets = ctx.input(DType::I32, {B * T}, "targets");  // -100 beyond the windows that count
     Tensor* logits = model.forward(ctx, tokens);
-    logits->flags |= kOutput;
+    const TopKLogprobs top = topk_logprobs(ctx, logits, k);  // [B*T, K] each, best first
+    top.logprobs->flags |= kOutput;
+    CrossEntropyOptions ce;
+    ce.reduction = Reduction::Sum;
+    Tensor* nll_sum = cross_entropy_loss(ctx, logits, targets, ce).loss;  // the teacher's own loss
+    nll_sum->flags |= kOutput;
     Graph g(ctx);
-    g.forward(logits);
+    g.forward(top.logprobs);
+    g.forward(nll_sum);
 
     TopKCacheSpec spec;
     spec.vocab_size = V;
@@ -95,30 +106,24 @@ int main(int argc, char** argv) {
 
     const int64_t steps = (windows + B - 1) / B;
     Progress progress(steps, B * T, std::max<int64_t>(1, steps / 10));
-    std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T)), ids(size_t(T * k));
-    std::vector<int64_t> starts(static_cast<size_t>(B));
-    std::vector<float> lp(size_t(T * k));
+    std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T)), ids(size_t(B * T * k));
+    std::vector<int64_t> starts(static_cast<size_t>(B)), labels(static_cast<size_t>(B * T));
     double nll = 0;
     int64_t done = 0;
     for (int64_t s = 1; s <= steps; ++s) {
       loader.next(x.data(), y.data(), starts.data());
-      set_data_int(tokens, std::vector<int64_t>(x.begin(), x.end()));
-      g.compute();
-      const std::vector<float> z = get_data(logits);
       // The last batch wraps into the next epoch: only the windows not cached yet count.
       const int64_t rows = std::min(B, windows - done);
-      for (int64_t b = 0; b < rows; ++b) {
-        topk_logprobs(z.data() + b * T * V, T, V, k, ids.data(), lp.data());
-        writer.write(starts[size_t(b)], T, ids.data(), lp.data());
-        // The teacher's own loss on these windows, as a sanity number in the summary.
-        for (int64_t t = 0; t < T; ++t) {
-          const float* row = z.data() + (b * T + t) * V;
-          const float mx = *std::max_element(row, row + V);
-          double se = 0;
-          for (int64_t v = 0; v < V; ++v) se += std::exp(double(row[v] - mx));
-          nll += double(mx) + std::log(se) - double(row[y[size_t(b * T + t)]]);
-        }
-      }
+      for (int64_t i = 0; i < B * T; ++i) labels[size_t(i)] = i < rows * T ? y[size_t(i)] : -100;
+      set_data_int(tokens, std::vector<int64_t>(x.begin(), x.end()));
+      set_data_int(targets, labels);
+      g.compute();
+      const std::vector<float> lp = get_data(top.logprobs);
+      const std::vector<uint8_t> id_bytes = get_bytes(top.ids);  // i32, contiguous
+      std::memcpy(ids.data(), id_bytes.data(), ids.size() * sizeof(int32_t));
+      for (int64_t b = 0; b < rows; ++b)
+        writer.write(starts[size_t(b)], T, ids.data() + b * T * k, lp.data() + b * T * k);
+      nll += double(get_data(nll_sum)[0]);  // a sanity number for the summary
       done += rows;
       progress.update(s, "windows " + std::to_string(done) + "/" + std::to_string(windows));
     }

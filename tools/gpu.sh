@@ -65,6 +65,7 @@ python3 tools/test_summary.py --skips build-gpu/meson-logs/testlog.junit.xml | h
 
 # ---- benchmarks -----------------------------------------------------------------------------------------
 shopt -s nullglob
+# Every executable there runs (bench_topk included: topk_logprobs at N = 16384 against its read-once floor).
 # bench_fused_gpu runs at the issue-4 target settings: bf16 chunk logits, a 512 MiB budget (and online JSD
 # again at 1 GiB, CE small again at the default budget); its table rows are printed after the summary.
 bench_one() {  # name log args...
@@ -101,5 +102,8 @@ for f in "$logs/bench-bench_fused_gpu.log" "$logs/bench-bench_fused_gpu-jsd1g.lo
   "$logs/bench-bench_fused_gpu-auto.log"; do
   [ -f "$f" ] && grep -E '^(case|CE|top-K|K-sparse|online JSD).* \| ' "$f"
 done
+# bench_topk (topk_logprobs against reading its logits once): its table, one row per dtype, V and K.
+f="$logs/bench-bench_topk.log"
+[ -f "$f" ] && grep -E '^(topk_logprobs|bf16 V=|f32 V=|check vs)' "$f"
 echo "logs: $logs"
 [ "$failures" -eq 0 ]

@@ -82,6 +82,8 @@ enum class Op : uint16_t {
   FusedLinearEntropy,              //
   FusedLinearSelectiveLogSoftmax,  // + ids
   FusedLinearBack,  // recomputing backward for a per-row (per-element) upstream gradient; ip[6] = forward op
+  // selection (src/ops/topk.cpp)
+  TopKLogprobs,  // src = logits [N, V]; ip[0] = K; the K best log-softmax values [N, K]; aux[0] = ids [N, K]
   Count
 };
 

@@ -17,6 +17,7 @@ OpTable build_table() {
   register_cross_entropy_ops(t);
   register_loss_ops(t);
   register_fused_ops(t);
+  register_topk_ops(t);
   return t;
 }
 

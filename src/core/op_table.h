@@ -67,5 +67,6 @@ void register_rope_ops(OpTable& t);
 void register_cross_entropy_ops(OpTable& t);
 void register_loss_ops(OpTable& t);
 void register_fused_ops(OpTable& t);
+void register_topk_ops(OpTable& t);
 
 }  // namespace retort

@@ -42,6 +42,7 @@ const CudaOpTable& launcher_table() {
     register_cuda_loss_ops(t);
     register_cuda_loss_graph_ops(t);
     register_cuda_fused_ops(t);
+    register_cuda_topk_ops(t);
     return t;
   }();
   return table;
@@ -286,6 +287,9 @@ class CudaBackend final : public Backend {
     *host_error_ = DeviceError{};
     RT_CUDA_CHECK(cudaMemsetAsync(ex_.dev_error, 0, sizeof(DeviceError), ex_.stream));
     RT_CUDA_CHECK(cudaStreamSynchronize(ex_.stream));
+    if (e.kind == kErrNotFinite)
+      RT_FAIL(op_name(Op(e.op)), ": row ", e.value, " holds NaN or +inf (only finite values and -inf are",
+              " allowed; found on the CUDA device, reported at the next synchronize or read)");
     const char* what = e.kind == kErrLabelOutOfRange ? "label " : "id ";
     const char* tail = e.kind == kErrLabelOutOfRange ? " and is not ignore_index" : "";
     RT_FAIL(op_name(Op(e.op)), ": ", what, e.value, " is outside [0, ", e.bound, ")", tail,

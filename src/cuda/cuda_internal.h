@@ -124,7 +124,8 @@ class DeviceBuffer final : public Buffer {
 // ------------------------------------------------------------------------------------ Written by the first
 // kernel thread that finds bad data (an id or label out of range); the backend reads it after each
 // synchronize/read and turns it into retort::Error.
-enum DeviceErrorKind : int { kErrNone = 0, kErrIdOutOfRange = 1, kErrLabelOutOfRange = 2 };
+// kErrNotFinite: value = the row that holds NaN or +inf (where only -inf and finite values are allowed).
+enum DeviceErrorKind : int { kErrNone = 0, kErrIdOutOfRange = 1, kErrLabelOutOfRange = 2, kErrNotFinite = 3 };
 struct DeviceError {
   int flag;  // 0: no error; set to 1 with atomicCAS by the first reporter
   int op;    // the Op that found it
@@ -211,6 +212,7 @@ void register_cuda_norm_ops(CudaOpTable& t);
 void register_cuda_loss_ops(CudaOpTable& t);
 void register_cuda_loss_graph_ops(CudaOpTable& t);  // loss/cuda_loss_ops.cu: the loss backend's ops
 void register_cuda_fused_ops(CudaOpTable& t);       // loss/cuda_fused_ops.cu: the fused linear losses
+void register_cuda_topk_ops(CudaOpTable& t);        // cuda_topk.cu: topk_logprobs
 
 // Optimizer updates and helpers (cuda_optim.cu). Inputs are checked by the caller.
 void launch_adamw(CudaExec& ex, Tensor* p, const Tensor* g, Tensor* m, Tensor* v, const AdamWParams& o);

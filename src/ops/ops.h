@@ -78,6 +78,17 @@ Tensor* log_softmax(Context& ctx, Tensor* x);
 // query i when j > i + n_past.
 Tensor* causal_softmax(Context& ctx, Tensor* x, float scale, int64_t n_past = 0);
 
+// ---- top-K selection (over dim 0) -----------------------------------------------------------------------
+struct TopKLogprobs {
+  Tensor* logprobs = nullptr;  // f32 [N, K]: log softmax(row) at the K largest entries, best first
+  Tensor* ids = nullptr;       // i32 [N, K]: their columns; equal values give the smaller id first
+};
+// The K largest entries of each row of logits [N, V] (f32, bf16 or f16, strided welcome) as log-softmax
+// values with their ids, best first; not differentiable. -inf entries are fine (a row of -inf only gives
+// logprobs -inf and ids 0..K-1). Throws retort::Error for non-2-D or non-float logits and K outside [1, V]
+// (build time), and for a NaN or +inf logit (run time; the CUDA kernel also for K > 2048).
+TopKLogprobs topk_logprobs(Context& ctx, Tensor* logits, int64_t k);
+
 // ---- normalization over dim 0 (no affine part: multiply by a weight with mul)
 // ------------------------------
 Tensor* rms_norm(Context& ctx, Tensor* x, float eps = 1e-6f);
