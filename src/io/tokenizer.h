@@ -24,8 +24,10 @@ namespace retort {
 
 // GGUF's token types (tokenizer.ggml.token_type). Normal tokens are ordinary BPE tokens. Unknown, Control
 // and UserDefined tokens are specials: encode() matches their text only with allow_special, decode() gives
-// their text. Unused tokens (vocabulary padding such as "[PAD151643]") are never produced by encode();
-// decode() gives their text.
+// their text. (Hugging Face and llama.cpp split UserDefined tokens — tokenizer.json's non-special added
+// tokens — out of the text even when specials are not allowed; retort treats all specials alike.) Unused
+// tokens (vocabulary padding such as "[PAD151643]") are never produced by encode(); decode() gives their
+// text.
 enum class TokenType : int32_t { Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5 };
 
 // A vocabulary as model files describe it (GGUF's tokenizer.ggml.tokens / token_type / merges / pre /
