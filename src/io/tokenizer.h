@@ -6,8 +6,9 @@
 //
 // Missing byte tokens: some vocabularies have no single-byte token for a few bytes (SmolLM2 lacks 21, among
 // them 0x04, 0xC0 and 0xF5..0xFF). encode() drops such bytes before merging, as Hugging Face's BPE does
-// when it has no unknown token (llama.cpp drops them too, after merging), so encode() never fails and
-// decode(encode(text)) == text holds for every text made of bytes the vocabulary has.
+// when it has no unknown token, so encode() never fails and decode(encode(text)) == text holds for every
+// text made of bytes the vocabulary has. (llama.cpp drops them after merging instead, so the bytes on
+// either side of one never merge; the two differ only inside runs of punctuation and symbols.)
 #pragma once
 #include <array>
 #include <cstdint>
