@@ -253,6 +253,24 @@ def test_own_file_and_spec_constructor_round_trip(trained, tmp_path):
     assert rt.decode(rt.encode(text, allow_special=True)) == text.encode("utf-8")
 
 
+def test_bad_inputs_raise_retort_errors(tmp_path):
+    alphabet = [chr(c) for c in range(ord("!"), ord("~") + 1)]
+    with pytest.raises(retort.Error, match=r'my.gguf: merge 0 \("a x"\): the merged token "ax" is not'):
+        retort.Tokenizer(alphabet, ["a x"], source="my.gguf")
+    with pytest.raises(retort.Error, match=r"token 2 .* has type 9"):
+        retort.Tokenizer(alphabet, [], types=[1, 1, 9] + [1] * (len(alphabet) - 3))
+    with pytest.raises(retort.Error, match=r'unsupported pre-tokenizer "nope" \(supported: gpt2'):
+        retort.Tokenizer(alphabet, [], pre="nope")
+    (tmp_path / "wp.json").write_text(json.dumps({"model": {"type": "WordPiece", "vocab": {}}}))
+    with pytest.raises(retort.Error, match=r'wp.json: model.type: "WordPiece" is not supported'):
+        retort.Tokenizer.from_hf(str(tmp_path / "wp.json"))
+    tok = retort.Tokenizer(alphabet, [])
+    assert tok.encode("a b") == [alphabet.index("a"), alphabet.index("b")]  # no token for the space: dropped
+    assert tok.missing_bytes == bytes(b for b in range(256) if not 0x21 <= b <= 0x7E)
+    with pytest.raises(retort.Error, match="outside the vocabulary"):
+        tok.decode([len(alphabet)])
+
+
 # ---- SmolLM2 ----------------------------------------------------------------------------------------
 
 

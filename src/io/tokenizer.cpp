@@ -169,7 +169,8 @@ void Tokenizer::build(const std::string& source, bool require_all_bytes) {
     for (int32_t id : {m.left, m.right, m.result})
       if (id < 0 || id >= n || types_[size_t(id)] != TokenType::Normal)
         fail(where + " uses id " + std::to_string(id) + ", which is not an ordinary token");
-    // The halves must exist before the merge can fire: as bytes, or as the results of earlier merges.
+    // Training adds a merge only once its halves exist, so a half that no earlier merge makes means the table
+    // is out of order (a damaged or hand-edited file).
     if (!made[size_t(m.left)] || !made[size_t(m.right)])
       fail(where + " (" + in_quotes(tokens_[size_t(m.left)]) + " + " + in_quotes(tokens_[size_t(m.right)]) +
            ") uses a token that no earlier merge makes");

@@ -6,8 +6,9 @@
 //
 // Missing byte tokens: some vocabularies have no single-byte token for a few bytes (SmolLM2 lacks 21, among
 // them 0x04, 0xC0 and 0xF5..0xFF). encode() drops such bytes before merging, as Hugging Face's BPE does
-// when it has no unknown token (llama.cpp drops them too, after merging), so encode() never fails and
-// decode(encode(text)) == text holds for every text made of bytes the vocabulary has.
+// when it has no unknown token, so encode() never fails and decode(encode(text)) == text holds for every
+// text made of bytes the vocabulary has. (llama.cpp drops them after merging instead, so the bytes on
+// either side of one never merge; the two differ only inside runs of punctuation and symbols.)
 #pragma once
 #include <array>
 #include <cstdint>
@@ -24,8 +25,10 @@ namespace retort {
 
 // GGUF's token types (tokenizer.ggml.token_type). Normal tokens are ordinary BPE tokens. Unknown, Control
 // and UserDefined tokens are specials: encode() matches their text only with allow_special, decode() gives
-// their text. Unused tokens (vocabulary padding such as "[PAD151643]") are never produced by encode();
-// decode() gives their text.
+// their text. (Hugging Face and llama.cpp split UserDefined tokens — tokenizer.json's non-special added
+// tokens — out of the text even when specials are not allowed; retort treats all specials alike.) Unused
+// tokens (vocabulary padding such as "[PAD151643]") are never produced by encode(); decode() gives their
+// text.
 enum class TokenType : int32_t { Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5 };
 
 // A vocabulary as model files describe it (GGUF's tokenizer.ggml.tokens / token_type / merges / pre /

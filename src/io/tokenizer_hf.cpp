@@ -1,7 +1,8 @@
 // Tokenizer::load_hf: a Hugging Face tokenizer.json with a byte-level BPE model becomes a TokenizerSpec.
 // Every field is checked before it is used, and anything that would make Hugging Face tokenize differently
 // from retort (a normalizer, another model type, a pre-tokenizer retort does not implement, added tokens that
-// strip whitespace) is an error naming the file and the field rather than a silent difference.
+// strip whitespace) is an error naming the file and the field rather than a silent difference. `truncation`
+// and `padding` shape batches rather than tokenize text, and are ignored.
 #include <algorithm>
 #include <filesystem>
 #include <optional>

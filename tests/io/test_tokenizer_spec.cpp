@@ -221,7 +221,9 @@ TEST(TokenizerSpec, OneMegabyteWithTwentySpecialsEncodesInUnderASecond) {
   size_t n_special = 0;
   while (text.size() < (size_t(1) << 20)) {
     text += words[g() % std::size(words)];
-    if (g() % 16 == 0) text += specials[g() % specials.size()], ++n_special;
+    // Two kinds occur and 18 never do: the rescanning matcher this replaced searched the rest of the text for
+    // every absent special after each occurrence, which takes minutes here.
+    if (g() % 16 == 0) text += specials[g() % 2], ++n_special;
   }
   auto t0 = std::chrono::steady_clock::now();
   std::vector<int32_t> ids = tok.encode(text, true);
