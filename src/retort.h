@@ -15,6 +15,8 @@
 #include "io/shards.h"
 #include "io/tokenizer.h"
 #include "io/topk_cache.h"
+#include "nn/decoder.h"
+#include "nn/generate.h"
 #include "nn/lm.h"
 #include "nn/optim.h"
 #include "nn/transformer.h"
