@@ -151,8 +151,12 @@ TEST(Decoder, LastLogitsEqualTheAllLogitsRow) {
   const std::vector<float> a = all.feed(toks, true);  // [2, 30, 37]
   const std::vector<float> l = last.feed(toks);       // [2, 37]
   ASSERT_EQ(l.size(), size_t(2 * 37));
+  // The same values up to f32 rounding: the lm head of 2 rows takes the CPU GEMM's dot-product path, that of
+  // all 60 its packed one.
+  std::vector<float> rows;
   for (int64_t b = 0; b < 2; ++b)
-    for (int64_t v = 0; v < 37; ++v) EXPECT_EQ(l[size_t(b * 37 + v)], a[size_t((b * 30 + 29) * 37 + v)]);
+    rows.insert(rows.end(), a.begin() + (b * 30 + 29) * 37, a.begin() + (b * 30 + 30) * 37);
+  EXPECT_LE(rel_err(l, rows), 1e-6);
 }
 
 TEST(Decoder, MaxLenReachedIsAClearErrorAndChangesNothing) {
