@@ -8,97 +8,11 @@
 #include <cmath>
 #include <random>
 
+#include "decoder_check.h"
 #include "harness.h"
 
-namespace retort {
+namespace retort::test {
 namespace {
-
-TransformerConfig small(int64_t context) {
-  TransformerConfig c;
-  c.vocab = 37;
-  c.context = context;
-  c.layers = 2;
-  c.d_model = 24;
-  c.heads = 6;
-  c.kv_heads = 2;  // grouped-query: 3 query heads per kv head
-  c.d_ff = 40;
-  c.tie_embeddings = false;
-  c.qkv_bias = true;
-  return c;
-}
-
-// A model whose biases are not zero (their init), so that a bias the decoder dropped would show.
-std::unique_ptr<Transformer> make_model(Context& ctx, const TransformerConfig& c, uint64_t seed) {
-  auto m = std::make_unique<Transformer>(ctx, c, seed);
-  std::mt19937_64 rng(seed + 1);
-  std::normal_distribution<float> d(0.0f, 0.3f);
-  for (const TransformerBlock& b : m->blocks())
-    for (Tensor* t : {b.bq, b.bk, b.bv}) {
-      std::vector<float> v(static_cast<size_t>(t->nelements()));
-      for (float& x : v) x = d(rng);
-      set_data(t, v);
-    }
-  return m;
-}
-
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, int32_t(vocab - 1));
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// forward's logits [B*T, vocab] for tokens [B, T].
-std::vector<float> full_logits(Context& ctx, Transformer& m, const std::vector<int32_t>& toks, int64_t B) {
-  const int64_t T = int64_t(toks.size()) / B;
-  Tensor* tokens = ctx.input(DType::I32, {B, T}, "tokens");
-  set_data_int(tokens, std::vector<int64_t>(toks.begin(), toks.end()));
-  Tensor* logits = m.forward(ctx, tokens);
-  logits->flags |= kOutput;
-  Graph g(ctx);
-  g.forward(logits);
-  g.compute();
-  return get_data(logits);
-}
-
-// Tokens [from, to) of each of B sequences of length T, sequence by sequence.
-std::vector<int32_t> cut(const std::vector<int32_t>& toks, int64_t B, int64_t from, int64_t to) {
-  const int64_t T = int64_t(toks.size()) / B;
-  std::vector<int32_t> out;
-  for (int64_t b = 0; b < B; ++b)
-    out.insert(out.end(), toks.begin() + b * T + from, toks.begin() + b * T + to);
-  return out;
-}
-
-// max |a - b| over max |b|, for each position t of each sequence.
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, double(std::fabs(b[i])));
-  }
-  return diff / scale;
-}
-
-// Feeds the sequences in pieces of the given sizes (per sequence) and returns the logits of every position,
-// [B, T, vocab], in forward's row order.
-std::vector<float> decode_all(Decoder& d, const std::vector<int32_t>& toks, int64_t B,
-                              const std::vector<int64_t>& pieces, int64_t vocab) {
-  const int64_t T = int64_t(toks.size()) / B;
-  std::vector<float> out(size_t(B * T * vocab));
-  int64_t at = 0;
-  for (int64_t n : pieces) {
-    const std::vector<float> l = d.feed(cut(toks, B, at, at + n), true);
-    EXPECT_EQ(l.size(), size_t(B * n * vocab));
-    for (int64_t b = 0; b < B; ++b)
-      std::copy_n(l.begin() + b * n * vocab, n * vocab, out.begin() + (b * T + at) * vocab);
-    at += n;
-  }
-  EXPECT_EQ(at, T);
-  EXPECT_EQ(d.position(), T);
-  return out;
-}
 
 constexpr double kTol = 1e-4;  // f32 throughout: only the order of sums differs from forward
 
@@ -235,8 +149,8 @@ TEST(Decoder, Bf16ModelMatchesItsOwnForward) {
   Decoder d(ctx, *m, 48, 1, 16);
   const std::vector<float> got = decode_all(d, toks, 1, {20, 1, 1, 26}, 37);
   EXPECT_LE(rel_err(got, want), 2e-2);
-  EXPECT_LE(test::nmse(test::to_f64(got), test::to_f64(want)), 1e-4);
+  EXPECT_LE(nmse(to_f64(got), to_f64(want)), 1e-4);
 }
 
 }  // namespace
-}  // namespace retort
+}  // namespace retort::test
