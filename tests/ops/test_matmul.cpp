@@ -348,8 +348,8 @@ TEST(MatmulKernel, DotProductPathForFewRows) {
     for (DType wt : {DType::F32, DType::BF16})
       for (int64_t m = 1; m <= gemm::kGemvMaxRows; ++m)
         for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {7, 13}, {33, 64}, {70000, 11}}) {
-          SCOPED_TRACE(std::string(gemm::kernel_name(kernel)) + " " + dtype_name(wt) + " " + std::to_string(m) +
-                       "x" + std::to_string(n) + "x" + std::to_string(k));
+          SCOPED_TRACE(std::string(gemm::kernel_name(kernel)) + " " + dtype_name(wt) + " " +
+                       std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
           reseed("gemv" + std::to_string(m * 131 + n * 7 + k));
           const int64_t lda = k + 5;  // A's rows padded: a strided operand
           Vec av = random_vec(m * lda), wv = random_vec(n * k);
@@ -372,11 +372,13 @@ TEST(MatmulKernel, DotProductPathForFewRows) {
           for (int64_t i = 0; i < m; ++i) {
             for (int64_t j = 0; j < n; ++j) {
               double s = 0;
-              for (int64_t p = 0; p < k; ++p) s += double(a[size_t(i * lda + p)]) * double(w[size_t(j * k + p)]);
+              for (int64_t p = 0; p < k; ++p)
+                s += double(a[size_t(i * lda + p)]) * double(w[size_t(j * k + p)]);
               want.push_back(s);
               got.push_back(c[size_t(i * ldc + j)]);
             }
-            for (int64_t j = n; j < ldc; ++j) ASSERT_EQ(c[size_t(i * ldc + j)], -7.0f) << "padding overwritten";
+            for (int64_t j = n; j < ldc; ++j)
+              ASSERT_EQ(c[size_t(i * ldc + j)], -7.0f) << "padding overwritten";
           }
           EXPECT_LE(nmse(got, want), kFwdTol);
         }
