@@ -19,8 +19,8 @@ namespace retort {
 // Transformer::forward on the whole sequence so far. batch sequences advance together, all at the same
 // position. The cache ([batch, max_len, kv_heads * head_dim] per layer, keys and values, in the model's
 // compute dtype), the step graphs and their inputs live in a context of the decoder's own on the model's
-// backend, freed with the decoder; the model's parameters are read, never copied, so a decoder sees every
-// update to them.
+// backend, freed with the decoder; the model's parameters are read, never copied, so every step uses the
+// current weights (cached keys and values keep the weights they were made with until reset()).
 //
 // A step graph is static: it takes a fixed number of new tokens T (1, or prefill_chunk for several tokens at
 // once, the unused rows padded) at run-time positions, writes their keys and values into the cache
@@ -61,7 +61,8 @@ class Decoder {
   Step& step_for(int64_t T, int64_t window, bool all_logits);
   std::unique_ptr<Step> build(int64_t T, int64_t window, bool all_logits);
   Tensor* attention(size_t layer, const TransformerBlock& blk, Tensor* h, const Step& s);
-  // Runs one step on tokens [pos, pos + n) of each sequence (n <= T of the step) and appends the logits.
+  // Runs one step on tokens [first, first + n) of each sequence (n <= T of the step) and writes their logits
+  // into out (laid out as feed returns them).
   void run(Step& s, const std::vector<int32_t>& tokens, int64_t n_total, int64_t first, int64_t n,
            bool all_logits, std::vector<float>& out);
 
