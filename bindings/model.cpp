@@ -5,10 +5,12 @@
 // mutex for all C++ work (graph building included, since that adds nodes to the model's context). Taking the
 // mutex only after the GIL is released means a thread waiting for the model never holds the GIL that the
 // thread inside needs to return.
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <tuple>
 
 #include "common.h"
@@ -63,6 +65,12 @@ struct PyModel {
   std::shared_ptr<const Tokenizer> tokenizer;  // a loaded model's own; null otherwise
   std::string source;                          // PretrainedModel::describe() of a loaded model
   std::mutex mu;
+  // generate()'s KV-cached generator, made on first use and remade larger when a call needs it; gen_mu is
+  // held for a whole generate(), gen_owner says by which thread (so its own callback cannot wait for it).
+  std::unique_ptr<Generator> gen;
+  std::mutex gen_mu;
+  std::atomic<std::thread::id> gen_owner{};
+  bool gen_slide = false;
 
   // Forward-only graphs, built on first use per batch shape and re-run with new ids.
   struct Eval {
@@ -171,6 +179,70 @@ std::map<std::string, std::string> str_map(pyb::handle h) {
   if (h.is_none()) return out;
   for (auto kv : h.cast<pyb::dict>()) out[std::string(pyb::str(kv.first))] = std::string(pyb::str(kv.second));
   return out;
+}
+
+// Token ids from None, an int, or an iterable of ints.
+std::vector<int32_t> id_list(pyb::handle obj, const char* who, const char* what) {
+  std::vector<int32_t> out;
+  if (obj.is_none()) return out;
+  if (pyb::isinstance<pyb::int_>(obj)) return {obj.cast<int32_t>()};
+  for (pyb::handle h : pyb::iter(obj)) {
+    RT_CHECK(pyb::isinstance<pyb::int_>(h) || pyb::hasattr(h, "__index__"), who, ": ", what,
+             " must hold integer token ids, got ",
+             std::string(pyb::str(pyb::type::handle_of(h).attr("__name__"))));
+    out.push_back(pyb::int_(pyb::reinterpret_borrow<pyb::object>(h)).cast<int32_t>());
+  }
+  return out;
+}
+
+// Transformer.generate with the GIL released and the model's mutex held, except while on_token runs: the
+// callback gets the GIL and may use the model (a change to its weights shows in the tokens after).
+std::vector<int32_t> generate(PyModel& p, const std::vector<int32_t>& prompt, int64_t n,
+                              const SamplingOptions& so, const std::vector<int32_t>& stop,
+                              const pyb::object& on_token, int64_t max_len, bool slide) {
+  RT_CHECK(
+      p.gen_owner.load() != std::this_thread::get_id(),
+      "Transformer.generate: called from its own on_token callback (one generation at a time per model)");
+  std::lock_guard<std::mutex> glock(p.gen_mu);
+  p.gen_owner = std::this_thread::get_id();
+  struct Release {
+    PyModel& p;
+    ~Release() { p.gen_owner = std::thread::id(); }
+  } release{p};
+  std::unique_lock<std::mutex> lock(p.mu);
+  const int64_t context = p.model->config().context;
+  RT_CHECK(max_len >= 0 && max_len <= context, "Transformer.generate: max_len must be in [0, ", context,
+           "] (0: as the call needs), got ", max_len);
+  // The cache the call needs (a power of two from 64, at most the context), unless max_len fixes it.
+  const int64_t need = std::min(context, std::max<int64_t>(1, int64_t(prompt.size()) + n - 1));
+  int64_t len = max_len;
+  if (len == 0) {
+    for (len = 64; len < need; len *= 2) {
+    }
+    len = std::min(len, context);
+  }
+  if (!p.gen || (max_len == 0 ? p.gen->max_len() < need : p.gen->max_len() != len) || p.gen_slide != slide) {
+    p.gen.reset();
+    GeneratorOptions go;
+    go.max_len = len;
+    go.slide = slide;
+    p.gen = std::make_unique<Generator>(*p.ctx, *p.model, go);
+    p.gen_slide = slide;
+  }
+  Generator::OnToken cb;
+  if (!on_token.is_none())
+    cb = [&](int32_t t) {
+      lock.unlock();
+      bool more = true;
+      {
+        pyb::gil_scoped_acquire gil;
+        pyb::object r = on_token(t);
+        more = r.is_none() || pyb::bool_(r);
+      }
+      lock.lock();
+      return more;
+    };
+  return p.gen->generate(prompt, n, so, stop, cb);
 }
 
 void bind_config(pyb::module_& m) {
@@ -327,6 +399,47 @@ void bind_transformer(pyb::module_& m) {
           "Mean next-token cross-entropy (nats) of the model on tokens [B, T] against targets [B, T]; "
           "targets "
           "equal to ignore_index do not count. The GIL is released meanwhile.")
+      .def(
+          "generate",
+          [](PyModel& p, pyb::handle prompt, int64_t max_new_tokens, float temperature, int64_t top_k,
+             float top_p, uint64_t seed, pyb::handle stop, pyb::object on_token, int64_t max_len,
+             bool slide) {
+            RT_CHECK(!pyb::hasattr(prompt, "__len__") || pyb::len(prompt) > 0,
+                     "Transformer.generate: prompt_ids is empty (give at least one token, e.g. BOS)");
+            const IdBatch x = id_batch(prompt, "Transformer.generate", "prompt_ids");
+            RT_CHECK(x.B == 1, "Transformer.generate: prompt_ids must be one sequence [seq], got [", x.B,
+                     ", ", x.T, "]");
+            const std::vector<int32_t> ids(x.ids.begin(), x.ids.end());
+            check_range(x, p.model->config().vocab, "Transformer.generate", "prompt_ids", -1);
+            const std::vector<int32_t> stops = id_list(stop, "Transformer.generate", "stop");
+            RT_CHECK(on_token.is_none() || PyCallable_Check(on_token.ptr()),
+                     "Transformer.generate: on_token must be callable or None");
+            SamplingOptions so;
+            so.temperature = temperature, so.top_k = top_k, so.top_p = top_p, so.seed = seed;
+            so.check();
+            std::vector<int32_t> out;
+            {
+              pyb::gil_scoped_release nogil;
+              out = generate(p, ids, max_new_tokens, so, stops, on_token, max_len, slide);
+            }
+            return out;
+          },
+          pyb::arg("prompt_ids"), pyb::arg("max_new_tokens"), pyb::kw_only(), pyb::arg("temperature") = 1.0f,
+          pyb::arg("top_k") = 0, pyb::arg("top_p") = 1.0f, pyb::arg("seed") = 0,
+          pyb::arg("stop") = pyb::none(), pyb::arg("on_token") = pyb::none(), pyb::arg("max_len") = 0,
+          pyb::arg("slide") = false,
+          "Continues prompt_ids (integer ids, at least one) by up to max_new_tokens tokens and returns them "
+          "as a "
+          "list. Each token is drawn from softmax(logits / temperature) cut to the top_k most likely (0: no "
+          "cut), "
+          "then to the smallest set whose probability reaches top_p (1: no cut); temperature 0 takes the "
+          "argmax. "
+          "seed fixes the draws. A token in stop (an id or ids, e.g. EOS) ends the list after it. "
+          "on_token(id) is "
+          "called with each token as it comes (the GIL held; returning False stops). Keys and values are "
+          "cached "
+          "(a cache of max_len positions, 0: as the call needs); past the model's context it raises, unless "
+          "slide=True goes on from the newest context / 2 tokens. The GIL is released meanwhile.")
       .def(
           "save",
           [](PyModel& p, const std::string& path, pyb::handle metadata) {

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <sstream>
 
 #include <unistd.h>
@@ -353,60 +352,29 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
 
 namespace ex {
 
-Sampler::Sampler(Context& ctx, Transformer& model) : model_(model) {
-  const int64_t T = model.config().context;
-  tokens_ = ctx.input(DType::I32, {1, T}, "gen_tokens");
-  logits_ = model.forward(ctx, tokens_);
-  logits_->flags |= kOutput;
-  graph_ = std::make_unique<Graph>(ctx);
-  graph_->forward(logits_);
-}
+Sampler::Sampler(Context& ctx, Transformer& model) : ctx_(ctx), model_(model) {}
 
 std::vector<int32_t> Sampler::generate(const std::vector<int32_t>& prompt, int64_t n, float temperature,
                                        int64_t top_k, float top_p, uint64_t seed) {
-  const int64_t T = model_.config().context, V = model_.config().vocab;
-  std::vector<int32_t> ctxt = prompt.empty() ? std::vector<int32_t>{0} : prompt, out;
-  std::mt19937_64 rng(seed);
-  std::vector<std::pair<double, int32_t>> cand(static_cast<size_t>(V));
-  for (int64_t i = 0; i < n; ++i) {
-    // The last T tokens, left-aligned; the causal mask keeps the zero padding after them out of view.
-    const size_t w = std::min(ctxt.size(), size_t(T));
-    std::vector<int64_t> ids(size_t(T), 0);
-    for (size_t j = 0; j < w; ++j) ids[j] = ctxt[ctxt.size() - w + j];
-    set_data_int(tokens_, ids);
-    graph_->compute();
-    const std::vector<float> all = get_data(logits_);
-    const float* row = all.data() + (w - 1) * size_t(V);
-    int32_t next = 0;
-    if (temperature <= 0) {
-      next = int32_t(std::max_element(row, row + V) - row);
-    } else {
-      const float mx = *std::max_element(row, row + V);
-      for (int64_t v = 0; v < V; ++v)
-        cand[size_t(v)] = {std::exp(double(row[v] - mx) / temperature), int32_t(v)};
-      std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-      size_t keep = top_k > 0 ? std::min<size_t>(size_t(top_k), cand.size()) : cand.size();
-      double total = 0;
-      for (size_t j = 0; j < keep; ++j) total += cand[j].first;
-      if (top_p < 1) {
-        double acc = 0;
-        for (size_t j = 0; j < keep; ++j) {
-          acc += cand[j].first / total;
-          if (acc >= top_p) {
-            keep = j + 1;
-            break;
-          }
-        }
-      }
-      std::vector<double> p(keep);
-      for (size_t j = 0; j < keep; ++j) p[j] = cand[j].first;
-      std::discrete_distribution<size_t> dist(p.begin(), p.end());
-      next = cand[dist(rng)].second;
-    }
-    ctxt.push_back(next);
-    out.push_back(next);
+  const std::vector<int32_t> start = prompt.empty() ? std::vector<int32_t>{0} : prompt;
+  const int64_t context = model_.config().context;
+  const int64_t need = std::min(context, std::max<int64_t>(1, int64_t(start.size()) + n - 1));
+  if (!gen_ || gen_->max_len() < need) {
+    // A power of two at least 64 long, so that a few growing requests do not each build a new cache.
+    int64_t len = 64;
+    while (len < need) len *= 2;
+    GeneratorOptions go;
+    go.max_len = std::min(len, context);
+    go.slide = true;
+    gen_.reset();
+    gen_ = std::make_unique<Generator>(ctx_, model_, go);
   }
-  return out;
+  SamplingOptions so;
+  so.temperature = temperature;
+  so.top_k = top_k;
+  so.top_p = top_p;
+  so.seed = seed;
+  return gen_->generate(start, n, so);
 }
 
 }  // namespace ex

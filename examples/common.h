@@ -124,19 +124,20 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
 namespace ex {
 
 // ---- sampling -------------------------------------------------------------------------------------------
-// Autoregressive sampling with one full-context forward per token (no KV cache: these models are small).
+// The programs' sampling: the library's Generator (KV-cached, src/nn/generate.h), its cache sized to the
+// request (at most the model's context) and sliding when the text outgrows the context.
 class Sampler {
  public:
   Sampler(Context& ctx, Transformer& model);
-  // Continues prompt by n tokens: logits / temperature, then the top_k best (0: all), then the smallest set
-  // whose probability reaches top_p (1: all); temperature 0 takes the argmax.
+  // Continues prompt (empty: token 0) by n tokens: logits / temperature, then the top_k best (0: all), then
+  // the smallest set whose probability reaches top_p (1: all); temperature 0 takes the argmax.
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t n, float temperature,
                                 int64_t top_k, float top_p, uint64_t seed);
 
  private:
+  Context& ctx_;
   Transformer& model_;
-  Tensor *tokens_ = nullptr, *logits_ = nullptr;
-  std::unique_ptr<Graph> graph_;
+  std::unique_ptr<Generator> gen_;  // made on first use, remade larger when a request needs it
 };
 
 }  // namespace ex

@@ -13,8 +13,9 @@ Loads a checkpoint written by train or distill and its tokenizer (recorded in th
 --prompt, and appends --len tokens, each drawn from the model's next-token distribution: the logits divided
 by --temperature, cut to the --top-k most likely tokens (0: no cut), then to the smallest set whose
 probability reaches --top-p (1: no cut), renormalized. --temperature 0 takes the most likely token (greedy).
-The model sees the last <context> tokens. Prints the prompt and its continuation (bytes that are not text
-show as '?'), and the speed.
+Keys and values of past tokens are cached, so each new token costs one token's work. When the text outgrows
+the model's context, generation goes on from its newest context / 2 tokens. Prints the prompt and its
+continuation (bytes that are not text show as '?'), and the speed.
 
 Usage: generate --ckpt PATH [options]
 

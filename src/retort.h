@@ -17,6 +17,8 @@
 #include "io/shards.h"
 #include "io/tokenizer.h"
 #include "io/topk_cache.h"
+#include "nn/decoder.h"
+#include "nn/generate.h"
 #include "nn/lm.h"
 #include "nn/optim.h"
 #include "nn/pretrained.h"

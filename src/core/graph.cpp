@@ -180,7 +180,7 @@ void Graph::compute() {
   for (const PlanSlot& s : p.slots) s.tensor->data = base + s.offset;
   for (Tensor* n : nodes_) {
     if (n->op == Op::View) n->data = static_cast<char*>(n->view_src->data) + n->view_offs;
-    if (n->op == Op::Accumulate) n->data = n->src[0]->data;
+    if (writes_into_src0(n->op)) n->data = n->src[0]->data;
     if (n->op == Op::AuxOutput && n->view_src) n->data = n->view_src->data;  // an accumulator (backward)
   }
   // A pending zero_grad(): the in-place writers overwrite their accumulator in this run; the others are

@@ -49,6 +49,7 @@ enum class Op : uint16_t {
   // indexing
   GetRows,      // rows of src[0] picked by integer ids src[1]
   GetRowsBack,  // scatter-add of grad rows src[0] at ids src[1] into ip[0] rows
+  SetRows,      // src[0] with its rows ids src[2] overwritten by the rows of src[1], in place; aliases src[0]
   // softmax family (over dim 0)
   Softmax,
   LogSoftmax,
@@ -88,6 +89,10 @@ enum class Op : uint16_t {
 };
 
 inline constexpr int kOpCount = static_cast<int>(Op::Count);
+
+// Ops whose node writes into src[0]'s storage and aliases it (view_src / view_offs say where), so the
+// planner gives it no memory and later readers of the node see the write.
+inline constexpr bool writes_into_src0(Op op) { return op == Op::Accumulate || op == Op::SetRows; }
 
 enum class ViewKind : int64_t { Reshape, Permute, Slice };
 

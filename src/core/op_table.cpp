@@ -11,6 +11,7 @@ OpTable build_table() {
   register_reduce_ops(t);
   register_matmul_ops(t);
   register_get_rows_ops(t);
+  register_set_rows_ops(t);
   register_softmax_ops(t);
   register_norm_ops(t);
   register_rope_ops(t);

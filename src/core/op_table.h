@@ -61,6 +61,7 @@ void register_elementwise_ops(OpTable& t);
 void register_reduce_ops(OpTable& t);
 void register_matmul_ops(OpTable& t);
 void register_get_rows_ops(OpTable& t);
+void register_set_rows_ops(OpTable& t);
 void register_softmax_ops(OpTable& t);
 void register_norm_ops(OpTable& t);
 void register_rope_ops(OpTable& t);

@@ -10,7 +10,7 @@ namespace retort {
 
 Tensor* storage_root(Tensor* t) {
   if (t->op == Op::View) return t->view_src;
-  if (t->op == Op::Accumulate) return storage_root(t->src[0]);
+  if (writes_into_src0(t->op)) return storage_root(t->src[0]);
   if (t->op == Op::AuxOutput && t->view_src) return t->view_src;  // written into an accumulator
   return t;
 }
@@ -19,7 +19,7 @@ namespace {
 
 bool owns_storage(const Tensor* t) {
   if (t->op == Op::AuxOutput && t->view_src) return false;  // Graph::backward pointed it at an accumulator
-  return t->op != Op::None && t->op != Op::View && t->op != Op::Accumulate;
+  return t->op != Op::None && t->op != Op::View && !writes_into_src0(t->op);
 }
 
 size_t round_up(size_t n, size_t a) {

@@ -67,7 +67,7 @@ struct Tensor {
   Shape shape() const;    // outermost first, n_dims() entries
   bool is_contiguous() const;
   bool is_leaf() const { return op == Op::None; }
-  bool is_view() const { return op == Op::View || op == Op::Accumulate; }
+  bool is_view() const { return op == Op::View || writes_into_src0(op); }
   bool has(TensorFlags f) const { return (flags & f) != 0; }
   Backend& backend() const;
   // "name f32[4, 8]" for error messages.

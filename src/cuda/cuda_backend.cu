@@ -37,6 +37,7 @@ const CudaOpTable& launcher_table() {
     register_cuda_reduce_ops(t);
     register_cuda_matmul_ops(t);
     register_cuda_get_rows_ops(t);
+    register_cuda_set_rows_ops(t);
     register_cuda_softmax_ops(t);
     register_cuda_norm_ops(t);
     register_cuda_loss_ops(t);

@@ -207,6 +207,7 @@ void register_cuda_elementwise_ops(CudaOpTable& t);
 void register_cuda_reduce_ops(CudaOpTable& t);
 void register_cuda_matmul_ops(CudaOpTable& t);
 void register_cuda_get_rows_ops(CudaOpTable& t);
+void register_cuda_set_rows_ops(CudaOpTable& t);
 void register_cuda_softmax_ops(CudaOpTable& t);
 void register_cuda_norm_ops(CudaOpTable& t);
 void register_cuda_loss_ops(CudaOpTable& t);

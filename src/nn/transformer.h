@@ -101,6 +101,7 @@ class Transformer {
   const std::vector<TransformerBlock>& blocks() const { return blocks_; }
 
  private:
+  friend class Decoder;  // builds its cached-attention step graphs from the same blocks and helpers
   Tensor* attention(Context& ctx, const TransformerBlock& blk, Tensor* h, Tensor* positions, int64_t B,
                     int64_t T);
   Tensor* mlp(Context& ctx, const TransformerBlock& blk, Tensor* h);

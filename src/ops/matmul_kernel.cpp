@@ -317,6 +317,7 @@ void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, 
            ThreadPool* pool, Kernel kernel) {
   RT_ASSERT(m > 0 && n > 0 && k > 0);
   RT_ASSERT(kernel_available(kernel));
+  if (gemv_applies(m, a, b)) return gemv(m, n, k, a, b, c, ldc, pool, kernel);
   const MicroKernel uk = kernel == Kernel::Avx2 ? avx2_kernel() : ukernel_portable;
 
   int threads = 1;

@@ -35,5 +35,14 @@ struct Operand {
 void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c, int64_t ldc,
            ThreadPool* pool, Kernel kernel);
 
+// The most rows of A that sgemm multiplies by dot products (gemv) instead of packed panels.
+inline constexpr int64_t kGemvMaxRows = 4;
+// True when sgemm takes the dot-product path: at most kGemvMaxRows rows, and B f32 or bf16 with each column
+// contiguous (rs = element size: B is Wᵀ of a row-major W, as in x Wᵀ).
+bool gemv_applies(int64_t m, const Operand& a, const Operand& b);
+// sgemm's arguments, for a problem gemv_applies to (matmul_gemv.cpp).
+void gemv(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c, int64_t ldc,
+          ThreadPool* pool, Kernel kernel);
+
 }  // namespace gemm
 }  // namespace retort

@@ -70,6 +70,14 @@ Tensor* matmul_lowp(Context& ctx, Tensor* a, Tensor* b, bool transpose_a = false
 // ---- indexing ---------------------------------------------------------------------------------------------
 // Rows of table [R, D] at integer ids [N] (i32 or i64) -> [N, D]. Ids outside [0, R) throw at run time.
 Tensor* get_rows(Context& ctx, Tensor* table, Tensor* ids);
+// Writes the rows of src [.., n, D] into dst [.., R, D] at the integer ids rows [n] (i32 or i64; or
+// [B3, B2, n], each batch dim 1 or src's), in place: row i of batch (i2, i3) of src lands in row rows[i] of
+// the same batch of dst, converted to dst's dtype; other rows keep their values. dst must be a leaf (or a
+// view of one), such as a KV cache; the result aliases it, so read the cache through the result to see the
+// write. Ids must be distinct within a batch (which of two rows with one id lands is unspecified). Throws
+// on bad shapes or dtypes; an id outside [0, R) throws when the graph runs (on the CPU before any row is
+// written; on CUDA at the next synchronize, the rows with good ids written). Not differentiable.
+Tensor* set_rows(Context& ctx, Tensor* dst, Tensor* src, Tensor* rows);
 
 // ---- softmax family (over dim 0) --------------------------------------------------------------------------
 Tensor* softmax(Context& ctx, Tensor* x);

@@ -19,7 +19,7 @@ const char* const kEnumNames[] = {
     "None", "View", "Cont", "Fill", "Accumulate", "AuxOutput", "SliceBack", "Concat", "Add", "Sub", "Mul",
     "Div", "Scale", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Tanh", "Relu", "Gelu", "Silu", "ReluBack",
     "GeluBack", "SiluBack", "SumRows", "MeanRows", "MaxRows", "Sum", "Mean", "Max", "Repeat", "ReduceTo",
-    "MaxBack", "Matmul", "GetRows", "GetRowsBack", "Softmax", "LogSoftmax", "CausalSoftmax",
+    "MaxBack", "Matmul", "GetRows", "GetRowsBack", "SetRows", "Softmax", "LogSoftmax", "CausalSoftmax",
     "SoftmaxBack", "LogSoftmaxBack", "RmsNorm", "RmsNormBack", "LayerNorm", "LayerNormBack", "Rope",
     "CrossEntropy", "CrossEntropyBack"};
 // clang-format on
@@ -79,9 +79,10 @@ TEST(OpTable, EveryDifferentiableOpHasABackwardRule) {
 }
 
 TEST(OpTable, NonDifferentiableOpsAreTheExpectedOnes) {
-  // Gradient-only ops and structural nodes are not differentiated through; the public ops all are.
+  // Gradient-only ops, structural nodes and set_rows (a cache write is state, not a function of the
+  // parameters) are not differentiated through; the other public ops all are.
   const Op internal[] = {Op::Fill,     Op::Accumulate, Op::AuxOutput, Op::ReluBack,
-                         Op::GeluBack, Op::SiluBack,   Op::MaxBack};
+                         Op::GeluBack, Op::SiluBack,   Op::MaxBack,   Op::SetRows};
   for (Op op : internal) EXPECT_FALSE(op_info(op).differentiable) << label(int(op));
   const Op pub[] = {Op::View,  Op::Cont, Op::Concat,  Op::Add, Op::Sub,    Op::Mul,      Op::Div,
                     Op::Scale, Op::Tanh, Op::SumRows, Op::Max, Op::Repeat, Op::ReduceTo, Op::SliceBack};

@@ -338,6 +338,58 @@ TEST(MatmulKernel, ColumnSplitAcrossRaggedBlocksHasNoRace) {
   }
 }
 
+TEST(MatmulKernel, DotProductPathForFewRows) {
+  // Up to gemm::kGemvMaxRows rows of A against B = Wᵀ (columns contiguous) take the dot-product path: K not
+  // a multiple of the 8-wide vector, N not a multiple of the 4-column block, f32 and bf16 W, strided A, one
+  // thread and several (the column split).
+  ThreadPool pool(3);
+  for (gemm::Kernel kernel : {gemm::Kernel::Portable, gemm::Kernel::Avx2}) {
+    if (!gemm::kernel_available(kernel)) continue;
+    for (DType wt : {DType::F32, DType::BF16})
+      for (int64_t m = 1; m <= gemm::kGemvMaxRows; ++m)
+        for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {7, 13}, {33, 64}, {70000, 11}}) {
+          SCOPED_TRACE(std::string(gemm::kernel_name(kernel)) + " " + dtype_name(wt) + " " +
+                       std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
+          reseed("gemv" + std::to_string(m * 131 + n * 7 + k));
+          const int64_t lda = k + 5;  // A's rows padded: a strided operand
+          Vec av = random_vec(m * lda), wv = random_vec(n * k);
+          std::vector<float> a(av.begin(), av.end());
+          std::vector<uint16_t> w16(size_t(n * k));
+          std::vector<float> w(wv.begin(), wv.end());
+          for (size_t i = 0; i < w.size(); ++i) {
+            w16[i] = f32_to_bf16(w[i]);
+            if (wt == DType::BF16) w[i] = bf16_to_f32(w16[i]);
+          }
+          const size_t es = dtype_size(wt);
+          const gemm::Operand oa{a.data(), DType::F32, 4 * lda, 4};
+          const gemm::Operand ob{wt == DType::F32 ? static_cast<const void*>(w.data()) : w16.data(), wt,
+                                 int64_t(es), int64_t(es) * k};
+          ASSERT_TRUE(gemm::gemv_applies(m, oa, ob));
+          const int64_t ldc = n + 2;
+          std::vector<float> c(size_t(m * ldc), -7.0f);
+          gemm::sgemm(m, n, k, oa, ob, c.data(), ldc, &pool, kernel);
+          Vec got, want;
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              double s = 0;
+              for (int64_t p = 0; p < k; ++p)
+                s += double(a[size_t(i * lda + p)]) * double(w[size_t(j * k + p)]);
+              want.push_back(s);
+              got.push_back(c[size_t(i * ldc + j)]);
+            }
+            for (int64_t j = n; j < ldc; ++j)
+              ASSERT_EQ(c[size_t(i * ldc + j)], -7.0f) << "padding overwritten";
+          }
+          EXPECT_LE(nmse(got, want), kFwdTol);
+        }
+  }
+  // Not for more rows, nor for a B whose columns are strided.
+  std::vector<float> x(16);
+  const gemm::Operand o{x.data(), DType::F32, 16, 4};
+  EXPECT_FALSE(gemm::gemv_applies(gemm::kGemvMaxRows + 1, o, {x.data(), DType::F32, 4, 16}));
+  EXPECT_FALSE(gemm::gemv_applies(1, o, o));
+}
+
 // ---- bad input
 // ----------------------------------------------------------------------------------------------
 
