@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 
 #include <unistd.h>
@@ -212,6 +213,41 @@ TextCodec TextCodec::bytes() {
   return TextCodec();
 }
 
+// A checksum of what a vocabulary encodes by: tokens, types, merges, pre-tokenizer, BOS/EOS.
+uint32_t vocabulary_crc(const Tokenizer& tok) {
+  const TokenizerSpec spec = tok.to_spec();
+  uint32_t crc = 0;
+  auto add = [&](const std::string& s) { crc = io::crc32_update(crc, s.data(), s.size() + 1); };
+  for (const std::string& t : spec.tokens) add(t);
+  for (int32_t t : spec.types) crc = io::crc32_update(crc, &t, sizeof t);
+  for (const std::string& m : spec.merges) add(m);
+  add(std::string(pre_tokenizer_name(spec.pre)) + " " + std::to_string(spec.bos) + " " + std::to_string(spec.eos));
+  return crc;
+}
+
+TextCodec TextCodec::model(const std::string& path, std::shared_ptr<const Tokenizer> tok) {
+  RT_CHECK(tok != nullptr, path, ": the model has no tokenizer of its own");
+  TextCodec c;
+  c.kind_ = "model";
+  c.file_ = std::filesystem::absolute(path).lexically_normal().string();
+  c.crc_ = vocabulary_crc(*tok);
+  c.tok_ = std::move(tok);
+  return c;
+}
+
+TextCodec TextCodec::model(const std::string& path) {
+  return model(path, PretrainedModel::open(path).tokenizer());
+}
+
+std::string TextCodec::short_name() const {
+  if (kind_ == "model") {
+    std::filesystem::path p(file_);
+    return (p.has_extension() && p.extension() == ".gguf" ? p.stem() : p.filename()).string();
+  }
+  if (kind_ == "bpe") return "bpe" + std::to_string(vocab());
+  return kind_;
+}
+
 TextCodec TextCodec::bpe_file(const std::string& path) {
   TextCodec c;
   c.kind_ = "bpe";
@@ -240,6 +276,17 @@ TextCodec TextCodec::from_metadata(const std::map<std::string, std::string>& md,
   if (kind == "gpt2") {
     const std::string dir = get("tokenizer.file");
     return gpt2(dir.size() > 5 ? dir.substr(0, dir.size() - 5) : RETORT_DATA_DIR);
+  }
+  if (kind == "model") {
+    const std::string file = get("tokenizer.file");
+    RT_CHECK(std::filesystem::exists(file), ckpt, ": its tokenizer is the one of the model ", file,
+             ", which is not there any more");
+    TextCodec c = model(file);
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", c.crc_);
+    RT_CHECK(get("tokenizer.crc32") == hex, ckpt, ": the vocabulary of ", file,
+             " changed since the checkpoint was written (crc32 ", hex, ", recorded ", get("tokenizer.crc32"), ")");
+    return c;
   }
   RT_CHECK(kind == "bpe", ckpt, ": unknown tokenizer '", kind, "' in checkpoint metadata");
   const std::string file = get("tokenizer.file");
@@ -285,7 +332,97 @@ std::map<std::string, std::string> TextCodec::metadata() const {
 
 std::string TextCodec::describe() const {
   if (kind_ == "bytes") return "bytes (vocab 256)";
+  if (kind_ == "model") return "the tokenizer of " + file_ + " (vocab " + std::to_string(vocab()) + ")";
   return kind_ + " (vocab " + std::to_string(vocab()) + ", " + file_ + ")";
+}
+
+RunModel load_run_model(const PretrainedModel& file, Context& ctx, DType compute, int64_t context) {
+  const std::string& path = file.path();
+  RunModel r{file, TextCodec::bytes(), nullptr, ""};
+  if (const Checkpoint* ck = r.file.checkpoint()) {
+    r.codec = TextCodec::from_metadata(ck->metadata(), path);
+    r.shards = ck->meta("shards");
+  } else {
+    r.codec = TextCodec::model(path, r.file.tokenizer());
+  }
+  TransformerConfig cfg = r.file.config();
+  cfg.compute_dtype = compute;
+  if (context > 0) cfg.context = context;
+  r.model = std::make_unique<Transformer>(ctx, cfg, 0, false);
+  r.file.load_into(*r.model);
+  return r;
+}
+
+std::string RunModel::describe() const {
+  if (const Checkpoint* ck = file.checkpoint())
+    return file.path() + " (" + model->config().describe() + ", step " + std::to_string(ck->state().step) + ")";
+  return file.describe();
+}
+
+ShardSet prepare_shards(DataOptions& d, const TextCodec& codec, const std::string& prog) {
+  RT_CHECK(d.val_frac > 0 && d.val_frac < 0.5, prog, ": --val-frac must be in (0, 0.5), got ", d.val_frac);
+  RT_CHECK(d.max_bytes >= 0, prog, ": --max-bytes must be >= 0, got ", d.max_bytes);
+  RT_CHECK(std::filesystem::is_regular_file(d.data), prog, ": --data ", d.data, " is not a file");
+  if (d.shards.empty()) {
+    std::string base = d.data;
+    if (base.size() > 4 && base.substr(base.size() - 4) == ".txt") base.resize(base.size() - 4);
+    d.shards = base + "." + codec.short_name();
+    if (d.max_bytes > 0) d.shards += ".first" + std::to_string(d.max_bytes);
+  }
+  // What the shards hold: the file, how much of it, the split and the tokenizer. Equal records, same shards.
+  const auto md = codec.metadata();
+  std::ostringstream rec;
+  rec << "data=" << std::filesystem::absolute(d.data).lexically_normal().string()
+      << "\nsize=" << std::filesystem::file_size(d.data) << "\nmax_bytes=" << d.max_bytes
+      << "\nval_frac=" << d.val_frac << "\ntokenizer=" << codec.kind() << " " << md.at("tokenizer.file") << " "
+      << md.at("tokenizer.crc32") << "\n";
+  const std::string record_path = d.shards + ".source";
+  ShardSet set;
+  set.train = list_shards(d.shards, "train");
+  set.val = list_shards(d.shards, "val");
+  if (!set.train.empty() && !set.val.empty() && std::filesystem::exists(record_path) &&
+      io::read_text_file(record_path) == rec.str()) {
+    for (const auto& p : set.train) set.train_tokens += TokenShard(p).size();
+    for (const auto& p : set.val) set.val_tokens += TokenShard(p).size();
+    std::printf("data: reusing %s_* (%lld train + %lld validation tokens of %s)\n", d.shards.c_str(),
+                (long long)set.train_tokens, (long long)set.val_tokens, d.data.c_str());
+    return set;
+  }
+  std::string text = io::read_text_file(d.data);
+  if (d.max_bytes > 0 && int64_t(text.size()) > d.max_bytes) text.resize(size_t(d.max_bytes));
+  const auto t0 = Clock::now();
+  const std::vector<int32_t> ids = codec.encode(text);
+  ShardWriteOptions so;
+  so.val_fraction = d.val_frac;
+  set = write_shards(ids, d.shards, codec.vocab(), so);
+  const std::string r = rec.str();
+  io::write_file_atomic(record_path, r.data(), r.size());
+  std::printf("data: %s, %zu bytes -> %s: %lld train + %lld validation tokens in %s_* (%s)\n", d.data.c_str(),
+              text.size(), codec.describe().c_str(), (long long)set.train_tokens, (long long)set.val_tokens,
+              d.shards.c_str(), duration(seconds_since(t0)).c_str());
+  return set;
+}
+
+int64_t shard_vocab_bound(const std::vector<std::string>& shards) {
+  int32_t mx = -1;
+  for (const std::string& p : shards)
+    for (int32_t id : TokenShard(p).read_all()) mx = std::max(mx, id);
+  return int64_t(mx) + 1;
+}
+
+std::string heldout_prompt(const std::vector<std::string>& val_shards, const TextCodec& codec) {
+  if (val_shards.empty()) return "\n";
+  const TokenShard shard(val_shards[0]);
+  const int64_t n = std::min<int64_t>(shard.size(), 400), begin = (shard.size() - n) / 2;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  shard.read(begin, n, ids.data());
+  const std::string text = codec.decode(ids);
+  const size_t at = text.find('\n', text.size() / 4);
+  if (at == std::string::npos || at + 1 >= text.size()) return "\n";
+  std::string line = text.substr(at + 1, 24);
+  // Whole tokens only: cut at the last space, so the prompt does not end inside a word.
+  const size_t sp = line.rfind(' ');
+  return sp != std::string::npos && sp > 0 ? line.substr(0, sp) : line;
 }
 
 std::vector<std::string> shards_for(const std::string& prefix, const std::string& split,

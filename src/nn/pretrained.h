@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../io/tokenizer.h"
+#include "lm.h"
 #include "transformer.h"
 
 namespace retort {
@@ -38,6 +39,9 @@ class PretrainedModel {
   // "gguf llama 'SmolLM2 135M' (layers=30 d_model=576 ...), Q4_1/Q8_0/F32 weights".
   std::string describe() const;
 
+  // The checkpoint behind a retort-format model (its metadata names its tokenizer and shards); null otherwise.
+  const Checkpoint* checkpoint() const;
+
   // Copies (dequantizes, converts) every parameter into model, whose config must equal config() in every
   // field but compute_dtype and context (else retort::Error naming both).
   void load_into(Transformer& model) const;
@@ -48,8 +52,6 @@ class PretrainedModel {
   std::shared_ptr<const Impl> impl_;
 };
 
-// True when two configs describe the same parameters (compute dtype and context aside).
-bool same_architecture(const TransformerConfig& a, const TransformerConfig& b);
 
 // Starts a student from its teacher's weights, as layer-dropping distillation does (DistilBERT's init): the
 // embedding, the final norm and the head are copied, and student layer i takes teacher layer

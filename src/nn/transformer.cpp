@@ -43,6 +43,12 @@ std::string TransformerConfig::describe() const {
   return os.str();
 }
 
+bool same_architecture(const TransformerConfig& a, const TransformerConfig& b) {
+  return a.vocab == b.vocab && a.layers == b.layers && a.d_model == b.d_model && a.heads == b.heads &&
+         a.kv_heads == b.kv_heads && a.d_ff == b.d_ff && a.rope_theta == b.rope_theta &&
+         a.norm_eps == b.norm_eps && a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias;
+}
+
 std::vector<ParamSpec> transformer_parameters(const TransformerConfig& config) {
   const TransformerConfig c = config.resolved();
   const int64_t hd = c.head_dim();

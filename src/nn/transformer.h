@@ -56,6 +56,9 @@ struct TransformerBlock {
   Tensor* w_down;     // [d_model, d_ff]
 };
 
+// True when two configs describe the same parameters (compute dtype and context aside: neither is a weight).
+bool same_architecture(const TransformerConfig& a, const TransformerConfig& b);
+
 // One parameter as a config implies it: its name, shape (outermost first) and initialization.
 struct ParamSpec {
   enum class Init { Normal, Ones, Zeros };
