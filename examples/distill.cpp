@@ -129,8 +129,8 @@ int main(int argc, char** argv) {
     Context ctx(*dev.backend);
     const PretrainedModel tfile = PretrainedModel::open(teacher);
     const TransformerConfig tcfg = tfile.config();
-    if (sc.context <= 0) sc.context = tfile.checkpoint() ? tcfg.context : 256;
-    RT_CHECK(sc.context <= tcfg.context, "distill: --context ", sc.context, " exceeds the teacher's context ",
+    if (sc.context <= 0) sc.context = tfile.checkpoint() ? tcfg.context : std::min<int64_t>(256, tcfg.context);
+    RT_CHECK(sc.context <= tcfg.context, "--context ", sc.context, " exceeds the teacher's context ",
              tcfg.context);
     // The student speaks the teacher's tokenizer: its vocabulary, and the shards made with it.
     const TextCodec codec = tfile.checkpoint() ? TextCodec::from_metadata(tfile.checkpoint()->metadata(), teacher)
@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
       shards = data.shards;
     }
     if (shards.empty() && tfile.checkpoint()) shards = tfile.checkpoint()->meta("shards");
-    RT_CHECK(!shards.empty(), "distill: a pretrained teacher needs --data TEXT or --shards PREFIX");
+    RT_CHECK(!shards.empty(), "a pretrained teacher needs --data TEXT or --shards PREFIX");
     const auto train_shards = shards_for(shards, "train", "distill");
     const auto val_shards = shards_for(shards, "val", "distill");
     sc.vocab = tcfg.vocab;

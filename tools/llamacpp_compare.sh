@@ -34,7 +34,7 @@ echo "llama.cpp: $LLAMA_SRC ($(cd "$LLAMA_SRC" && git describe --tags 2>/dev/nul
 if [ ! -x "$WORK/dump_logits" ]; then
   cmake -S "$LLAMA_SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_CUDA=OFF \
     -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF >"$WORK/cmake.log"
+    -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF >"$WORK/cmake.log"
   cmake --build "$WORK/build" --target llama -j "$(nproc)" >"$WORK/build.log"
   libs=$(find "$WORK/build" -name 'libllama.a' -o -name 'libggml*.a' | sort -r | tr '\n' ' ')
   c++ -std=c++17 -O2 -I"$LLAMA_SRC/include" -I"$LLAMA_SRC/ggml/include" tools/llamacpp/dump_logits.cpp \
@@ -56,7 +56,7 @@ EOF
 fi
 "$WORK/dump_logits" "$MODEL" "$TEXT" "$MAX_TOKENS" "$WORK/llamacpp"
 
-PYTHONPATH="$ROOT/build/bindings${PYTHONPATH:+:$PYTHONPATH}" python3 - "$MODEL" "$TEXT" "$WORK/llamacpp" <<'EOF'
+PYTHONPATH="${RETORT_PYTHONPATH:-$ROOT/build/bindings}${PYTHONPATH:+:$PYTHONPATH}" python3 - "$MODEL" "$TEXT" "$WORK/llamacpp" <<'EOF'
 import sys
 import numpy as np
 import retort

@@ -442,3 +442,54 @@ def test_smollm2_parity_with_reference_forward(smollm2):
     print(f"SmolLM2-135M, {len(ids)} positions: max |d log-prob| {dmax:.2e}, top-1 agreement {agree:.4f}")
     assert len(ids) >= 1000
     assert dmax < 1e-3 and agree == 1.0
+
+
+# ---- the example programs on a pretrained teacher ----------------------------------------------------------
+
+def programs():
+    d = os.path.join(ROOT, "build", "examples")
+    if not all(os.path.exists(os.path.join(d, p)) for p in ("teacher-cache", "distill", "train", "eval", "generate")):
+        pytest.skip("the example programs are not built (build/examples)")
+    return d
+
+
+def run(*args):
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True)
+    assert r.returncode == 0, f"{args[0]} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    return r.stdout + r.stderr
+
+
+def test_programs_distill_from_a_gguf_teacher(tmp_path, bpe):
+    """teacher-cache, distill (--init-from-teacher, offline and online), train with the teacher's tokenizer,
+    eval and generate (--chat) on a small GGUF teacher, from a text file."""
+    x = programs()
+    tok, tokens, merges = bpe
+    cfg = tiny_cfg(len(tokens), layers=3)
+    teacher = write_gguf(tmp_path / "t.gguf", cfg, rng_weights(cfg, 7), tokens, merges)
+    text = tmp_path / "text.txt"
+    text.write_text(corpus(30_000))
+    shards = tmp_path / "text.t"
+    data = ["--data", text, "--shards", shards, "--context", 32, "--device", "cpu", "--threads", 1]
+    out = run(f"{x}/teacher-cache", "--teacher", teacher, *data, "--k", 8, "--batch", 4, "--out", tmp_path / "c")
+    assert "teacher: gguf llama" in out and "cache:" in out
+    student = ["--layers", 2, "--steps", 6, "--batch", 4, "--sample-len", 0, "--eval-batches", 1]
+    out = run(f"{x}/distill", "--teacher", teacher, "--cache", tmp_path / "c", *data, *student,
+              "--init-from-teacher", 1, "--save", tmp_path / "d.st")
+    assert "init from the teacher: embedding, final norm and layers 0 2" in out, out[-1500:]
+    assert "reusing" in out  # the shards teacher-cache made
+    out = run(f"{x}/distill", "--teacher", teacher, *data, *student, "--d-model", 32, "--heads", 2,
+              "--save", tmp_path / "o.st")  # online: the teacher runs in process
+    assert "teacher top-K: online" in out
+    run(f"{x}/train", "--tokenizer", teacher, *data, *student, "--d-model", 64, "--heads", 4, "--kv-heads", 2,
+        "--save", tmp_path / "s.st")
+    for m in (teacher, tmp_path / "d.st", tmp_path / "s.st"):
+        out = run(f"{x}/eval", "--model", m, "--shards", shards, "--seq", 32, "--device", "cpu", "--threads", 1)
+        assert "val_loss=" in out
+    # The student checkpoint decodes with the teacher's tokenizer, found through its metadata.
+    out = run(f"{x}/generate", "--model", tmp_path / "d.st", "--prompt", "And God said", "--len", 5,
+              "--device", "cpu", "--threads", 1)
+    assert out.startswith("And God said")
+    out = run(f"{x}/generate", "--model", teacher, "--chat", 1, "--prompt", "Hi", "--len", 5, "--device", "cpu")
+    # Bad use: a pretrained teacher without data.
+    r = subprocess.run([f"{x}/distill", "--teacher", teacher, "--device", "cpu"], capture_output=True, text=True)
+    assert r.returncode != 0 and "needs --data TEXT or --shards PREFIX" in r.stderr

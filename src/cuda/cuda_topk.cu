@@ -24,6 +24,8 @@ namespace retort::cuda {
 
 namespace {
 
+using rowk::to_f;
+
 constexpr int kMaxK = 2048;  // the shared candidate buffer and the kept lists are sized for it
 constexpr int kMaxThreads = 512;
 
@@ -40,21 +42,6 @@ __device__ __forceinline__ float key_value(uint32_t k) {
 // A candidate as one word that sorts like the output: the key, then the inverted id (the smaller id wins).
 __device__ __forceinline__ uint64_t pack(uint32_t key, int id) {
   return (uint64_t(key) << 32) | uint64_t(~uint32_t(id));
-}
-
-template <typename T>
-__device__ __forceinline__ float to_f(T v);
-template <>
-__device__ __forceinline__ float to_f<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float to_f<__half>(__half v) {
-  return __half2float(v);
 }
 
 // The 16 / sizeof(T) values of a 16-byte word.
