@@ -58,12 +58,15 @@ fi
 
 PYTHONPATH="${RETORT_PYTHONPATH:-$ROOT/build/bindings}${PYTHONPATH:+:$PYTHONPATH}" python3 - "$MODEL" "$TEXT" "$WORK/llamacpp" <<'EOF'
 import sys
-import numpy as np
 import retort
 
 model_path, text_path, prefix = sys.argv[1:4]
-ids = np.fromfile(prefix + ".ids", dtype=np.int32)
+# Loaded before NumPy is imported: on one machine (a manylinux-built Python with NumPy 2.5.2, system GCC 13)
+# load_model crashed when NumPy came first (bench/RESULTS.md, "Real teachers", Open).
 m = retort.load_model(model_path)
+import numpy as np  # noqa: E402
+
+ids = np.fromfile(prefix + ".ids", dtype=np.int32)
 V = m.config.vocab
 ref = np.fromfile(prefix + ".logits", dtype=np.float32).reshape(len(ids), V).astype(np.float64)
 mine = m.tokenizer.encode(open(text_path, "rb").read())[: len(ids)]
