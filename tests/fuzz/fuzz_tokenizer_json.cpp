@@ -3,21 +3,10 @@
 // first bytes) are encoded and decoded. A retort::Error is the expected answer to a bad file; a crash, a
 // sanitizer report, any other exception, a retort internal error, an id out of range or a lossy round trip
 // is a finding.
-//
-// Build by hand from the repository root (tools/fuzz.sh is meant to take this over), after `meson setup
-// build` has written build/retort_config.h. The tokenizer needs only these files of src/ (src/core's others
-// pull in the ops):
-//   clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -Isrc -Ibuild \
-//     tests/fuzz/fuzz_tokenizer_json.cpp src/core/error.cpp
-//     src/io/{file,json,unicode_classes,pretokenize}.cpp \
-//     src/io/{special_matcher,tokenizer,tokenizer_files,tokenizer_hf,bpe_train}.cpp -lpthread \
-//     -o build/fuzz_tokenizer_json
-// Seeds: real tokenizer.json files, e.g. the ones bindings/tests/test_tokenizers_hf.py trains with the
-// `tokenizers` package:
-//   RETORT_SAVE_TOKENIZERS=build/fuzz_seeds PYTHONPATH=build/bindings \
-//     python3 -m pytest -q bindings/tests/test_tokenizers_hf.py
-//   mkdir -p build/fuzz_corpus && build/fuzz_tokenizer_json -max_total_time=600 -max_len=200000 \
-//     -timeout=20 build/fuzz_corpus build/fuzz_seeds
+// Run it with tools/fuzz.sh (seeds: tests/fuzz/seeds_tokenizer_json.cpp; real tokenizer.json files, such as
+// the ones `RETORT_SAVE_TOKENIZERS=DIR pytest bindings/tests/test_tokenizers_hf.py` saves, make better seeds:
+// copy them into build-fuzz/corpus/tokenizer_json/).
+// SOURCES: src/core/error.cpp src/io/file.cpp src/io/json.cpp src/io/unicode_classes.cpp src/io/pretokenize.cpp src/io/special_matcher.cpp src/io/tokenizer.cpp src/io/tokenizer_files.cpp src/io/tokenizer_hf.cpp src/io/bpe_train.cpp
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
