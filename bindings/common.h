@@ -166,13 +166,13 @@ class GraphBox : public std::enable_shared_from_this<GraphBox> {
 
 // ---- binding entry points ---------------------------------------------------------------------------------
 
-void bind_tensor(pyb::module_& m);  // tensor.cpp: Tensor, Context, tensor/param/zeros/from_dlpack
-void bind_ops(pyb::module_& m);     // ops.cpp: retort.ops and Tensor operators
-void bind_graph(pyb::module_& m);   // graph.cpp: Graph, optimizers, schedules
-void bind_losses(pyb::module_& m);  // losses.cpp: retort.losses
-void bind_fused(pyb::module_& m);   // fused.cpp: the fused linear losses in retort.losses and retort.ops
-void bind_model(pyb::module_& m);   // model.cpp: TransformerConfig, Transformer, Trainer
-void bind_gguf(pyb::module_& m);    // gguf.cpp: GgufFile
+void bind_tensor(pyb::module_& m);     // tensor.cpp: Tensor, Context, tensor/param/zeros/from_dlpack
+void bind_ops(pyb::module_& m);        // ops.cpp: retort.ops and Tensor operators
+void bind_graph(pyb::module_& m);      // graph.cpp: Graph, optimizers, schedules
+void bind_losses(pyb::module_& m);     // losses.cpp: retort.losses
+void bind_fused(pyb::module_& m);      // fused.cpp: the fused linear losses in retort.losses and retort.ops
+void bind_model(pyb::module_& m);      // model.cpp: TransformerConfig, Transformer, Trainer
+void bind_gguf(pyb::module_& m);       // gguf.cpp: GgufFile
 void bind_tokenizer(pyb::module_& m);  // tokenizer.cpp: Tokenizer
 
 }  // namespace retort::py

@@ -596,8 +596,8 @@ void bind_pretrained(pyb::module_& m) {
         auto pm = std::make_shared<PyModel>();
         pm->be = parse_backend(backend);
         if (!pm->be) pm->be = cpu_backend(0);
-        const DType cd = compute_dtype.is_none() ? default_compute_dtype(*pm->be->backend)
-                                                 : parse_dtype(compute_dtype);
+        const DType cd =
+            compute_dtype.is_none() ? default_compute_dtype(*pm->be->backend) : parse_dtype(compute_dtype);
         pm->ctx = std::make_shared<PyCtx>(pm->be);
         pyb::gil_scoped_release nogil;
         const PretrainedModel src = PretrainedModel::open(path);
@@ -609,11 +609,13 @@ void bind_pretrained(pyb::module_& m) {
         pm->source = src.describe();
         return pm;
       },
-      pyb::arg("path"), pyb::kw_only(), pyb::arg("backend") = pyb::none(), pyb::arg("compute_dtype") = pyb::none(),
+      pyb::arg("path"), pyb::kw_only(), pyb::arg("backend") = pyb::none(),
+      pyb::arg("compute_dtype") = pyb::none(),
       "A pretrained model as a retort.Transformer: a GGUF file (llama / qwen2; F32, F16, BF16, Q8_0, Q4_0/1, "
       "Q5_0/1, Q4_K, Q5_K, Q6_K weights dequantized to f32), a Hugging Face directory (config.json, "
       "model.safetensors or its shards, tokenizer.json) or a retort checkpoint. Its .tokenizer is the file's "
-      "tokenizer (None for a retort checkpoint). compute_dtype: the matmuls' dtype (default bf16 on a GPU, f32 "
+      "tokenizer (None for a retort checkpoint). compute_dtype: the matmuls' dtype (default bf16 on a GPU, "
+      "f32 "
       "on the CPU). Raises retort.Error naming the file and the fault.");
 }
 

@@ -221,7 +221,8 @@ uint32_t vocabulary_crc(const Tokenizer& tok) {
   for (const std::string& t : spec.tokens) add(t);
   for (int32_t t : spec.types) crc = io::crc32_update(crc, &t, sizeof t);
   for (const std::string& m : spec.merges) add(m);
-  add(std::string(pre_tokenizer_name(spec.pre)) + " " + std::to_string(spec.bos) + " " + std::to_string(spec.eos));
+  add(std::string(pre_tokenizer_name(spec.pre)) + " " + std::to_string(spec.bos) + " " +
+      std::to_string(spec.eos));
   return crc;
 }
 
@@ -285,7 +286,8 @@ TextCodec TextCodec::from_metadata(const std::map<std::string, std::string>& md,
     char hex[16];
     std::snprintf(hex, sizeof hex, "%08x", c.crc_);
     RT_CHECK(get("tokenizer.crc32") == hex, ckpt, ": the vocabulary of ", file,
-             " changed since the checkpoint was written (crc32 ", hex, ", recorded ", get("tokenizer.crc32"), ")");
+             " changed since the checkpoint was written (crc32 ", hex, ", recorded ", get("tokenizer.crc32"),
+             ")");
     return c;
   }
   RT_CHECK(kind == "bpe", ckpt, ": unknown tokenizer '", kind, "' in checkpoint metadata");
@@ -355,7 +357,8 @@ RunModel load_run_model(const PretrainedModel& file, Context& ctx, DType compute
 
 std::string RunModel::describe() const {
   if (const Checkpoint* ck = file.checkpoint())
-    return file.path() + " (" + model->config().describe() + ", step " + std::to_string(ck->state().step) + ")";
+    return file.path() + " (" + model->config().describe() + ", step " + std::to_string(ck->state().step) +
+           ")";
   return file.describe();
 }
 
@@ -374,8 +377,8 @@ ShardSet prepare_shards(DataOptions& d, const TextCodec& codec, const std::strin
   std::ostringstream rec;
   rec << "data=" << std::filesystem::absolute(d.data).lexically_normal().string()
       << "\nsize=" << std::filesystem::file_size(d.data) << "\nmax_bytes=" << d.max_bytes
-      << "\nval_frac=" << d.val_frac << "\ntokenizer=" << codec.kind() << " " << md.at("tokenizer.file") << " "
-      << md.at("tokenizer.crc32") << "\n";
+      << "\nval_frac=" << d.val_frac << "\ntokenizer=" << codec.kind() << " " << md.at("tokenizer.file")
+      << " " << md.at("tokenizer.crc32") << "\n";
   const std::string record_path = d.shards + ".source";
   ShardSet set;
   set.train = list_shards(d.shards, "train");

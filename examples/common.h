@@ -121,7 +121,7 @@ struct RunModel {
   PretrainedModel file;
   TextCodec codec;
   std::unique_ptr<Transformer> model;
-  std::string shards;  // the shards a retort checkpoint was trained on; "" for a pretrained model
+  std::string shards;            // the shards a retort checkpoint was trained on; "" for a pretrained model
   std::string describe() const;  // "SmolLM2 135M (gguf llama, Q4_1/Q8_0/F32 weights; layers=30 ...)"
 };
 // Loads path with compute dtype `compute` and, when context > 0, that context (the longest window the
@@ -134,7 +134,7 @@ inline RunModel load_run_model(const std::string& path, Context& ctx, DType comp
 // ---- data ---------------------------------------------------------------------------------------------
 // The text a run trains on, tokenized into train and validation shards (the last val_frac of the tokens).
 struct DataOptions {
-  std::string data;      // a text file
+  std::string data;       // a text file
   int64_t max_bytes = 0;  // only its first max_bytes bytes (0: all)
   double val_frac = 0.05;
   std::string shards;  // the shard prefix (default: data without .txt, the codec's short name, .first<N>)

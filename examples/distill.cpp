@@ -129,12 +129,14 @@ int main(int argc, char** argv) {
     Context ctx(*dev.backend);
     const PretrainedModel tfile = PretrainedModel::open(teacher);
     const TransformerConfig tcfg = tfile.config();
-    if (sc.context <= 0) sc.context = tfile.checkpoint() ? tcfg.context : std::min<int64_t>(256, tcfg.context);
+    if (sc.context <= 0)
+      sc.context = tfile.checkpoint() ? tcfg.context : std::min<int64_t>(256, tcfg.context);
     RT_CHECK(sc.context <= tcfg.context, "--context ", sc.context, " exceeds the teacher's context ",
              tcfg.context);
     // The student speaks the teacher's tokenizer: its vocabulary, and the shards made with it.
-    const TextCodec codec = tfile.checkpoint() ? TextCodec::from_metadata(tfile.checkpoint()->metadata(), teacher)
-                                               : TextCodec::model(teacher, tfile.tokenizer());
+    const TextCodec codec = tfile.checkpoint()
+                                ? TextCodec::from_metadata(tfile.checkpoint()->metadata(), teacher)
+                                : TextCodec::model(teacher, tfile.tokenizer());
     std::string shards = shards_opt;
     if (!data.data.empty()) {
       data.shards = shards;
@@ -222,7 +224,7 @@ int main(int argc, char** argv) {
     std::printf("retort %s | device: %s | compute: %s\n", RETORT_VERSION, dev.desc.c_str(),
                 compute_desc(cfg.compute_dtype).c_str());
     std::printf("teacher: %s\n", tfile.checkpoint() ? (teacher + " (" + tcfg.describe() + ")").c_str()
-                                                     : tfile.describe().c_str());
+                                                    : tfile.describe().c_str());
     std::printf("teacher top-K: %s, K = %lld\n", cache ? ("cache " + cache_prefix).c_str() : "online",
                 (long long)k);
     std::printf("student: %s, %.2fM parameters, init %s; tokens: %s, from %s_*\n", cfg.describe().c_str(),

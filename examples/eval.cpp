@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
   int64_t seq = 0, batch = 16, max_batches = 0;
   int threads = 0;
   Args a("eval", kHelp);
-  a.add("--ckpt", &ckpt), a.add("--model", &ckpt), a.add("--shards", &shards), a.add("--split", &split), a.add("--seq", &seq);
+  a.add("--ckpt", &ckpt), a.add("--model", &ckpt), a.add("--shards", &shards), a.add("--split", &split),
+      a.add("--seq", &seq);
   a.add("--batch", &batch), a.add("--max-batches", &max_batches), a.add("--device", &device);
   a.add("--threads", &threads), a.add("--compute-dtype", &compute);
   a.parse(argc, argv);
@@ -71,7 +72,8 @@ int main(int argc, char** argv) {
     const double secs = seconds_since(t0);
     std::printf("eval %s on %s_%s_*, %lld tokens in windows of %lld, %s on %s, compute %s\n",
                 rm.describe().c_str(), shards.c_str(), split.c_str(), (long long)ev.tokens_per_run(),
-                (long long)seq, duration(secs).c_str(), dev.desc.c_str(), compute_desc(cfg.compute_dtype).c_str());
+                (long long)seq, duration(secs).c_str(), dev.desc.c_str(),
+                compute_desc(cfg.compute_dtype).c_str());
     std::printf("  loss %.4f nats/token, %.4f bits/token, perplexity %.3f\n", loss, loss / std::log(2.0),
                 std::exp(loss));
     std::printf("val_loss=%.6f\n", loss);

@@ -69,17 +69,18 @@ int main(int argc, char** argv) {
     const PretrainedModel file = PretrainedModel::open(ckpt);
     RunModel rm = load_run_model(file, ctx, default_compute_dtype(*dev.backend), 0);
     const TextCodec& codec = rm.codec;
-    RT_CHECK(codec.vocab() <= rm.model->config().vocab, "generate: ", ckpt, ": the tokenizer has ", codec.vocab(),
-             " tokens, the model ", rm.model->config().vocab);
+    RT_CHECK(codec.vocab() <= rm.model->config().vocab, "generate: ", ckpt, ": the tokenizer has ",
+             codec.vocab(), " tokens, the model ", rm.model->config().vocab);
     const Tokenizer* tok = codec.tokenizer();
     std::vector<int32_t> stop;
     if (tok && tok->eos_id() >= 0) stop.push_back(tok->eos_id());
     std::string text = prompt;
     if (chat) {
       const int32_t end = tok ? tok->special_id("<|im_end|>") : -1;
-      RT_CHECK(tok && tok->special_id("<|im_start|>") >= 0 && end >= 0, "generate: --chat needs a model with a "
-               "ChatML chat format (<|im_start|> / <|im_end|> tokens, as SmolLM2 and Qwen2 have); ", ckpt,
-               " has none");
+      RT_CHECK(tok && tok->special_id("<|im_start|>") >= 0 && end >= 0,
+               "generate: --chat needs a model with a "
+               "ChatML chat format (<|im_start|> / <|im_end|> tokens, as SmolLM2 and Qwen2 have); ",
+               ckpt, " has none");
       text.clear();
       if (!system.empty()) text += "<|im_start|>system\n" + system + "<|im_end|>\n";
       text += "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
@@ -118,10 +119,11 @@ int main(int argc, char** argv) {
     });
     std::printf("%s\n", printable(pending).c_str());
     const double secs = seconds_since(t0);
-    std::fprintf(stderr, "(%s: %lld tokens in %s, %.1f tokens/s on %s; temperature %.2g, top-k %lld, top-p %.2g)\n",
+    std::fprintf(stderr,
+                 "(%s: %lld tokens in %s, %.1f tokens/s on %s; temperature %.2g, top-k %lld, top-p %.2g)\n",
                  rm.file.name().c_str(), (long long)produced, duration(secs).c_str(),
-                 secs > 0 ? double(produced) / secs : 0.0, dev.desc.c_str(), double(temperature), (long long)top_k,
-                 double(top_p));
+                 secs > 0 ? double(produced) / secs : 0.0, dev.desc.c_str(), double(temperature),
+                 (long long)top_k, double(top_p));
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "generate: %s\n", e.what());

@@ -1,5 +1,6 @@
-// teacher-cache: runs a teacher (a retort checkpoint, a GGUF file or a Hugging Face directory) over the training shards and writes its top-K next-token
-// candidates per position to a teacher top-K cache (src/io/topk_cache.h), which distill reads.
+// teacher-cache: runs a teacher (a retort checkpoint, a GGUF file or a Hugging Face directory) over the
+// training shards and writes its top-K next-token candidates per position to a teacher top-K cache
+// (src/io/topk_cache.h), which distill reads.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -70,9 +71,10 @@ int main(int argc, char** argv) {
     Device dev = pick_device(device, threads, "teacher-cache");
     Context ctx(*dev.backend);
     const PretrainedModel tfile = PretrainedModel::open(teacher);
-    if (context == 0) context = tfile.checkpoint() ? tfile.config().context : std::min<int64_t>(1024, tfile.config().context);
-    RT_CHECK(context <= tfile.config().context, "--context ", context,
-             " exceeds the teacher's context ", tfile.config().context);
+    if (context == 0)
+      context = tfile.checkpoint() ? tfile.config().context : std::min<int64_t>(1024, tfile.config().context);
+    RT_CHECK(context <= tfile.config().context, "--context ", context, " exceeds the teacher's context ",
+             tfile.config().context);
     RunModel tm = load_run_model(tfile, ctx, default_compute_dtype(*dev.backend), context);
     Transformer& model = *tm.model;
     const TransformerConfig& cfg = model.config();

@@ -117,7 +117,8 @@ int main(int argc, char** argv) {
   if (o.train.lr <= 0) a.fail("--lr must be > 0");
   const bool model_tokenizer = o.tokenizer != "bytes" && o.tokenizer != "bpe" && o.tokenizer != "gpt2";
   if (model_tokenizer && !std::filesystem::exists(o.tokenizer))
-    a.fail("--tokenizer is bytes, bpe, gpt2 or a model file or directory; " + o.tokenizer + " is none of them");
+    a.fail("--tokenizer is bytes, bpe, gpt2 or a model file or directory; " + o.tokenizer +
+           " is none of them");
   if (o.train.warmup < 0) o.train.warmup = std::max<int64_t>(1, o.train.steps / 20);
   if (o.log_every <= 0) o.log_every = std::max<int64_t>(1, o.train.steps / 15);
   if (o.eval_every < 0) o.eval_every = std::max<int64_t>(1, o.train.steps / 3);

@@ -244,8 +244,8 @@ class CudaBackend final : public Backend {
              dst ? dst->describe() : std::string("null"));
     const QuantTraits& q = quant_traits(t);
     const int64_t n = dst->nelements();
-    RT_CHECK(q.block_elems > 0 && n % q.block_elems == 0, "dequantize_into: ", dst->describe(), " is not whole ",
-             q.name, " blocks");
+    RT_CHECK(q.block_elems > 0 && n % q.block_elems == 0, "dequantize_into: ", dst->describe(),
+             " is not whole ", q.name, " blocks");
     const size_t bytes = size_t(n / q.block_elems) * size_t(q.block_bytes);
     DeviceScope scope(ex_.device);
     DeviceBuffer raw(ex_.alloc, bytes);

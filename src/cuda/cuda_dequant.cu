@@ -38,7 +38,8 @@ __global__ void dequantize_kernel(QuantType t, const uint8_t* src, T* dst, int64
 
 }  // namespace
 
-void launch_dequantize(QuantType t, const uint8_t* src, DType out, void* dst, int64_t n, cudaStream_t stream) {
+void launch_dequantize(QuantType t, const uint8_t* src, DType out, void* dst, int64_t n,
+                       cudaStream_t stream) {
   const QuantTraits& q = quant_traits(t);
   RT_CHECK(q.dequantizable && q.block_elems <= quant::kQKK, "dequantize: retort cannot decode ", q.name,
            " (it decodes ", dequantizable_types(), ")");
@@ -54,12 +55,14 @@ void launch_dequantize(QuantType t, const uint8_t* src, DType out, void* dst, in
       dequantize_kernel<<<grid, threads, 0, stream>>>(t, src, static_cast<float*>(dst), blocks, be, bb);
       break;
     case DType::BF16:
-      dequantize_kernel<<<grid, threads, 0, stream>>>(t, src, static_cast<__nv_bfloat16*>(dst), blocks, be, bb);
+      dequantize_kernel<<<grid, threads, 0, stream>>>(t, src, static_cast<__nv_bfloat16*>(dst), blocks, be,
+                                                      bb);
       break;
     case DType::F16:
       dequantize_kernel<<<grid, threads, 0, stream>>>(t, src, static_cast<__half*>(dst), blocks, be, bb);
       break;
-    default: RT_CHECK(false, "dequantize: the output must be f32, bf16 or f16, got ", dtype_name(out));
+    default:
+      RT_CHECK(false, "dequantize: the output must be f32, bf16 or f16, got ", dtype_name(out));
   }
   RT_CUDA_LAUNCH_CHECK("dequantize_kernel");
 }

@@ -1,7 +1,6 @@
 #include "pretrained.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -24,9 +23,12 @@ using io::file_error;
 
 const char* model_format_name(ModelFormat f) {
   switch (f) {
-    case ModelFormat::Gguf: return "gguf";
-    case ModelFormat::HuggingFace: return "hf";
-    case ModelFormat::Retort: return "retort";
+    case ModelFormat::Gguf:
+      return "gguf";
+    case ModelFormat::HuggingFace:
+      return "hf";
+    case ModelFormat::Retort:
+      return "retort";
   }
   return "?";
 }
@@ -36,6 +38,7 @@ const char* model_format_name(ModelFormat f) {
 // host-side transform first, a function producing them in f32.
 struct TensorSource {
   std::string file_name;
+  Shape shape;  // as stored, outermost first
   QuantType type = QuantType::F32;
   const uint8_t* raw = nullptr;      // whole blocks of `type`, or null
   std::function<void(float*)> read;  // when raw is null: the elements, outermost-first row-major order
@@ -46,10 +49,10 @@ struct PretrainedModel::Impl {
   ModelFormat format = ModelFormat::Retort;
   TransformerConfig config;
   std::shared_ptr<const Tokenizer> tokenizer;
-  std::string weights;                        // "Q4_1/Q8_0/F32", "bf16", "f32"
+  std::string weights;                         // "Q4_1/Q8_0/F32", "bf16", "f32"
   std::map<std::string, TensorSource> params;  // by retort parameter name
-  std::shared_ptr<const void> keep;           // the open file(s) the readers point into
-  std::unique_ptr<Checkpoint> checkpoint;     // the retort format loads through Checkpoint
+  std::shared_ptr<const void> keep;            // the open file(s) the readers point into
+  std::unique_ptr<Checkpoint> checkpoint;      // the retort format loads through Checkpoint
 };
 
 namespace {
@@ -70,20 +73,18 @@ bool starts_with_magic(const std::string& path, std::string_view magic) {
 }
 
 // Checks that the file's tensors are exactly the parameters of cfg with their shapes: every retort name is
-// present once, nothing is left over. shapes holds each retort name's shape as stored.
+// present once, nothing is left over.
 void check_tensor_set(const std::string& path, const TransformerConfig& cfg,
-                      const std::map<std::string, TensorSource>& params,
-                      const std::map<std::string, Shape>& shapes) {
+                      const std::map<std::string, TensorSource>& params) {
   std::set<std::string> want;
   for (const ParamSpec& s : transformer_parameters(cfg)) {
     want.insert(s.name);
     auto it = params.find(s.name);
-    auto sh = shapes.find(s.name);
-    if (it == params.end() || sh == shapes.end())
+    if (it == params.end())
       file_error(path, "no tensor for parameter " + s.name + " (shape " + shape_text(s.shape) +
                            ") of a model with " + cfg.describe());
-    if (sh->second != s.shape)
-      file_error(path, "tensor " + it->second.file_name + " has shape " + shape_text(sh->second) +
+    if (it->second.shape != s.shape)
+      file_error(path, "tensor " + it->second.file_name + " has shape " + shape_text(it->second.shape) +
                            ", expected " + shape_text(s.shape) + " for " + cfg.describe());
   }
   for (const auto& [name, src] : params)
@@ -103,9 +104,10 @@ std::string join_types(const std::set<std::string>& types) {
 Tokenizer gguf_tokenizer(const GgufFile& g) {
   const std::string model = g.get_string("tokenizer.ggml.model");
   if (model != "gpt2")
-    file_error(g.path(), "tokenizer.ggml.model is '" + model +
-                             "': retort reads byte-level BPE vocabularies ('gpt2'), not SentencePiece ('llama') "
-                             "or others");
+    file_error(g.path(),
+               "tokenizer.ggml.model is '" + model +
+                   "': retort reads byte-level BPE vocabularies ('gpt2'), not SentencePiece ('llama') "
+                   "or others");
   TokenizerSpec spec;
   spec.source = g.path();
   spec.tokens = g.get_string_array("tokenizer.ggml.tokens");
@@ -139,11 +141,18 @@ Tokenizer gguf_tokenizer(const GgufFile& g) {
 std::string gguf_name(const std::string& retort_name) {
   static const std::map<std::string, std::string> top = {
       {"tok_emb", "token_embd.weight"}, {"final_norm", "output_norm.weight"}, {"lm_head", "output.weight"}};
-  static const std::map<std::string, std::string> block = {
-      {"attn_norm", "attn_norm.weight"}, {"wq", "attn_q.weight"},     {"wk", "attn_k.weight"},
-      {"wv", "attn_v.weight"},           {"bq", "attn_q.bias"},       {"bk", "attn_k.bias"},
-      {"bv", "attn_v.bias"},             {"wo", "attn_output.weight"}, {"mlp_norm", "ffn_norm.weight"},
-      {"w_gate", "ffn_gate.weight"},     {"w_up", "ffn_up.weight"},   {"w_down", "ffn_down.weight"}};
+  static const std::map<std::string, std::string> block = {{"attn_norm", "attn_norm.weight"},
+                                                           {"wq", "attn_q.weight"},
+                                                           {"wk", "attn_k.weight"},
+                                                           {"wv", "attn_v.weight"},
+                                                           {"bq", "attn_q.bias"},
+                                                           {"bk", "attn_k.bias"},
+                                                           {"bv", "attn_v.bias"},
+                                                           {"wo", "attn_output.weight"},
+                                                           {"mlp_norm", "ffn_norm.weight"},
+                                                           {"w_gate", "ffn_gate.weight"},
+                                                           {"w_up", "ffn_up.weight"},
+                                                           {"w_down", "ffn_down.weight"}};
   if (auto it = top.find(retort_name); it != top.end()) return it->second;
   const size_t dot = retort_name.find('.');
   const std::string layer = retort_name.substr(5, dot - 5);  // "layer<N>."
@@ -172,9 +181,12 @@ void open_gguf(PretrainedModel::Impl& m) {
   if (c.heads > 0 && c.d_model % c.heads == 0) {
     const uint64_t hd = uint64_t(c.d_model / c.heads);
     if (g.get_uint(a + "rope.dimension_count", hd) != hd)
-      file_error(m.path, a + "rope.dimension_count is " + std::to_string(g.get_uint(a + "rope.dimension_count")) +
-                             ": retort rotates the whole head (" + std::to_string(hd) + "); partial RoPE is not supported");
-    if (g.get_uint(a + "attention.key_length", hd) != hd || g.get_uint(a + "attention.value_length", hd) != hd)
+      file_error(m.path, a + "rope.dimension_count is " +
+                             std::to_string(g.get_uint(a + "rope.dimension_count")) +
+                             ": retort rotates the whole head (" + std::to_string(hd) +
+                             "); partial RoPE is not supported");
+    if (g.get_uint(a + "attention.key_length", hd) != hd ||
+        g.get_uint(a + "attention.value_length", hd) != hd)
       file_error(m.path, "a head size other than embedding_length / head_count is not supported");
   }
   const std::string scaling = g.get_string(a + "rope.scaling.type", "none");
@@ -196,32 +208,33 @@ void open_gguf(PretrainedModel::Impl& m) {
     file_error(m.path, std::string("model config: ") + e.what());
   }
 
+  // Every layer is several tensors: a layer count the file cannot hold is refused before it sizes anything.
+  if (c.layers > int64_t(g.tensors().size()))
+    file_error(m.path, a + "block_count is " + std::to_string(c.layers) + " but the file holds " +
+                           std::to_string(g.tensors().size()) + " tensors");
   std::map<std::string, std::string> by_gguf;  // GGUF name -> retort name
   for (const ParamSpec& s : transformer_parameters(c)) by_gguf[gguf_name(s.name)] = s.name;
-  std::map<std::string, Shape> shapes;
   std::set<std::string> types;
   for (const GgufFile::TensorInfo& t : g.tensors()) {
     auto it = by_gguf.find(t.name);
     if (it == by_gguf.end())
-      file_error(m.path, "tensor " + t.name + " is not a parameter of a " + m.arch + " model with " + c.describe());
+      file_error(m.path,
+                 "tensor " + t.name + " is not a parameter of a " + m.arch + " model with " + c.describe());
     if (!quant_traits(t.type).dequantizable)
-      file_error(m.path, "tensor " + t.name + " has type " + quant_name(t.type) + ", which retort cannot dequantize");
+      file_error(m.path,
+                 "tensor " + t.name + " has type " + quant_name(t.type) + ", which retort cannot dequantize");
     types.insert(quant_name(t.type));
-    shapes[it->second] = t.shape;
-    m.params[it->second] = {t.name, t.type, file->tensor_bytes(t).data(), nullptr};
+    m.params[it->second] = {t.name, t.shape, t.type, file->tensor_bytes(t).data(), nullptr};
   }
-  check_tensor_set(m.path, c, m.params, shapes);
+  check_tensor_set(m.path, c, m.params);
   m.weights = join_types(types);
 }
 
 // ---- Hugging Face -----------------------------------------------------------------------------------------
 
-const io::Json* json_get(const io::Json& obj, const std::string& key) {
-  return obj.find(key);
-}
-
-int64_t json_int(const io::Json& cfg, const std::string& key, const std::string& path, int64_t fallback = -1) {
-  const io::Json* v = json_get(cfg, key);
+int64_t json_int(const io::Json& cfg, const std::string& key, const std::string& path,
+                 int64_t fallback = -1) {
+  const io::Json* v = cfg.find(key);
   if (!v || v->is(io::Json::Kind::Null)) {
     if (fallback >= 0) return fallback;
     file_error(path, "\"" + key + "\" is missing");
@@ -231,7 +244,7 @@ int64_t json_int(const io::Json& cfg, const std::string& key, const std::string&
 }
 
 double json_num(const io::Json& cfg, const std::string& key, const std::string& path, double fallback) {
-  const io::Json* v = json_get(cfg, key);
+  const io::Json* v = cfg.find(key);
   if (!v || v->is(io::Json::Kind::Null)) return fallback;
   if (v->is(io::Json::Kind::Int)) return double(v->integer);
   if (!v->is(io::Json::Kind::Float)) file_error(path, "\"" + key + "\" must be a number");
@@ -239,7 +252,7 @@ double json_num(const io::Json& cfg, const std::string& key, const std::string& 
 }
 
 bool json_bool(const io::Json& cfg, const std::string& key, const std::string& path, bool fallback) {
-  const io::Json* v = json_get(cfg, key);
+  const io::Json* v = cfg.find(key);
   if (!v || v->is(io::Json::Kind::Null)) return fallback;
   if (!v->is(io::Json::Kind::Bool)) file_error(path, "\"" + key + "\" must be true or false");
   return v->boolean;
@@ -247,21 +260,21 @@ bool json_bool(const io::Json& cfg, const std::string& key, const std::string& p
 
 // HF's name for a retort parameter name ("layer3.wq" -> "model.layers.3.self_attn.q_proj.weight").
 std::string hf_name(const std::string& retort_name) {
-  static const std::map<std::string, std::string> top = {
-      {"tok_emb", "model.embed_tokens.weight"}, {"final_norm", "model.norm.weight"}, {"lm_head", "lm_head.weight"}};
-  static const std::map<std::string, std::string> block = {
-      {"attn_norm", "input_layernorm.weight"},
-      {"wq", "self_attn.q_proj.weight"},
-      {"wk", "self_attn.k_proj.weight"},
-      {"wv", "self_attn.v_proj.weight"},
-      {"bq", "self_attn.q_proj.bias"},
-      {"bk", "self_attn.k_proj.bias"},
-      {"bv", "self_attn.v_proj.bias"},
-      {"wo", "self_attn.o_proj.weight"},
-      {"mlp_norm", "post_attention_layernorm.weight"},
-      {"w_gate", "mlp.gate_proj.weight"},
-      {"w_up", "mlp.up_proj.weight"},
-      {"w_down", "mlp.down_proj.weight"}};
+  static const std::map<std::string, std::string> top = {{"tok_emb", "model.embed_tokens.weight"},
+                                                         {"final_norm", "model.norm.weight"},
+                                                         {"lm_head", "lm_head.weight"}};
+  static const std::map<std::string, std::string> block = {{"attn_norm", "input_layernorm.weight"},
+                                                           {"wq", "self_attn.q_proj.weight"},
+                                                           {"wk", "self_attn.k_proj.weight"},
+                                                           {"wv", "self_attn.v_proj.weight"},
+                                                           {"bq", "self_attn.q_proj.bias"},
+                                                           {"bk", "self_attn.k_proj.bias"},
+                                                           {"bv", "self_attn.v_proj.bias"},
+                                                           {"wo", "self_attn.o_proj.weight"},
+                                                           {"mlp_norm", "post_attention_layernorm.weight"},
+                                                           {"w_gate", "mlp.gate_proj.weight"},
+                                                           {"w_up", "mlp.up_proj.weight"},
+                                                           {"w_down", "mlp.down_proj.weight"}};
   if (auto it = top.find(retort_name); it != top.end()) return it->second;
   const size_t dot = retort_name.find('.');
   return "model.layers." + retort_name.substr(5, dot - 5) + "." + block.at(retort_name.substr(dot + 1));
@@ -286,11 +299,12 @@ void open_hf(PretrainedModel::Impl& m) {
   const std::string cfg_path = (fs::path(m.path) / "config.json").string();
   const io::Json cfg = io::parse_json(io::read_text_file(cfg_path), cfg_path);
   if (!cfg.is(io::Json::Kind::Object)) file_error(cfg_path, "expected a JSON object");
-  const io::Json* mt = json_get(cfg, "model_type");
+  const io::Json* mt = cfg.find("model_type");
   if (!mt || !mt->is(io::Json::Kind::String)) file_error(cfg_path, "\"model_type\" is missing");
   m.arch = mt->string;
   if (m.arch != "llama" && m.arch != "mistral" && m.arch != "qwen2")
-    file_error(cfg_path, "model_type '" + m.arch + "' is not supported (retort loads llama, mistral and qwen2)");
+    file_error(cfg_path,
+               "model_type '" + m.arch + "' is not supported (retort loads llama, mistral and qwen2)");
   m.name = fs::path(m.path).filename().string();
   TransformerConfig& c = m.config;
   c.vocab = json_int(cfg, "vocab_size", cfg_path);
@@ -303,15 +317,17 @@ void open_hf(PretrainedModel::Impl& m) {
   c.norm_eps = float(json_num(cfg, "rms_norm_eps", cfg_path, 1e-6));
   c.rope_theta = float(json_num(cfg, "rope_theta", cfg_path, 10000.0));
   c.qkv_bias = m.arch == "qwen2";
-  if (const io::Json* rs = json_get(cfg, "rope_scaling"); rs && !rs->is(io::Json::Kind::Null))
+  if (const io::Json* rs = cfg.find("rope_scaling"); rs && !rs->is(io::Json::Kind::Null))
     file_error(cfg_path, "\"rope_scaling\" is set: RoPE scaling is not supported");
   if (json_bool(cfg, "attention_bias", cfg_path, false) && m.arch != "qwen2")
     file_error(cfg_path, "\"attention_bias\" is true: biases on the output projection are not supported");
-  if (json_bool(cfg, "mlp_bias", cfg_path, false)) file_error(cfg_path, "\"mlp_bias\" is true: not supported");
+  if (json_bool(cfg, "mlp_bias", cfg_path, false))
+    file_error(cfg_path, "\"mlp_bias\" is true: not supported");
   if (c.heads > 0 && c.d_model % c.heads == 0 &&
       json_int(cfg, "head_dim", cfg_path, c.d_model / c.heads) != c.d_model / c.heads)
     file_error(cfg_path, "\"head_dim\" other than hidden_size / num_attention_heads is not supported");
-  if (const int64_t sw = json_int(cfg, "sliding_window", cfg_path, 0); sw > 0 && json_bool(cfg, "use_sliding_window", cfg_path, m.arch == "mistral"))
+  if (const int64_t sw = json_int(cfg, "sliding_window", cfg_path, 0);
+      sw > 0 && json_bool(cfg, "use_sliding_window", cfg_path, m.arch == "mistral"))
     c.context = std::min(c.context, sw);  // within the window, sliding-window attention is plain attention
   // The tensors: one file, or shards listed by the index.
   std::map<std::string, std::string> where;  // HF tensor name -> file
@@ -319,12 +335,13 @@ void open_hf(PretrainedModel::Impl& m) {
   const fs::path index = fs::path(m.path) / "model.safetensors.index.json";
   if (fs::exists(index)) {
     const io::Json ix = io::parse_json(io::read_text_file(index.string()), index.string());
-    const io::Json* wm = ix.is(io::Json::Kind::Object) ? json_get(ix, "weight_map") : nullptr;
+    const io::Json* wm = ix.is(io::Json::Kind::Object) ? ix.find("weight_map") : nullptr;
     if (!wm || !wm->is(io::Json::Kind::Object)) file_error(index.string(), "\"weight_map\" is missing");
     for (size_t i = 0; i < wm->keys.size(); ++i) {
       const io::Json& f = wm->items[i];
       if (!f.is(io::Json::Kind::String) || f.string.find('/') != std::string::npos || f.string.empty())
-        file_error(index.string(), "weight_map[\"" + wm->keys[i] + "\"] must be a file name in the directory");
+        file_error(index.string(),
+                   "weight_map[\"" + wm->keys[i] + "\"] must be a file name in the directory");
       where[wm->keys[i]] = f.string;
       if (std::find(files.begin(), files.end(), f.string) == files.end()) files.push_back(f.string);
     }
@@ -349,12 +366,16 @@ void open_hf(PretrainedModel::Impl& m) {
   m.tokenizer = std::make_shared<const Tokenizer>(Tokenizer::load_hf(tok_path));
   // Checkpoints pad the embedding past the tokenizer (Qwen2: 151936 rows, 151665 tokens); fewer is an error.
   if (m.tokenizer->vocab_size() > c.vocab)
-    file_error(tok_path, "has " + std::to_string(m.tokenizer->vocab_size()) + " tokens, more than the model's vocab_size " +
-                             std::to_string(c.vocab));
+    file_error(tok_path, "has " + std::to_string(m.tokenizer->vocab_size()) +
+                             " tokens, more than the model's vocab_size " + std::to_string(c.vocab));
 
+  size_t stored = 0;
+  for (const auto& [file, st] : *shards) stored += st.names().size();
+  if (c.layers > int64_t(stored))
+    file_error(cfg_path, "\"num_hidden_layers\" is " + std::to_string(c.layers) + " but the files hold " +
+                             std::to_string(stored) + " tensors");
   std::map<std::string, std::string> by_hf;
   for (const ParamSpec& s : transformer_parameters(c)) by_hf[hf_name(s.name)] = s.name;
-  std::map<std::string, Shape> shapes;
   std::set<std::string> types;
   for (const auto& [file, st] : *shards) {
     for (const std::string& n : st.names()) {
@@ -364,13 +385,13 @@ void open_hf(PretrainedModel::Impl& m) {
       if (n.find("rotary_emb.inv_freq") != std::string::npos) continue;
       auto it = by_hf.find(n);
       if (it == by_hf.end())
-        file_error(st.path(), "tensor " + n + " is not a parameter of a " + m.arch + " model with " + c.describe());
+        file_error(st.path(),
+                   "tensor " + n + " is not a parameter of a " + m.arch + " model with " + c.describe());
       if (m.params.count(it->second)) file_error(st.path(), "tensor " + n + " appears in two files");
       const DType dt = st.dtype(n);
       if (!is_float(dt))
         file_error(st.path(), "tensor " + n + " is " + dtype_name(dt) + ", expected f32, bf16 or f16");
       types.insert(dtype_name(dt));
-      shapes[it->second] = st.shape(n);
       const SafeTensors* sp = &st;
       const std::string& rn = it->second;
       const bool is_q = rn.ends_with(".wq") || rn.ends_with(".bq");
@@ -378,11 +399,13 @@ void open_hf(PretrainedModel::Impl& m) {
       const int64_t heads = is_q ? c.heads : c.kv_heads, hd = c.head_dim();
       const int64_t cols = rn.ends_with(".bq") || rn.ends_with(".bk") ? 1 : c.d_model;
       if (!is_q && !is_k) {
-        const QuantType qt = dt == DType::BF16 ? QuantType::BF16 : dt == DType::F16 ? QuantType::F16 : QuantType::F32;
-        m.params[rn] = {n, qt, sp->bytes(n).data(), nullptr};
+        const QuantType qt = dt == DType::BF16  ? QuantType::BF16
+                             : dt == DType::F16 ? QuantType::F16
+                                                : QuantType::F32;
+        m.params[rn] = {n, st.shape(n), qt, sp->bytes(n).data(), nullptr};
         continue;
       }
-      m.params[rn] = {n, QuantType::F32, nullptr, [sp, n, dt, heads, hd, cols](float* out) {
+      m.params[rn] = {n, st.shape(n), QuantType::F32, nullptr, [sp, n, dt, heads, hd, cols](float* out) {
                         const auto b = sp->bytes(n);
                         const int64_t count = int64_t(b.size() / dtype_size(dt));
                         for (int64_t i = 0; i < count; ++i) out[i] = load_f32(b.data(), dt, i);
@@ -390,7 +413,7 @@ void open_hf(PretrainedModel::Impl& m) {
                       }};
     }
   }
-  check_tensor_set(m.path, c, m.params, shapes);
+  check_tensor_set(m.path, c, m.params);
   m.weights = join_types(types);
 }
 
@@ -418,13 +441,27 @@ PretrainedModel PretrainedModel::open(const std::string& path) {
   return p;
 }
 
-const std::string& PretrainedModel::path() const { return impl_->path; }
-ModelFormat PretrainedModel::format() const { return impl_->format; }
-const std::string& PretrainedModel::architecture() const { return impl_->arch; }
-const std::string& PretrainedModel::name() const { return impl_->name; }
-const TransformerConfig& PretrainedModel::config() const { return impl_->config; }
-std::shared_ptr<const Tokenizer> PretrainedModel::tokenizer() const { return impl_->tokenizer; }
-const Checkpoint* PretrainedModel::checkpoint() const { return impl_->checkpoint.get(); }
+const std::string& PretrainedModel::path() const {
+  return impl_->path;
+}
+ModelFormat PretrainedModel::format() const {
+  return impl_->format;
+}
+const std::string& PretrainedModel::architecture() const {
+  return impl_->arch;
+}
+const std::string& PretrainedModel::name() const {
+  return impl_->name;
+}
+const TransformerConfig& PretrainedModel::config() const {
+  return impl_->config;
+}
+std::shared_ptr<const Tokenizer> PretrainedModel::tokenizer() const {
+  return impl_->tokenizer;
+}
+const Checkpoint* PretrainedModel::checkpoint() const {
+  return impl_->checkpoint.get();
+}
 
 std::string PretrainedModel::describe() const {
   return std::string(model_format_name(impl_->format)) + " " + impl_->arch + " '" + impl_->name + "' (" +
@@ -465,9 +502,18 @@ std::vector<int64_t> init_from_teacher(Transformer& student, const Transformer& 
   for (int64_t i = 0; i < s.layers; ++i) {
     map[size_t(i)] = s.layers == 1 ? 0 : (i * (t.layers - 1) + (s.layers - 1) / 2) / (s.layers - 1);
     const TransformerBlock &d = student.blocks()[size_t(i)], &f = teacher.blocks()[size_t(map[size_t(i)])];
-    for (auto [dst, src] : {std::pair{d.attn_norm, f.attn_norm}, {d.wq, f.wq}, {d.wk, f.wk}, {d.wv, f.wv},
-                            {d.wo, f.wo}, {d.mlp_norm, f.mlp_norm}, {d.w_gate, f.w_gate}, {d.w_up, f.w_up},
-                            {d.w_down, f.w_down}, {d.bq, f.bq}, {d.bk, f.bk}, {d.bv, f.bv}})
+    for (auto [dst, src] : {std::pair{d.attn_norm, f.attn_norm},
+                            {d.wq, f.wq},
+                            {d.wk, f.wk},
+                            {d.wv, f.wv},
+                            {d.wo, f.wo},
+                            {d.mlp_norm, f.mlp_norm},
+                            {d.w_gate, f.w_gate},
+                            {d.w_up, f.w_up},
+                            {d.w_down, f.w_down},
+                            {d.bq, f.bq},
+                            {d.bk, f.bk},
+                            {d.bv, f.bv}})
       if (dst) copy(dst, src);
   }
   copy(student.embedding(), teacher.embedding());

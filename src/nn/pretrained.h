@@ -39,7 +39,8 @@ class PretrainedModel {
   // "gguf llama 'SmolLM2 135M' (layers=30 d_model=576 ...), Q4_1/Q8_0/F32 weights".
   std::string describe() const;
 
-  // The checkpoint behind a retort-format model (its metadata names its tokenizer and shards); null otherwise.
+  // The checkpoint behind a retort-format model (its metadata names its tokenizer and shards); null
+  // otherwise.
   const Checkpoint* checkpoint() const;
 
   // Copies (dequantizes, converts) every parameter into model, whose config must equal config() in every
@@ -51,7 +52,6 @@ class PretrainedModel {
  private:
   std::shared_ptr<const Impl> impl_;
 };
-
 
 // Starts a student from its teacher's weights, as layer-dropping distillation does (DistilBERT's init): the
 // embedding, the final norm and the head are copied, and student layer i takes teacher layer

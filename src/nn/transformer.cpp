@@ -135,7 +135,7 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
                                int64_t B, int64_t T) {
   const TransformerConfig& c = config_;
   const int64_t H = c.heads, KV = c.kv_heads, hd = c.head_dim();
-  h = lowp(ctx, h);                             // one cast shared by the three projections
+  h = lowp(ctx, h);  // one cast shared by the three projections
   auto proj = [&](Tensor* w, Tensor* bias) {
     Tensor* y = mm(ctx, h, w, false, true);
     return bias ? add(ctx, y, bias) : y;

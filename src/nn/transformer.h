@@ -42,18 +42,18 @@ struct TransformerConfig {
 
 // The parameters of one block (shapes outermost first; linear weights are [out, in]).
 struct TransformerBlock {
-  Tensor* attn_norm;  // [d_model]
-  Tensor* wq;         // [heads * head_dim, d_model]
-  Tensor* wk;         // [kv_heads * head_dim, d_model]
-  Tensor* wv;         // [kv_heads * head_dim, d_model]
+  Tensor* attn_norm;     // [d_model]
+  Tensor* wq;            // [heads * head_dim, d_model]
+  Tensor* wk;            // [kv_heads * head_dim, d_model]
+  Tensor* wv;            // [kv_heads * head_dim, d_model]
   Tensor* bq = nullptr;  // [heads * head_dim] when qkv_bias, else null
   Tensor* bk = nullptr;  // [kv_heads * head_dim] when qkv_bias
   Tensor* bv = nullptr;  // [kv_heads * head_dim] when qkv_bias
-  Tensor* wo;         // [d_model, heads * head_dim]
-  Tensor* mlp_norm;   // [d_model]
-  Tensor* w_gate;     // [d_ff, d_model]
-  Tensor* w_up;       // [d_ff, d_model]
-  Tensor* w_down;     // [d_model, d_ff]
+  Tensor* wo;            // [d_model, heads * head_dim]
+  Tensor* mlp_norm;      // [d_model]
+  Tensor* w_gate;        // [d_ff, d_model]
+  Tensor* w_up;          // [d_ff, d_model]
+  Tensor* w_down;        // [d_model, d_ff]
 };
 
 // True when two configs describe the same parameters (compute dtype and context aside: neither is a weight).

@@ -30,13 +30,26 @@ std::vector<uint8_t> random_blocks(QuantType t, int64_t blocks, uint64_t seed) {
   // Every f16 field of these layouts sits at the offsets below; 0x1400-0x17ff are f16 values near 1e-3.
   std::vector<int> f16_at;
   switch (t) {
-    case QuantType::Q8_0: case QuantType::Q4_0: case QuantType::Q5_0: f16_at = {0}; break;
-    case QuantType::Q4_1: case QuantType::Q5_1: case QuantType::Q4_K: case QuantType::Q5_K: f16_at = {0, 2}; break;
-    case QuantType::Q6_K: f16_at = {208}; break;
-    default: break;
+    case QuantType::Q8_0:
+    case QuantType::Q4_0:
+    case QuantType::Q5_0:
+      f16_at = {0};
+      break;
+    case QuantType::Q4_1:
+    case QuantType::Q5_1:
+    case QuantType::Q4_K:
+    case QuantType::Q5_K:
+      f16_at = {0, 2};
+      break;
+    case QuantType::Q6_K:
+      f16_at = {208};
+      break;
+    default:
+      break;
   }
   for (int64_t i = 0; i < blocks; ++i)
-    for (int off : f16_at) io::store_le16(b.data() + i * q.block_bytes + off, uint16_t(0x1400 + (rng() & 0x3ff)));
+    for (int off : f16_at)
+      io::store_le16(b.data() + i * q.block_bytes + off, uint16_t(0x1400 + (rng() & 0x3ff)));
   return b;
 }
 
@@ -48,7 +61,8 @@ TEST_F(CudaDequant, EveryTypeEqualsTheHostDecoder) {
   for (QuantType t : types)
     for (DType out : {DType::F32, DType::BF16, DType::F16}) {
       const QuantTraits& q = quant_traits(t);
-      const int64_t blocks = 37, n = blocks * q.block_elems;  // several kernel blocks' worth and a ragged tail
+      const int64_t blocks = 37,
+                    n = blocks * q.block_elems;  // several kernel blocks' worth and a ragged tail
       const std::vector<uint8_t> raw = random_blocks(t, blocks, uint64_t(t) * 7 + uint64_t(out));
       Context cctx(cpu), gctx(cuda_backend());
       Tensor* h = cctx.param(out, {n / 8, 8}, "h");
@@ -66,8 +80,9 @@ TEST_F(CudaDequant, BadTypeOrShapeThrows) {
   EXPECT_NE(error_of([&] { cuda_backend().dequantize_into(d, QuantType::Q2_K, raw.data()); }).find("Q2_K"),
             std::string::npos);
   Tensor* odd = ctx.param(DType::F32, {3, 7}, "odd");
-  EXPECT_NE(error_of([&] { cuda_backend().dequantize_into(odd, QuantType::Q8_0, raw.data()); }).find("blocks"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { cuda_backend().dequantize_into(odd, QuantType::Q8_0, raw.data()); }).find("blocks"),
+      std::string::npos);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Writes small valid tokenizer.json files into the directory given as argv[1], the seed corpus of
-// fuzz_tokenizer_json: each pre-tokenizer configuration retort reads, both merge spellings, added tokens, and a
-// tokenizer_config.json after a NUL byte.
+// fuzz_tokenizer_json: each pre-tokenizer configuration retort reads, both merge spellings, added tokens, and
+// a tokenizer_config.json after a NUL byte.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -20,9 +20,10 @@ std::string doc(const std::string& pre, const std::string& merges, const std::st
   return R"({"version":"1.0","truncation":null,"padding":null,"added_tokens":[{"id":7,"content":"<|endoftext|>",)"
          R"("single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],)"
          R"("normalizer":null,"pre_tokenizer":)" +
-         pre + R"(,"post_processor":null,"decoder":{"type":"ByteLevel"},"model":{"type":"BPE","dropout":null,)"
-               R"("unk_token":null,"fuse_unk":false,"byte_fallback":false,"vocab":{"a":0,"b":1,"ab":2,"\u0120":3,)"
-               R"("\u0120ab":4,"1":5,"2":6,"<|endoftext|>":7},"merges":)" +
+         pre +
+         R"(,"post_processor":null,"decoder":{"type":"ByteLevel"},"model":{"type":"BPE","dropout":null,)"
+         R"("unk_token":null,"fuse_unk":false,"byte_fallback":false,"vocab":{"a":0,"b":1,"ab":2,"\u0120":3,)"
+         R"("\u0120ab":4,"1":5,"2":6,"<|endoftext|>":7},"merges":)" +
          merges + "}" + extra + "}";
 }
 
@@ -34,13 +35,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1];
-  const std::string byte_level = R"({"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true})";
-  const std::string digits = R"({"type":"Sequence","pretokenizers":[{"type":"Digits","individual_digits":true},)" +
-                             byte_level + "]}";
-  const std::string split = R"({"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":)"
-                            R"("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},)"
-                            R"("behavior":"Isolated","invert":false},{"type":"ByteLevel","add_prefix_space":false,)"
-                            R"("trim_offsets":true,"use_regex":false}]})";
+  const std::string byte_level =
+      R"({"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true})";
+  const std::string digits =
+      R"({"type":"Sequence","pretokenizers":[{"type":"Digits","individual_digits":true},)" + byte_level +
+      "]}";
+  const std::string split =
+      R"({"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":)"
+      R"("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},)"
+      R"("behavior":"Isolated","invert":false},{"type":"ByteLevel","add_prefix_space":false,)"
+      R"("trim_offsets":true,"use_regex":false}]})";
   write(dir, "bytelevel.json", doc(byte_level, R"(["a b","\u0120 ab"])"));
   write(dir, "digits.json", doc(digits, R"([["a","b"],["\u0120","ab"]])"));
   write(dir, "llama3.json", doc(split, R"(["a b","\u0120 ab"])"));

@@ -1,6 +1,7 @@
 // Runs a GGUF model in llama.cpp (CPU) over a text and writes what retort is compared against: llama.cpp's
 // tokenization of the text and its logits at every position. Built and run by tools/llamacpp_compare.sh.
-//   dump_logits MODEL.gguf TEXT_FILE MAX_TOKENS OUT_PREFIX   ->  OUT_PREFIX.ids (i32), OUT_PREFIX.logits (f32)
+//   dump_logits MODEL.gguf TEXT_FILE MAX_TOKENS OUT_PREFIX   ->  OUT_PREFIX.ids (i32), OUT_PREFIX.logits
+//   (f32)
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -34,7 +35,8 @@ int main(int argc, char** argv) {
 
   // No BOS/EOS added and no special-token parsing: plain text, as retort encodes it by default.
   std::vector<llama_token> ids(text.size() + 16);
-  int n = llama_tokenize(vocab, text.data(), int32_t(text.size()), ids.data(), int32_t(ids.size()), false, false);
+  int n =
+      llama_tokenize(vocab, text.data(), int32_t(text.size()), ids.data(), int32_t(ids.size()), false, false);
   if (n < 0) return fail("tokenization failed");
   ids.resize(size_t(n < max_tokens ? n : max_tokens));
   n = int(ids.size());
