@@ -253,7 +253,8 @@ def fused_cases(fi, refs):
 def run_fused_case(torch, retort, name, opts, inputs, ref_fn, tols):
     fn = getattr(retort.losses, name)
     selective = name.endswith("selective_log_softmax")
-    flags = {} if selective else {"return_grad": True}
+    # f32 logits and gradients: this checks the math; the 16-bit defaults are checked by the CUDA tests.
+    flags = {"logits_dtype": "f32"} if selective else {"return_grad": True, "grad_dtype": "f32", "logits_dtype": "f32"}
     if name in ("fused_linear_cross_entropy", "fused_linear_topk_kd", "fused_linear_distill"):
         flags.update(return_per_row=True)
         # normalize_topk without lse takes the K-sparse path (K dot products per row, no full GEMM).
@@ -293,7 +294,7 @@ def run_case(torch, retort, refs, name, inputs, opts, tols):
     if name == "selective_log_softmax":
         result = {"out": fn(*inputs)}
     else:
-        flags = {"return_grad": True}
+        flags = {"return_grad": True, "grad_dtype": "f32"}  # the math at full precision
         if name != "entropy":
             flags.update(return_per_row=True, return_lse=True)
         if name in ("topk_kd", "distill"):

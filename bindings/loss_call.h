@@ -5,6 +5,7 @@
 // device.
 #pragma once
 #include <string>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -56,6 +57,42 @@ class LossCall {
 
   Context& ctx() { return *ctx_; }
 
+  // The grad_dtype option: None, each gradient in the dtype of its input; else this dtype for all.
+  void set_grad_dtype(pyb::handle h) {
+    grad_dtype_ = parse_dtype_opt(h);
+    RT_CHECK(!grad_dtype_ || is_float(*grad_dtype_), op_, ": grad_dtype must be f32, bf16 or f16, got ",
+             dtype_name(*grad_dtype_));
+  }
+
+  // A row loss's logits gradient written by the loss's own pass (losses.h logits_grad), in grad_dtype or the
+  // logits' dtype; in_place over the caller's logits, which must then have been wrapped without a copy.
+  void row_grad(Tensor* loss, Reduction red, Tensor* x, pyb::handle logits, bool in_place) {
+    RT_CHECK(red != Reduction::None, op_,
+             ": return_grad needs reduction 'mean' or 'sum' (a gradient is taken of a single number)");
+    const DType dt = grad_dtype_.value_or(x->dtype);
+    if (in_place) {
+      RT_CHECK(!grad_dtype_ || *grad_dtype_ == x->dtype, op_, ": inplace_grad writes the gradient in the ",
+               "logits' dtype ", dtype_name(x->dtype), ", but grad_dtype is ", dtype_name(*grad_dtype_));
+      RT_CHECK(wrapped_in_place(logits, x), op_, ": inplace_grad needs logits the call can use without a ",
+               "copy (contiguous, of a float dtype, on the backend the call runs on); got ", x->describe(),
+               ", which was copied");
+      in_place_ = logits;
+    }
+    Tensor* g = retort::logits_grad(*ctx_, loss, dt, in_place);
+    ctx_->set_ndim(g, ctx_->ndim(x));
+    direct_.push_back({"grad", g});
+  }
+  // A plain function's own output, returned in field "values" beside the surrogate loss finish() runs.
+  void set_values(Tensor* v) { values_ = v; }
+
+  DType grad_dtype_or(DType d) const { return grad_dtype_.value_or(d); }
+
+  // A gradient made by the call's own node (selective_log_softmax_grad), returned in slot name.
+  void direct_grad(const char* name, Tensor* g, Tensor* like) {
+    ctx_->set_ndim(g, ctx_->ndim(like));
+    direct_.push_back({name, g});
+  }
+
   // Runs the graph for loss (and the extra outputs), with the gradients asked for, and packs the results:
   // the loss alone when nothing else was asked for, else LossResult(loss, <grad slots>, per_row, lse, hard,
   // soft) with None where nothing was asked for.
@@ -71,15 +108,31 @@ class LossCall {
     add("lse", extra.lse, 1);
     add("hard", extra.hard, loss_nd);
     add("soft", extra.soft, loss_nd);
+    add("values", values_, 2);
     std::vector<TensorRef> roots;
     for (auto& o : outs) roots.push_back(o.second);
-    graph->forward(roots);
     std::vector<std::pair<std::string, TensorRef>> grads;
+    for (auto& [name, g] : direct_) {
+      g->flags |= kOutput;
+      grads.push_back({name, make_ref(g, ctx_->ndim(g))});
+      roots.push_back(grads.back().second);
+    }
+    graph->forward(roots);
     if (!grads_.empty()) {
       RT_CHECK(red != Reduction::None, op_,
                ": return_grad needs reduction 'mean' or 'sum' (a gradient is taken of a single number)");
       graph->backward(outs[0].second);
-      for (auto& [name, t] : grads_) grads.push_back({name, *graph->grad(make_ref(t))});
+      for (auto& [name, t] : grads_) {
+        TensorRef g = *graph->grad(make_ref(t));
+        const DType dt = grad_dtype_.value_or(t->dtype);
+        if (dt != g.t->dtype) {  // the f32 accumulator, cast once after the run's last accumulation
+          Tensor* c = cast(*ctx_, g.t, dt);
+          c->flags |= kOutput;
+          g = make_ref(c, ctx_->ndim(t));
+          graph->forward(std::vector<TensorRef>{g});
+        }
+        grads.push_back({name, g});
+      }
     }
     graph->compute();
 
@@ -98,10 +151,13 @@ class LossCall {
       fields.append(slot);
       pyb::object v = pyb::none();
       for (auto& [name, r] : grads)
-        if (name == slot) v = result(r);
+        if (name == slot)
+          v = in_place_ && slot == "grad" ? pyb::reinterpret_borrow<pyb::object>(in_place_) : result(r);
       values.append(v);
     }
-    for (const char* name : {"per_row", "lse", "hard", "soft"}) {
+    std::vector<const char*> extras = {"per_row", "lse", "hard", "soft"};
+    if (values_) extras.push_back("values");
+    for (const char* name : extras) {
       fields.append(name);
       pyb::object v = pyb::none();
       for (size_t i = 1; i < outs.size(); ++i)
@@ -112,6 +168,24 @@ class LossCall {
   }
 
  private:
+  // Whether leaf x, made by input() from obj, is obj's own memory: NumPy arrays and retort Tensors are
+  // compared by address; a DLPack producer on the call's device is always imported in place.
+  bool wrapped_in_place(pyb::handle obj, const Tensor* x) const {
+    if (pyb::isinstance<pyb::array>(obj)) {
+      const pyb::array a = obj.cast<pyb::array>();
+      return a.writeable() && a.data() == x->data;
+    }
+    if (pyb::isinstance<TensorRef>(obj)) {
+      const TensorRef r = obj.cast<TensorRef>();
+      return r.t->data == x->data && r.t->dtype == x->dtype;
+    }
+    if (pyb::hasattr(obj, "__dlpack__")) {
+      BackendPtr b = backend_of(obj);
+      return b ? b->backend == be_->backend : be_->backend->is_host();
+    }
+    return false;
+  }
+
   // A namedtuple class per field list ("LossResult"), made once and kept in retort.losses._result_types.
   static pyb::object result_type(const pyb::tuple& fields) {
     pyb::dict cache = pyb::module_::import("retort").attr("losses").attr("_result_types");
@@ -124,7 +198,11 @@ class LossCall {
   std::vector<std::string> slots_;
   BackendPtr be_;
   std::shared_ptr<PyCtx> ctx_;
-  std::vector<std::pair<std::string, Tensor*>> grads_;
+  std::vector<std::pair<std::string, Tensor*>> grads_;   // taken by a graph backward
+  std::vector<std::pair<std::string, Tensor*>> direct_;  // written by a forward node
+  std::optional<DType> grad_dtype_;
+  Tensor* values_ = nullptr;
+  pyb::handle in_place_;  // the caller's logits, when the gradient overwrote them
 };
 
 }  // namespace retort::py

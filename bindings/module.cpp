@@ -53,6 +53,38 @@ void bind_backends(pyb::module_& m) {
           },
           "Waits until all work queued on this backend has finished; raises retort.Error for a device-side "
           "fault (e.g. a label out of range).")
+      .def(
+          "memory_stats",
+          [](const BackendRef& b) {
+            RT_CHECK(!b.backend->is_host(), "memory_stats: the CPU backend keeps no allocator statistics");
+            const CudaMemoryStats s = cuda_memory_stats(*b.backend);
+            pyb::dict d;
+            d["current"] = s.bytes_in_use;
+            d["peak"] = s.peak_bytes;
+            d["cached"] = s.bytes_cached;
+            d["reserved"] = s.bytes_reserved;
+            d["alloc_calls"] = s.alloc_calls;
+            d["device_allocs"] = s.device_allocs;
+            return d;
+          },
+          "The device allocator's statistics in bytes (like torch.cuda.memory_stats): current (live "
+          "buffers: tensors, graph arenas, temporaries), peak (highest current since the backend was made "
+          "or reset_peak_memory_stats), cached (freed blocks kept for reuse), reserved (current + cached), "
+          "alloc_calls and device_allocs (cache misses). Raises retort.Error on the CPU backend.")
+      .def(
+          "reset_peak_memory_stats",
+          [](const BackendRef& b) {
+            RT_CHECK(!b.backend->is_host(), "reset_peak_memory_stats: the CPU backend keeps no statistics");
+            cuda_reset_peak(*b.backend);
+          },
+          "Sets memory_stats()['peak'] to the current bytes in use.")
+      .def(
+          "empty_cache",
+          [](const BackendRef& b) {
+            RT_CHECK(!b.backend->is_host(), "empty_cache: the CPU backend keeps no cache");
+            cuda_empty_cache(*b.backend);
+          },
+          "Returns the allocator's cached free blocks to the device.")
       .def("__repr__", [](const BackendRef& b) { return "retort.Backend('" + b.name() + "')"; })
       .def(
           "__eq__", [](const BackendRef& a, const BackendRef& b) { return a.backend == b.backend; },

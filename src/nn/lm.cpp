@@ -218,15 +218,6 @@ Tensor* flat_labels(Context& ctx, Tensor* targets) {
 }
 }  // namespace
 
-// Under mixed precision the chunk logits stay in the compute dtype too, as in PyTorch's bf16 training (where
-// an executor supports it: CUDA; the CPU keeps f32): a third of the chunk memory and of the loss's traffic.
-static FusedLinearOptions head_options(const Transformer& model) {
-  FusedLinearOptions f;
-  const DType cd = model.config().compute_dtype;
-  if (cd == DType::BF16 || cd == DType::F16) f.logits_dtype = cd;
-  return f;
-}
-
 LossOutputs lm_cross_entropy(Context& ctx, Transformer& model, Tensor* tokens, Tensor* targets) {
   Tensor* h = model.hidden(ctx, tokens);
   RT_CHECK(targets->nelements() == h->nrows(), "lm_cross_entropy: targets ", targets->describe(),
@@ -234,7 +225,7 @@ LossOutputs lm_cross_entropy(Context& ctx, Transformer& model, Tensor* tokens, T
   // In the compute dtype (bf16 hidden and weight under mixed precision): the fused op accumulates in f32
   // and hands back f32 gradients, which reach the f32 parameters through the casts' backward.
   return fused_linear_cross_entropy(ctx, model.head_input(ctx, h), model.head_weight(ctx), nullptr,
-                                    flat_labels(ctx, targets), {}, head_options(model));
+                                    flat_labels(ctx, targets), {});
 }
 
 LossOutputs lm_topk_distill(Context& ctx, Transformer& model, Tensor* tokens, Tensor* targets,
@@ -247,7 +238,7 @@ LossOutputs lm_topk_distill(Context& ctx, Transformer& model, Tensor* tokens, Te
   // K-sparse path, which skips the full-vocabulary GEMMs.
   Tensor* labels = opts.w_hard > 0 ? flat_labels(ctx, targets) : nullptr;
   return fused_linear_topk_kd(ctx, model.head_input(ctx, h), model.head_weight(ctx), nullptr, teacher_ids,
-                              teacher_logprobs, mask, labels, opts, head_options(model));
+                              teacher_logprobs, mask, labels, opts);
 }
 
 // ---- trainer --------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "cuda_loss_check.h"
+#include "logits_grad_cases.h"
 
 namespace retort::test {
 namespace {
@@ -405,6 +406,18 @@ TEST_F(CudaLosses, BadLabelsAndIdsRaiseErrors) {
     Graph g(ctx);
     g.forward(out);
     expect_device_error(g, {"selective_log_softmax", "id -2", "[0, 6)"});
+  }
+}
+
+// logits_grad on the device: the same case list as the CPU's (tests/ops/logits_grad_cases.h), and the
+// device's f32 gradient against the CPU's.
+TEST_F(CudaLosses, LogitsGradEveryLossAndDtype) {
+  check_logits_grad_cases(cuda_backend());
+  for (const LogitsGradCase& c : logits_grad_cases()) {
+    SCOPED_TRACE(c.name);
+    const Vec cpu = logits_grad_on(default_cpu_backend(), c, DType::BF16, DType::F32, false, false);
+    const Vec gpu = logits_grad_on(cuda_backend(), c, DType::BF16, DType::F32, false, false);
+    EXPECT_LE(nmse(gpu, cpu), kCpuTol);
   }
 }
 

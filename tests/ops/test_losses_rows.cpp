@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "ops/loss/row_kernels.h"
+#include "logits_grad_cases.h"
 #include "test_losses_ref.h"
 
 namespace retort::test {
@@ -178,6 +179,42 @@ TEST(RowKernels, ValidationCountsRowsAndNamesTheFault) {
   d.ids[size_t(1 * d.k + 2)] = -5;
   mask32[size_t(1 * d.k + 2)] = 1;
   expect_error([&] { loss::check_topk(t, d.n, d.v, "topk"); }, {"topk", "teacher id -5", "row 1", "slot 2"});
+}
+
+// ---- logits_grad ------------------------------------------------------------------------------------
+
+TEST(LogitsGrad, EveryLossAndDtypeMatchesTheBackward) {
+  check_logits_grad_cases(default_cpu_backend());
+}
+
+TEST(LogitsGrad, RefusesWhatItCannotDo) {
+  Context ctx(default_cpu_backend());
+  Tensor* x = ctx.input(DType::F32, {4, 9}, "x");
+  Tensor* y = ctx.input(DType::I32, {4}, "y");
+  CrossEntropyOptions none;
+  none.reduction = Reduction::None;
+  expect_error([&] { logits_grad(ctx, cross_entropy_loss(ctx, x, y, none).loss); },
+               {"logits_grad", "cross_entropy_loss", "reduction 'none'"});
+  expect_error([&] { logits_grad(ctx, sum(ctx, x)); }, {"logits_grad", "is not the loss of a row loss"});
+  Tensor* l = cross_entropy_loss(ctx, x, y).loss;
+  expect_error([&] { logits_grad(ctx, l, DType::I32); }, {"logits_grad", "dtype", "i32"});
+  expect_error([&] { logits_grad(ctx, l, DType::BF16, true); },
+               {"logits_grad", "in-place", "f32[4, 9]", "bf16"});
+  logits_grad(ctx, l, DType::BF16);
+  expect_error([&] { logits_grad(ctx, l); }, {"logits_grad", "already asked for"});
+  Tensor* sx = ctx.input(DType::F32, {4, 9}, "sx");
+  Tensor* ids = ctx.input(DType::I32, {4, 2}, "ids");
+  Tensor* vals = selective_log_softmax(ctx, sx, ids);
+  expect_error(
+      [&] {
+        selective_log_softmax_grad(ctx, vals, ctx.input(DType::F32, {4, 3}, "g"));
+      },
+      {"selective_log_softmax_grad", "grad_output", "[4, 3]", "[4, 2]"});
+  // A view's storage is not the logits': refused in place.
+  Tensor* wide = ctx.input(DType::F32, {4, 18}, "wide");
+  Tensor* half = slice(ctx, wide, 0, 0, 9);
+  expect_error([&] { logits_grad(ctx, cross_entropy_loss(ctx, half, y).loss, DType::F32, true); },
+               {"logits_grad", "in-place"});
 }
 
 }  // namespace

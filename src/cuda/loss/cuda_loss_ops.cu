@@ -121,7 +121,8 @@ struct LossOut {
   float* lse = nullptr;
   float* hard = nullptr;
   float* soft = nullptr;
-  void* grad = nullptr;  // f32 [N, V] contiguous
+  void* grad = nullptr;  // [N, V] contiguous, of grad_dtype (may be the logits themselves: logits_grad)
+  DType grad_dtype = DType::F32;
 };
 
 LossOut wire(Scratch& s, const Tensor* node) {
@@ -142,10 +143,11 @@ LossOut wire(Scratch& s, const Tensor* node) {
   }
   if (node->ip[kIpGrad] && node->aux[kAuxGrad]) {
     const Tensor* g = node->aux[kAuxGrad];
-    RT_CHECK(g->dtype == DType::F32 && g->is_contiguous() && same_shape(g, x), "cuda ", op_name(node->op),
-             ": the logits gradient ", g->describe(), " must be a contiguous f32 tensor shaped like ",
+    RT_CHECK(is_float(g->dtype) && g->is_contiguous() && same_shape(g, x), "cuda ", op_name(node->op),
+             ": the logits gradient ", g->describe(), " must be a contiguous float tensor shaped like ",
              x->describe());
     o.grad = g->data;
+    o.grad_dtype = g->dtype;
   }
   return o;
 }
@@ -174,7 +176,7 @@ RowBlock block_of(const Rows& x, const LossOut& o, const Scale& sc) {
   b.V = x.cols;
   b.stride = x.stride;
   b.grad = o.grad;
-  b.grad_dtype = DType::F32;
+  b.grad_dtype = o.grad_dtype;
   b.grad_stride = x.cols;
   b.scale = sc.host;
   b.scale_dev = sc.dev;
@@ -314,12 +316,13 @@ void selective_back_l(CudaExec& ex, Tensor* node) {
   const Tensor* lse = node->src[3];
   Scratch s{ex, {}};
   const Rows xr = rows_of(s, node->src[0]);
-  RT_CHECK(node->dtype == DType::F32 && node->is_contiguous() && node->ne[0] == xr.cols &&
+  RT_CHECK(is_float(node->dtype) && node->is_contiguous() && node->ne[0] == xr.cols &&
                node->ne[1] == xr.rows && lse->dtype == DType::F32 && lse->is_contiguous(),
            "cuda selective_log_softmax_back: unexpected output ", node->describe(), " or lse ",
            lse->describe());
   LossOut o;
   o.grad = node->data;
+  o.grad_dtype = node->dtype;
   o.lse = f32(lse);
   SelectiveRows so;
   so.ids = contiguous_as(s, ids, ids->dtype);

@@ -37,6 +37,7 @@ namespace {
 
 constexpr int kIpReduction = 0, kIpGrad = 1, kIpIgnore = 2, kIpNormalize = 3, kIpBudget = 4, kIpChunk = 5,
               kIpKind = 6, kIpStats = 7, kIpAllow = 8, kIpAccum = 9, kIpLogits = 10;
+constexpr int64_t kLogitsAuto = -1;  // ip[kIpLogits] when FusedLinearOptions::logits_dtype is unset
 constexpr int kFpTemp = 0, kFpBeta = 1, kFpHard = 2, kFpSoft = 3, kFpSmooth = 4, kFpZLoss = 5, kFpCap = 6;
 constexpr int kAuxStats = 0;
 constexpr int kSrcUpstream = 7, kSrcStats = 8, kSrcLossInputs = 7;
@@ -149,8 +150,9 @@ Tensor* fused_node(Context& ctx, Op op, const Checker& ck, Tensor* bias, Reducti
   RT_CHECK(f.chunk_rows >= 0, ck.op, ": chunk_rows must be >= 0 (0: from the memory budget), got ",
            f.chunk_rows, ck.shapes());
   RT_CHECK(f.memory_budget <= size_t(INT64_MAX), ck.op, ": memory_budget ", f.memory_budget, " is too large");
-  RT_CHECK(f.logits_dtype == DType::F32 || f.logits_dtype == DType::BF16 || f.logits_dtype == DType::F16,
-           ck.op, ": logits_dtype must be f32, bf16 or f16, got ", dtype_name(f.logits_dtype), ck.shapes());
+  RT_CHECK(!f.logits_dtype || is_float(*f.logits_dtype), ck.op,
+           ": logits_dtype must be f32, bf16 or f16, got ", f.logits_dtype ? dtype_name(*f.logits_dtype) : "",
+           ck.shapes());
   Tensor* t = ctx.node(op, DType::F32, ne);
   t->src[0] = ck.hidden;
   t->src[1] = ck.weight;
@@ -159,7 +161,7 @@ Tensor* fused_node(Context& ctx, Op op, const Checker& ck, Tensor* bias, Reducti
   t->ip[kIpBudget] = int64_t(f.memory_budget);
   t->ip[kIpChunk] = f.chunk_rows;
   t->ip[kIpAllow] = (f.grad_hidden ? 1 : 0) | (f.grad_weight ? 2 : 0) | (f.grad_bias ? 4 : 0);
-  t->ip[kIpLogits] = int64_t(f.logits_dtype);
+  t->ip[kIpLogits] = f.logits_dtype ? int64_t(*f.logits_dtype) : kLogitsAuto;
   return t;
 }
 
@@ -235,6 +237,14 @@ float* f32(const Tensor* t) {
   return t ? static_cast<float*>(t->data) : nullptr;
 }
 
+// FusedLinearOptions::logits_dtype unset: the GEMM operands' dtype when they all share one 16-bit dtype.
+DType auto_logits_dtype(const loss::FusedLinearProblem& p) {
+  const DType d = p.hidden.dtype;
+  bool same = d != DType::F32 && p.weight.dtype == d;
+  if (p.online_teacher()) same = same && p.teacher_hidden.dtype == d && p.teacher_weight.dtype == d;
+  return same ? d : DType::F32;
+}
+
 // The problem a node describes: inputs, side data and options (outputs are wired by the callers).
 loss::FusedLinearProblem inputs_of(const Tensor* node) {
   const Op op = forward_op(node);
@@ -245,7 +255,6 @@ loss::FusedLinearProblem inputs_of(const Tensor* node) {
   p.reduction = Reduction(node->ip[kIpReduction]);
   p.memory_budget = size_t(node->ip[kIpBudget]);
   p.chunk_rows = node->ip[kIpChunk];
-  p.logits_dtype = DType(node->ip[kIpLogits]);
   p.what = what(node);
   loss::LossSpec& s = p.spec;
   const int64_t ignore = node->ip[kIpIgnore];
@@ -294,6 +303,7 @@ loss::FusedLinearProblem inputs_of(const Tensor* node) {
       s.selective.ids = matrix(node->src[3]);
       break;
   }
+  p.logits_dtype = node->ip[kIpLogits] == kLogitsAuto ? auto_logits_dtype(p) : DType(node->ip[kIpLogits]);
   return p;
 }
 

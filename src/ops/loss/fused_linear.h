@@ -20,6 +20,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "losses.h"
 
@@ -56,20 +57,21 @@ struct FusedLinearOptions {
   bool grad_hidden = true;
   bool grad_weight = true;
   bool grad_bias = true;
-  // The dtype the chunk logits (and an online teacher's) are kept in: F32 (the default, exactly the
-  // behaviour without this option), BF16 or F16; anything else throws retort::Error naming the op. A GPU
-  // speed option, what PyTorch / Liger / torch.compile do in bf16 training: a 16-bit logits row takes 2 bytes
-  // per entry instead of 4 (+ 2 for the CUDA executor's 16-bit gradient copy), so a budget holds 3x the rows
-  // (fewer passes over the f32 dW in its accumulating GEMM) and the row loss moves a third of the bytes.
+  // The dtype the chunk logits (and an online teacher's) are kept in: F32, BF16 or F16 (anything else throws
+  // retort::Error naming the op). Unset, the default: the inputs' own dtype when the GEMM operands (hidden
+  // and W, and an online teacher's hidden and W) all share one 16-bit dtype, else F32 — what PyTorch's 16-bit
+  // training does. A 16-bit logits row takes 2 bytes per entry instead of 4 (+ 2 for the CUDA executor's
+  // 16-bit gradient copy), so a budget holds 3x the rows (fewer passes over the f32 dW in its accumulating
+  // GEMM) and the row loss moves a third of the bytes.
   // What it changes where it applies: each logit is the f32-accumulated GEMM rounded to 16 bits (the bias
   // is then added in f32 and the sum rounded again); the row loss reads them into f32 math; the logits
   // gradient is written in 16 bits over them, in place, and the gradient GEMMs read it from there. Loss and
   // LSE then differ from the f32 path by about 2^-9·|logit| (~1e-3 relative); the gradients by as much.
   // It applies when the backend supports it: the CUDA backend, when the GEMM operands are all of the logits
-  // dtype (hidden and W, and an online teacher's hidden and W). Everywhere else the logits stay f32 and the
-  // results are those of F32: on the CPU (whose executor always keeps f32 logits), for selective log-softmax
-  // (its backward needs f32 log-probabilities) and on the K-sparse top-K path (which has no logits block).
-  DType logits_dtype = DType::F32;
+  // dtype. Everywhere else the logits stay f32 and the results are those of F32: on the CPU (whose executor
+  // always keeps f32 logits), for selective log-softmax (its backward needs f32 log-probabilities) and on the
+  // K-sparse top-K path (which has no logits block).
+  std::optional<DType> logits_dtype;
 };
 
 // Cross-entropy of hidden · Wᵀ (+ bias) against integer labels [N]; options as cross_entropy_loss. Throws

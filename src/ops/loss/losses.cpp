@@ -200,7 +200,8 @@ void run_loss(Tensor* node, int64_t valid, Run&& run) {
   }
   const float inv = red == Reduction::Mean ? (valid > 0 ? 1.0f / float(valid) : 0.0f) : 1.0f;
   if (node->ip[kIpGrad] && node->aux[kAuxGrad]) {
-    out.grad = loss::Block::dense(node->aux[kAuxGrad]->data, DType::F32, n, x->ne[0]);
+    const Tensor* g = node->aux[kAuxGrad];
+    out.grad = loss::Block::dense(g->data, g->dtype, n, x->ne[0]);
     out.grad_scale = inv;
   }
   run(out);
@@ -281,9 +282,9 @@ void cpu_selective(Tensor* node, ThreadPool& pool) {
 void cpu_selective_back(Tensor* node, ThreadPool& pool) {
   const Tensor* x = node->src[0];
   // The ids were checked by the forward node, which ran first.
-  loss::selective_log_softmax_back_rows(matrix(x), matrix(node->src[1]), matrix(node->src[2]),
-                                        f32(node->src[3]),
-                                        loss::Block::dense(node->data, DType::F32, x->ne[1], x->ne[0]), pool);
+  loss::selective_log_softmax_back_rows(
+      matrix(x), matrix(node->src[1]), matrix(node->src[2]), f32(node->src[3]),
+      loss::Block::dense(node->data, node->dtype, x->ne[1], x->ne[0]), pool);
 }
 
 // ---- backward -----------------------------------------------------------------------------------------
@@ -308,6 +309,9 @@ void back_loss(BackwardCtx& bc, Tensor* node, Tensor* grad) {
     gz = bc.ctx.node(Op::AuxOutput, DType::F32, x->ne);
     gz->src[0] = node;
   }
+  RT_CHECK(gz->dtype == DType::F32 && !gz->view_src, op_name(node->op),
+           ": the logits gradient was already asked for as ", gz->describe(),
+           " (logits_grad); a graph backward through the same loss needs its own f32 gradient");
   node->ip[kIpGrad] = 1;  // the forward pass now writes gz too
   if (is_unit_fill(grad)) {
     bc.add(x, gz);
@@ -321,21 +325,25 @@ void back_loss(BackwardCtx& bc, Tensor* node, Tensor* grad) {
   bc.add(x, mul(bc.ctx, gz, u));
 }
 
-void back_selective(BackwardCtx& bc, Tensor* node, Tensor* grad) {
+// The gradient of selective log-softmax's output `node` given the upstream gradient of that output, in dtype.
+Tensor* selective_back_node(Context& ctx, Tensor* node, Tensor* grad, DType dtype) {
   Tensor* x = node->src[0];
-  if (!bc.needs(x)) return;
   Tensor*& lse = node->aux[kAuxLse];
   if (!lse) {  // the forward keeps its row normalizers for the backward's single pass
     int64_t ne[kMaxDims] = {x->ne[1], 1, 1, 1};
-    lse = bc.ctx.node(Op::AuxOutput, DType::F32, ne);
+    lse = ctx.node(Op::AuxOutput, DType::F32, ne);
     lse->src[0] = node;
   }
-  Tensor* t = bc.ctx.node(Op::SelectiveLogSoftmaxBack, DType::F32, x->ne);
+  Tensor* t = ctx.node(Op::SelectiveLogSoftmaxBack, dtype, x->ne);
   t->src[0] = x;
   t->src[1] = node->src[1];
   t->src[2] = grad;
   t->src[3] = lse;
-  bc.add(x, t);
+  return t;
+}
+
+void back_selective(BackwardCtx& bc, Tensor* node, Tensor* grad) {
+  if (bc.needs(node->src[0])) bc.add(node->src[0], selective_back_node(bc.ctx, node, grad, DType::F32));
 }
 
 }  // namespace
@@ -461,6 +469,43 @@ Tensor* selective_log_softmax(Context& ctx, Tensor* logits, Tensor* ids) {
   t->src[0] = logits;
   t->src[1] = ids;
   return t;
+}
+
+Tensor* logits_grad(Context& ctx, Tensor* loss, DType dtype, bool in_place) {
+  const char* op = "logits_grad";
+  RT_CHECK(loss != nullptr, op, ": loss is null");
+  const Op k = loss->op;
+  RT_CHECK(k == Op::CrossEntropyLoss || k == Op::TopKDistill || k == Op::TopKKLGathered || k == Op::Distill ||
+               k == Op::Entropy,
+           op, ": ", loss->describe(), " is not the loss of a row loss (cross_entropy_loss, topk_kd, ",
+           "topk_kl_gathered, distill, entropy)");
+  RT_CHECK(Reduction(loss->ip[kIpReduction]) != Reduction::None, op, ": ", op_name(k),
+           " has reduction 'none': a gradient is taken of a single number ('mean' or 'sum')");
+  RT_CHECK(is_float(dtype), op, ": dtype must be f32, bf16 or f16, got ", dtype_name(dtype));
+  Tensor* x = loss->src[0];
+  RT_CHECK(!loss->aux[kAuxGrad], op, ": the logits gradient of this ", op_name(k),
+           " was already asked for (by logits_grad or a graph backward)");
+  if (in_place)
+    RT_CHECK(x->dtype == dtype && x->is_contiguous() && !x->is_view(), op, ": an in-place gradient over ",
+             x->describe(), " needs contiguous logits of the gradient's dtype ", dtype_name(dtype),
+             " that are not a view");
+  Tensor* g = ctx.node(Op::AuxOutput, dtype, x->ne);
+  g->src[0] = loss;
+  if (in_place) g->view_src = x;  // the forward writes over the logits it has just read (row by row)
+  loss->aux[kAuxGrad] = g;
+  loss->ip[kIpGrad] = 1;
+  return g;
+}
+
+Tensor* selective_log_softmax_grad(Context& ctx, Tensor* values, Tensor* grad_output, DType dtype) {
+  const char* op = "selective_log_softmax_grad";
+  RT_CHECK(values != nullptr && values->op == Op::SelectiveLogSoftmax, op, ": ",
+           values ? values->describe() : std::string("null"), " is not the result of selective_log_softmax");
+  RT_CHECK(grad_output != nullptr && is_float(grad_output->dtype) && same_shape(grad_output, values), op,
+           ": grad_output ", grad_output ? grad_output->describe() : std::string("null"),
+           " must be a float tensor shaped like the output ", values->describe());
+  RT_CHECK(is_float(dtype), op, ": dtype must be f32, bf16 or f16, got ", dtype_name(dtype));
+  return selective_back_node(ctx, values, grad_output, dtype);
 }
 
 void register_loss_ops(OpTable& t) {

@@ -111,4 +111,18 @@ Tensor* entropy(Context& ctx, Tensor* logits, float temperature = 1.0f,
 // before anything is computed. The backward is one dense pass over the logits with the scatter fused in.
 Tensor* selective_log_softmax(Context& ctx, Tensor* logits, Tensor* ids);
 
+// The gradient of a reduced row loss with respect to its student logits, d(loss)/d(logits) [N, V], written by
+// the loss's own forward pass with no graph backward and no f32 [N, V] accumulator: into a new tensor of
+// dtype (f32, bf16 or f16), or with in_place over the student logits themselves (contiguous, of dtype, not a
+// view; nothing may read them after the loss). loss: LossOutputs::loss of cross_entropy_loss, topk_kd,
+// topk_kl_gathered or distill, or entropy's result, under Mean or Sum. Throws retort::Error otherwise, or
+// when the gradient of that loss was already asked for. A graph backward through the same loss is then
+// refused.
+Tensor* logits_grad(Context& ctx, Tensor* loss, DType dtype = DType::F32, bool in_place = false);
+
+// The gradient of selective_log_softmax's output `values` [N, K] with respect to its logits, given the
+// gradient of the output, grad_output [N, K] (float): [N, V] of dtype, in one pass over the logits.
+Tensor* selective_log_softmax_grad(Context& ctx, Tensor* values, Tensor* grad_output,
+                                   DType dtype = DType::F32);
+
 }  // namespace retort
