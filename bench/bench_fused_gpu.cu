@@ -7,8 +7,9 @@
 // its clocks follow, so both see the same conditions), medians after warmup runs. Also the peak device memory
 // the fused step allocates beyond its graph's own buffers (the allocator's peak minus what was in use
 // before).
-// --logits bf16 keeps the fused ops' chunk logits in bf16 (FusedLinearOptions::logits_dtype) for every case
-// with a logits block; the floor is the same either way.
+// By default retort runs with the product's defaults: chunk logits in the inputs' dtype (bf16 here) and the
+// automatic memory budget; --logits f32 | bf16 | f16 and --budget-mib N override them (the floor is the same
+// either way).
 // GEMM algorithms. The floor (--floor best, the default): each of its GEMMs takes the fastest of cuBLASLt's
 // first 8 candidates, timed after the preheat (in steady state: a pick timed on a cool GPU need not hold
 // under the power cap), so the floor is the best cuBLASLt does on these shapes, not its heuristic's first
@@ -29,6 +30,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -366,7 +368,8 @@ struct Result {
 
 // retort's fused node, forward and backward, timed alternately with the floor (whose buffers are raw
 // cudaMalloc, outside the allocator whose peak is read).
-Result retort_ms(const Case& c, Backend& be, size_t budget, DType logits_dtype, int warmup, int reps) {
+Result retort_ms(const Case& c, Backend& be, size_t budget, std::optional<DType> logits_dtype, int warmup,
+                 int reps) {
   auto s = static_cast<cudaStream_t>(be.stream_handle());
   Result r;
   Floor floor(c, s);
@@ -441,10 +444,10 @@ Result retort_ms(const Case& c, Backend& be, size_t budget, DType logits_dtype, 
 
 int main(int argc, char** argv) {
   bool quick = false;
-  size_t budget_mib = 2048;
+  size_t budget_mib = 0;  // --budget-mib N | auto (the default: the product's automatic budget)
   int warmup = 2, reps = 10;
   std::string only;  // --only SUBSTRING: run the cases whose name contains it (for profiling one case)
-  DType logits_dtype = DType::F32;  // --logits f32 | bf16 | f16
+  std::optional<DType> logits_dtype;  // --logits auto (the default: the inputs' dtype) | f32 | bf16 | f16
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") {
@@ -456,9 +459,12 @@ int main(int argc, char** argv) {
       only = argv[++i];
     } else if (a == "--logits" && i + 1 < argc &&
                (std::string(argv[i + 1]) == "f32" || std::string(argv[i + 1]) == "bf16" ||
-                std::string(argv[i + 1]) == "f16")) {
+                std::string(argv[i + 1]) == "f16" || std::string(argv[i + 1]) == "auto")) {
       const std::string d = argv[++i];
-      logits_dtype = d == "bf16" ? DType::BF16 : d == "f16" ? DType::F16 : DType::F32;
+      if (d == "auto")
+        logits_dtype.reset();
+      else
+        logits_dtype = d == "bf16" ? DType::BF16 : d == "f16" ? DType::F16 : DType::F32;
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::max(5, std::atoi(argv[++i]));
     } else if (a == "--preheat" && i + 1 < argc) {
@@ -526,7 +532,8 @@ int main(int argc, char** argv) {
   std::printf(
       "device: %s; budget %s MiB; bf16 inputs, f32 accumulation and gradients; %s chunk logits; %.0f s "
       "preheat; GEMM algorithms: %s; %s%s\n",
-      prop.name, budget_mib ? std::to_string(budget_mib).c_str() : "auto", dtype_name(logits_dtype),
+      prop.name, budget_mib ? std::to_string(budget_mib).c_str() : "auto",
+      logits_dtype ? dtype_name(*logits_dtype) : "default (the inputs' dtype)",
       g_preheat_s,
       g_floor_best ? "floor: the fastest of cuBLASLt's first 8 in steady state (--floor best)"
                    : "floor: cuBLASLt's first choice (--floor first)",

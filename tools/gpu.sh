@@ -39,7 +39,7 @@ elif ! pkg-config --exists gtest 2>/dev/null && [ ! -d /usr/src/googletest ]; th
 fi
 
 t0=$(date +%s)
-setup_build build-gpu -Dcuda=enabled -Dsm_arch="${SM_ARCH:-80,90}" -Dpython=disabled -Dtests=true \
+setup_build build-gpu -Dcuda=enabled -Dsm_arch="${SM_ARCH:-80,90}" -Dpython=auto -Dtests=true \
   -Dexamples=true -Dbench=true -Dbuildtype=release "${gtest_opt[@]}"
 if ninja -C build-gpu >"$logs/build.log" 2>&1; then
   row build ok "$(($(date +%s) - t0))s" "build-gpu (sm ${SM_ARCH:-80,90})"
@@ -67,8 +67,10 @@ python3 tools/test_summary.py --skips build-gpu/meson-logs/testlog.junit.xml | h
 # ---- benchmarks -----------------------------------------------------------------------------------------
 shopt -s nullglob
 # Every executable there runs (bench_topk included: topk_logprobs at N = 16384 against its read-once floor).
-# bench_fused_gpu runs at the issue-4 target settings: bf16 chunk logits, a 512 MiB budget (and online JSD
-# again at 1 GiB, CE small again at the default budget); its table rows are printed after the summary.
+# bench_fused_gpu runs with the product's defaults (chunk logits in the inputs' dtype, the automatic budget)
+# and again at a 512 MiB budget; its table rows are printed after the summary. Where PyTorch is installed,
+# bench/peers/sweep_fused.py then runs the fused losses over a grid of shapes and dtypes through the Python
+# module against the floor and torch.compile (SWEEP=0 skips it; SWEEP_ARGS passes options).
 bench_one() {  # name log args...
   local name=$1 log=$2 t0 st last
   shift 2
@@ -86,11 +88,8 @@ for b in build-gpu/bench/*; do
   name=$(basename "$b")
   if [ -n "${BENCHES:-}" ] && [[ " $BENCHES " != *" $name "* ]]; then continue; fi
   if [ "$name" = bench_fused_gpu ]; then
-    bench_one "$name 512M" "$logs/bench-$name.log" "$b" --logits bf16 --budget-mib 512
-    bench_one "$name JSD 1G" "$logs/bench-$name-jsd1g.log" "$b" --logits bf16 --budget-mib 1024 --only "online JSD"
-    # CE small has no memory target: also at the product's default budget (automatic, from free memory).
-    bench_one "$name CE small auto" "$logs/bench-$name-auto.log" "$b" --logits bf16 --budget-mib auto \
-      --only "CE small"
+    bench_one "$name default" "$logs/bench-$name.log" "$b"
+    bench_one "$name 512M" "$logs/bench-$name-512.log" "$b" --budget-mib 512
   else
     bench_one "$name" "$logs/bench-$name.log" "$b"
   fi
@@ -111,15 +110,29 @@ if [ -n "$gguf" ] && [ -f "$gguf" ] && [ -x build-gpu/examples/teacher-cache ]; 
   row "teacher-cache SmolLM2" "$st" "$(($(date +%s) - t0))s" "$(grep -m1 '^summary' "$log" | cut -c1-90)"
 fi
 
+# The fused losses over a grid, through the Python module, against the floor and torch.compile.
+if [ "${SWEEP:-1}" != 0 ] && [ -d build-gpu/bindings ] && python3 -c 'import torch' 2>/dev/null; then
+  t0=$(date +%s)
+  log=$logs/sweep-fused.log
+  # shellcheck disable=SC2086
+  if PYTHONPATH=build-gpu/bindings timeout "${SWEEP_TIMEOUT:-480}" python3 bench/peers/sweep_fused.py \
+    ${SWEEP_ARGS:-} >"$log" 2>&1; then st=ok; else
+    st=FAIL
+    failures=$((failures + 1))
+  fi
+  row "sweep fused (python)" "$st" "$(($(date +%s) - t0))s" "$(grep -m1 '^retort / floor' "$log" | cut -c1-90)"
+fi
+
 echo
 printf '%-28s %-6s %8s  %s\n' step status time result
 for r in "${rows[@]}"; do echo "$r"; done
-for f in "$logs/bench-bench_fused_gpu.log" "$logs/bench-bench_fused_gpu-jsd1g.log" \
-  "$logs/bench-bench_fused_gpu-auto.log"; do
-  [ -f "$f" ] && grep -E '^(case|CE|top-K|K-sparse|online JSD).* \| ' "$f"
+for f in "$logs/bench-bench_fused_gpu.log" "$logs/bench-bench_fused_gpu-512.log"; do
+  [ -f "$f" ] && head -1 "$f" | cut -c1-100 && grep -E '^(case|CE|top-K|K-sparse|online JSD).* \| ' "$f"
 done
 # bench_topk (topk_logprobs against reading its logits once): its table, one row per dtype, V and K.
 f="$logs/bench-bench_topk.log"
 [ -f "$f" ] && grep -E '^(topk_logprobs|bf16 V=|f32 V=|check vs)' "$f"
+f="$logs/sweep-fused.log"
+[ -f "$f" ] && sed -n '/^retort \/ floor/,$p' "$f"
 echo "logs: $logs"
 [ "$failures" -eq 0 ]
