@@ -38,9 +38,11 @@ std::vector<int64_t> chunk_sizes(int64_t n) {
   return {1, 3, n};
 }
 
+// f32 chunk logits whatever the inputs' dtype (the 16-bit default is test_cuda_fused_lowlogits.cpp's).
 FusedLinearOptions chunked(int64_t rows) {
   FusedLinearOptions f;
   f.chunk_rows = rows;
+  f.logits_dtype = DType::F32;
   return f;
 }
 

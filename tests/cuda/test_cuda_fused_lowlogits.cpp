@@ -94,6 +94,7 @@ struct CeCfg {
   int64_t n = 7, h = 5, v = 11, chunk = 3;
   DType dt = DType::BF16;
   bool bias = true;
+  bool default_options = false;  // logits_dtype left unset: 16-bit inputs must give 16-bit logits by default
 };
 
 // |z| <= h·range² + 0.25 <= 2 for the sizes used (h = 5: range 0.5; h = 16: range 0.328125).
@@ -111,9 +112,9 @@ LossCase ce_case(const std::string& name, CeCfg cfg) {
     o.ignore_index = cfg.r.ignore;
     o.label_smoothing = float(cfg.r.eps);
     o.reduction = cfg.r.red;
-    return fused_linear_cross_entropy(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], o,
-                                      low(cfg.chunk, cfg.dt))
-        .loss;
+    FusedLinearOptions f = low(cfg.chunk, cfg.dt);
+    if (cfg.default_options) f.logits_dtype.reset();
+    return fused_linear_cross_entropy(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], o, f).loss;
   };
   c.reference = [cfg](const std::vector<Ref>& in) {
     return ce_ref(head16(in[0], in[1], cfg.bias ? &in[2] : nullptr, cfg.dt), ints(in[3]), cfg.r);
@@ -136,6 +137,17 @@ TEST_F(CudaFusedLowLogits, CrossEntropy) {
                                             std::to_string(chunk) + (bias ? "b" : ""),
                                         cfg)));
         }
+}
+
+// The default options pick the inputs' 16-bit dtype for the logits: the result is the 16-bit reference's
+// (f32 logits would miss it by ~1e-3).
+TEST_F(CudaFusedLowLogits, DefaultOptionsKeepTheInputsDtype) {
+  for (DType dt : {DType::BF16, DType::F16}) {
+    CeCfg cfg;
+    cfg.dt = dt;
+    cfg.default_options = true;
+    EXPECT_TRUE(check_low(ce_case(std::string("cfll_default_") + dtype_name(dt), cfg)));
+  }
 }
 
 TEST_F(CudaFusedLowLogits, CrossEntropyGpt2Vocabulary) {
