@@ -14,6 +14,84 @@ __global__ void cont_float_kernel(TDesc out, TDesc x, int64_t n) {
   }
 }
 
+__device__ __forceinline__ float to_f32(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float to_f32(__half v) {
+  return __half2float(v);
+}
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// Both sides dense (row-major, no gaps): a flat loop, four elements per thread, the dtypes known at compile
+// time. The strided kernel's index arithmetic and dtype branches cost several times the bandwidth on the
+// large casts a gradient makes (an lm-head's f32 accumulator to bf16).
+template <typename TO, typename TI>
+__global__ void dense_copy_kernel(TO* __restrict__ out, const TI* __restrict__ x, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x * 4;
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < n; i += stride) {
+    if (i + 4 <= n) {
+      float v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = to_f32(x[i + k]);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) out[i + k] = from_f32<TO>(v[k]);
+    } else {
+      for (int64_t k = i; k < n; ++k) out[k] = from_f32<TO>(to_f32(x[k]));
+    }
+  }
+}
+
+// acc += g, both dense.
+template <typename TA, typename TG>
+__global__ void dense_accumulate_kernel(TA* __restrict__ acc, const TG* __restrict__ g, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x * 4;
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < n; i += stride) {
+    const int64_t e = i + 4 <= n ? i + 4 : n;
+    for (int64_t k = i; k < e; ++k) acc[k] = from_f32<TA>(to_f32(acc[k]) + to_f32(g[k]));
+  }
+}
+
+bool dense(const TDesc& d) {
+  int64_t want = int64_t(dtype_size(d.dtype));
+  for (int i = 0; i < 4; ++i) {
+    if (d.ne[i] != 1 && d.nb[i] != want) return false;
+    want *= d.ne[i];
+  }
+  return true;
+}
+
+// Calls f.template operator()<T>() with the C++ type of a float dtype.
+template <typename F>
+void with_float_type(DType t, F&& f) {
+  switch (t) {
+    case DType::BF16:
+      f.template operator()<__nv_bfloat16>();
+      break;
+    case DType::F16:
+      f.template operator()<__half>();
+      break;
+    default:
+      f.template operator()<float>();
+      break;
+  }
+}
+
 // Integer copies go through int64 so large ids are exact (a float would round them).
 __global__ void cont_int_kernel(TDesc out, TDesc x, int64_t n) {
   RT_GRID_LOOP(i, n) {
@@ -118,6 +196,17 @@ void launch_accumulate(CudaExec& ex, Tensor* t) {
   RT_CHECK(is_float(acc->dtype) && is_float(g->dtype) && same_shape(acc, g), "accumulate: cannot add ",
            g->describe(), " into ", acc->describe());
   int64_t n = acc->nelements();
+  const TDesc a = desc(acc), gd = desc(g);
+  if (dense(a) && dense(gd)) {
+    with_float_type(a.dtype, [&]<typename TA>() {
+      with_float_type(gd.dtype, [&]<typename TG>() {
+        dense_accumulate_kernel<TA, TG><<<ex.grid_for((n + 3) / 4, kBlock), kBlock, 0, ex.stream>>>(
+            reinterpret_cast<TA*>(a.data), reinterpret_cast<const TG*>(gd.data), n);
+      });
+    });
+    RT_CUDA_LAUNCH_CHECK("dense_accumulate_kernel");
+    return;
+  }
   accumulate_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(desc(acc), desc(g), n);
   RT_CUDA_LAUNCH_CHECK("accumulate_kernel");
 }
@@ -150,6 +239,16 @@ void copy_elements(CudaExec& ex, const TDesc& out, const TDesc& src) {
   if (is_int(out.dtype)) {
     cont_int_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(out, src, n);
     RT_CUDA_LAUNCH_CHECK("cont_int_kernel");
+    return;
+  }
+  if (dense(out) && dense(src)) {
+    with_float_type(out.dtype, [&]<typename TO>() {
+      with_float_type(src.dtype, [&]<typename TI>() {
+        dense_copy_kernel<TO, TI><<<ex.grid_for((n + 3) / 4, kBlock), kBlock, 0, ex.stream>>>(
+            reinterpret_cast<TO*>(out.data), reinterpret_cast<const TI*>(src.data), n);
+      });
+    });
+    RT_CUDA_LAUNCH_CHECK("dense_copy_kernel");
     return;
   }
   cont_float_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(out, src, n);
