@@ -2,7 +2,7 @@
 # Nsight Compute sections of the row kernels as the fused benches run them (CE cluster kernel, top-K kernel,
 # distillation cluster kernel), one launch each, at the budgets of the issue-4 targets. Run on the GPU
 # machine from the repository root; output in $OUT (or /tmp/out): ncu_ce.txt, ncu_topk.txt, ncu_jsd.txt and
-# a summary on stdout. Figures from it are in bench/RESULTS.md (session 12).
+# a summary on stdout. Figures from it are in bench/HISTORY.md (session 12).
 set -uo pipefail
 O=${OUT:-/tmp/out}
 mkdir -p "$O"
