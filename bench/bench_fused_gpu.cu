@@ -13,7 +13,7 @@
 // GEMM algorithms. The floor (--floor best, the default): each of its GEMMs takes the fastest of cuBLASLt's
 // first 8 candidates, timed after the preheat (in steady state: a pick timed on a cool GPU need not hold
 // under the power cap), so the floor is the best cuBLASLt does on these shapes, not its heuristic's first
-// choice (up to 17 % slower on an H100: bench/RESULTS.md, session 15); --floor first: the first choice.
+// choice (up to 17 % slower on an H100: bench/HISTORY.md, session 15); --floor first: the first choice.
 // retort
 // (--gemm-tune, CudaOptions::gemm_tune, default the product's): its executor times its GEMMs at first use
 // (cuda/lt_tune.h) — all of them (all), the accumulating ones only (acc), or none (off).

@@ -30,7 +30,7 @@ struct CudaOptions {
   // Fused linear losses: a chunk is cut into up to this many row pieces of at least fused_overlap_min_rows
   // rows; each piece's row loss runs on a second stream while the next piece's logits GEMM runs (1: one
   // stream, no overlap). Off by default: on an H100 cuBLASLt's GEMMs keep every SM busy, so the row kernels
-  // wait for them anyway and the smaller GEMMs cost more than the overlap gains (bench/RESULTS.md, session
+  // wait for them anyway and the smaller GEMMs cost more than the overlap gains (bench/HISTORY.md, session
   // 12). Both at least 1 (make_cuda_backend throws otherwise). Environment overrides, for tuning:
   // RETORT_OVERLAP_PIECES, RETORT_OVERLAP_MIN_ROWS.
   int fused_overlap_pieces = 1;
@@ -46,7 +46,7 @@ struct CudaOptions {
   // in f32 rounding (Off for bitwise-reproducible runs); at most 64 shapes per backend are timed, later ones
   // take the first choice. Default All: on an H100 cuBLASLt's first choice is 11-17 % slower than another of
   // its first 8 candidates for the 16-bit logits GEMMs in steady state, and 5-12 % for dW += Gᵀ·H
-  // (bench/RESULTS.md, sessions 14 and 15). Environment override, read by make_cuda_backend (which throws on
+  // (bench/HISTORY.md, sessions 14 and 15). Environment override, read by make_cuda_backend (which throws on
   // another value): RETORT_GEMM_TUNE=0 (Off), 1 (Accumulating), 2 (All).
   GemmTune gemm_tune = GemmTune::All;
   // A file that keeps the timed picks across processes (empty: none): a GEMM shape that gemm_tune times,

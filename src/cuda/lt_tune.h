@@ -1,7 +1,7 @@
 // Choosing among cuBLASLt's algorithms by timing them. cuBLASLt's heuristic ranks its candidates by a model;
 // on an H100, timed alone, its first choice is often not the fastest for the fused losses' GEMMs (a
 // weight-gradient GEMM that accumulates into f32, C += Gᵀ·H over a 2,048-row chunk: 3.55 ms for the first
-// candidate against 3.13 for the sixth, bench/RESULTS.md session 14). The CUDA chunk executor
+// candidate against 3.13 for the sixth, bench/HISTORY.md session 14). The CUDA chunk executor
 // (CudaOptions::gemm_tune) and the fused benchmark's floor (--floor best) can take the fastest of the
 // first few candidates, timed once per GEMM shape.
 #pragma once

@@ -29,7 +29,7 @@ bool softmax_epilogue_supported(int device);
 // together while the tensor cores wait (Cooperative), or each on 64 x 256 tiles of its own, their mainloops
 // in turn so that one's epilogue runs under the other's wgmmas (PingPong: hides the epilogue, but a W tile
 // then serves 64 rows instead of 128, so L2 traffic per flop is 5/3 of the cooperative's; it wins at small
-// H, where the epilogue is a large part of a tile's time, and loses at large H: bench/RESULTS.md, session
+// H, where the epilogue is a large part of a tile's time, and loses at large H: bench/HISTORY.md, session
 // 19).
 enum class SoftmaxSchedule { Cooperative = 1, PingPong = 2 };
 // The schedule the CUDA executor picks by default (CudaOptions::softmax_pingpong = -1): ping-pong up to this

@@ -29,7 +29,7 @@ namespace retort {
 // memory_budget 0 (the default): derived from the memory free on the backend the op runs on, read when a
 // fused op first runs there (so every later step chunks alike): an eighth of it, at least 32 MiB and at most
 // 1 GiB on a GPU (on an 80 GB H100: 1 GiB, chunks of 8,192 rows of GPT-2's vocabulary in bf16; with 4 GB
-// free, 512 MiB; larger budgets measured no faster: bench/RESULTS.md, session 19) or 256 MiB on the CPU (its
+// free, 512 MiB; larger budgets measured no faster: bench/HISTORY.md, session 19) or 256 MiB on the CPU (its
 // scratch cache: larger chunks gain nothing there). Set a budget for runs that must chunk alike on every
 // machine (results depend on the chunk size only through f32 rounding).
 inline constexpr size_t kFusedLinearAutoBudget = 0;
