@@ -1,6 +1,7 @@
 // Structural ops on the device: contiguous copy / cast, fill, in-place accumulate, concat, slice_back.
 // One thread per output element (grid-stride); any dtype and any strides on every side.
 #include "cuda_common.cuh"
+#include "loss/row_common.cuh"
 
 namespace retort::cuda {
 
@@ -14,30 +15,6 @@ __global__ void cont_float_kernel(TDesc out, TDesc x, int64_t n) {
   }
 }
 
-__device__ __forceinline__ float to_f32(float v) {
-  return v;
-}
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-__device__ __forceinline__ float to_f32(__half v) {
-  return __half2float(v);
-}
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) {
-  return __float2half_rn(v);
-}
-
 // Both sides dense (row-major, no gaps): a flat loop, four elements per thread, the dtypes known at compile
 // time. The strided kernel's index arithmetic and dtype branches cost several times the bandwidth on the
 // large casts a gradient makes (an lm-head's f32 accumulator to bf16).
@@ -48,11 +25,11 @@ __global__ void dense_copy_kernel(TO* __restrict__ out, const TI* __restrict__ x
     if (i + 4 <= n) {
       float v[4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] = to_f32(x[i + k]);
+      for (int k = 0; k < 4; ++k) v[k] = rowk::to_f(x[i + k]);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) out[i + k] = from_f32<TO>(v[k]);
+      for (int k = 0; k < 4; ++k) out[i + k] = rowk::from_f<TO>(v[k]);
     } else {
-      for (int64_t k = i; k < n; ++k) out[k] = from_f32<TO>(to_f32(x[k]));
+      for (int64_t k = i; k < n; ++k) out[k] = rowk::from_f<TO>(rowk::to_f(x[k]));
     }
   }
 }
@@ -63,7 +40,7 @@ __global__ void dense_accumulate_kernel(TA* __restrict__ acc, const TG* __restri
   const int64_t stride = int64_t(gridDim.x) * blockDim.x * 4;
   for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < n; i += stride) {
     const int64_t e = i + 4 <= n ? i + 4 : n;
-    for (int64_t k = i; k < e; ++k) acc[k] = from_f32<TA>(to_f32(acc[k]) + to_f32(g[k]));
+    for (int64_t k = i; k < e; ++k) acc[k] = rowk::from_f<TA>(rowk::to_f(acc[k]) + rowk::to_f(g[k]));
   }
 }
 
