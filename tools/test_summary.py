@@ -9,7 +9,8 @@ Sources:
                   failure can never be counted as a pass.
   --pytest FILE   a pytest --junitxml file.
   --result NAME=FILE  a file holding "pass", "fail" or "skip" (one check run by the script itself).
-  --skips FILE    only list the skipped cases of a junit file with their reasons (no count line).
+  --skips FILE    only list the skipped cases of a junit file (meson's or pytest's), grouped by their whole
+                  reason (no count line).
 Missing files count as nothing: a stage that did not run is reported by the caller.
 """
 import argparse
@@ -124,8 +125,9 @@ def list_skips(path):
         sk = c.find("skipped")
         if sk is None:
             continue
-        why = (sk.get("message") or sk.text or "").strip().splitlines()
-        why = why[-1].strip() if why else "no reason given"
+        # GoogleTest puts "file:line" on a line before the reason; pytest gives "file:line: reason" on one.
+        lines = [ln.strip() for ln in (sk.get("message") or sk.text or "").strip().splitlines() if ln.strip()]
+        why = lines[-1] if lines else "no reason given"
         by_reason.setdefault(why, []).append(f"{c.get('classname')}.{c.get('name')}")
     total = sum(len(v) for v in by_reason.values())
     if not total:
@@ -134,7 +136,7 @@ def list_skips(path):
     for why, cases in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
         suites = sorted({n.split(".")[0] for n in cases})
         names = ", ".join(suites[:6]) + (f", ... ({len(suites)} suites)" if len(suites) > 6 else "")
-        print(f"  {len(cases)} in {names}: {why[:160]}")
+        print(f"  {len(cases)} in {names}: {why}")  # whole: a cut reason hides the part that says why
 
 
 def main():
