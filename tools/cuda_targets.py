@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reads `meson introspect --targets` on stdin and prints, one per line, the ninja names of the targets that hold
-CUDA: a CUDA source, or C++ that uses the CUDA backend (its header or RETORT_HAS_CUDA). tools/test.sh builds
-only these in build-cuda/ when the machine has no GPU, so CUDA is compiled once, as a check.
+CUDA: the library, a CUDA source, C++ that uses the CUDA backend (its header or RETORT_HAS_CUDA), and the CUDA
+test suite (test_cuda), which runs there to show why it skips. tools/test.sh builds only these in build-cuda/
+when the machine has no GPU, so CUDA is compiled once, as a check.
 Usage: meson introspect DIR --targets | tools/cuda_targets.py DIR"""
 import json
 import os
@@ -26,6 +27,6 @@ for t in json.load(sys.stdin):
     if t["type"] not in ("executable", "shared library", "static library"):
         continue
     sources = [s for ts in t.get("target_sources", []) for s in ts.get("sources", [])]
-    if any(uses_cuda(s) for s in sources) or t["name"] in ("retort",):
+    if t["name"] in ("retort", "test_cuda") or any(uses_cuda(s) for s in sources):
         for f in t["filename"]:
             print(os.path.relpath(f, builddir))
