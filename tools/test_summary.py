@@ -128,13 +128,14 @@ def list_skips(path):
         # GoogleTest puts "file:line" on a line before the reason; pytest gives "file:line: reason" on one.
         lines = [ln.strip() for ln in (sk.get("message") or sk.text or "").strip().splitlines() if ln.strip()]
         why = lines[-1] if lines else "no reason given"
-        by_reason.setdefault(why, []).append(f"{c.get('classname')}.{c.get('name')}")
+        # The suite: GoogleTest's test suite, or pytest's module (bindings.tests.test_dlpack -> test_dlpack).
+        by_reason.setdefault(why, []).append((c.get("classname") or "?").split(".")[-1])
     total = sum(len(v) for v in by_reason.values())
     if not total:
         return
     print(f"{total} test case(s) skipped:")
     for why, cases in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
-        suites = sorted({n.split(".")[0] for n in cases})
+        suites = sorted(set(cases))
         names = ", ".join(suites[:6]) + (f", ... ({len(suites)} suites)" if len(suites) > 6 else "")
         print(f"  {len(cases)} in {names}: {why}")  # whole: a cut reason hides the part that says why
 
