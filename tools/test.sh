@@ -74,13 +74,21 @@ setup_build build -Dcuda="$main_cuda" -Dsm_arch="$SM_ARCH" -Dpython=auto -Dtests
   -Dbench=true "${gtest_opt[@]}"
 show_summary build
 
+cuda_result=build/cuda-check.result
+rm -f "$cuda_result" build-cuda/meson-logs/testlog.json build-cuda/meson-logs/testlog.junit.xml
 if [ "$cuda_check" = 1 ]; then
   step "configure build-cuda/ (CUDA compile check)"
-  setup_build build-cuda -Dcuda=enabled -Dsm_arch="$SM_ARCH" -Dpython=disabled -Dtests=true -Dexamples=false \
-    -Dbench=true "${gtest_opt[@]}"
-  # The targets with CUDA in them: CUDA sources, or C++ that names the CUDA backend (test_cuda, benches).
-  mapfile -t cuda_targets < <(meson introspect build-cuda --targets | python3 tools/cuda_targets.py build-cuda)
-  echo "CUDA check targets: ${cuda_targets[*]}"
+  # In a subshell: a CUDA toolkit meson cannot use fails this check, not the CPU stages.
+  if (setup_build build-cuda -Dcuda=enabled -Dsm_arch="$SM_ARCH" -Dpython=disabled -Dtests=true \
+    -Dexamples=false -Dbench=true "${gtest_opt[@]}"); then
+    # The targets with CUDA in them: CUDA sources, or C++ that names the CUDA backend (test_cuda, benches).
+    mapfile -t cuda_targets < <(meson introspect build-cuda --targets | python3 tools/cuda_targets.py build-cuda)
+    echo "CUDA check targets: ${cuda_targets[*]}"
+  else
+    cuda_check=0
+    echo fail >"$cuda_result"
+    failed_stages+=("CUDA compile check (configure)")
+  fi
 fi
 
 step "build build/"
@@ -92,8 +100,6 @@ echo "built ($(grep -c '^\[' "$LOGS"/build.ninja.log) steps)"
 
 # ---- CUDA compile check (no GPU): in the background, niced, so the CPU suites below keep their pace ----------
 cuda_pid=""
-cuda_result=build/cuda-check.result
-rm -f "$cuda_result" build-cuda/meson-logs/testlog.json build-cuda/meson-logs/testlog.junit.xml
 if [ "$cuda_check" = 1 ]; then
   step "build build-cuda/ in the background (log: $LOGS/build-cuda.ninja.log)"
   nice -n 10 ninja -C build-cuda "${ninja_jobs[@]}" "${cuda_targets[@]}" >"$LOGS"/build-cuda.ninja.log 2>&1 &
