@@ -21,11 +21,13 @@ ROOT=$PWD
 . tools/lib.sh
 
 START=$(date +%s)
+# Each stage's header says when it began, so a slow stage shows in the log.
+stage() { step "$* [$(($(date +%s) - START)) s]"; }
 failed_stages=()
 ninja_jobs=()
 [ -n "${JOBS:-}" ] && ninja_jobs=(-j "$JOBS")
 
-step "tools"
+stage "tools"
 ensure_build_tools
 ensure_gtest
 ensure_ccache
@@ -69,7 +71,7 @@ if [ -z "${SM_ARCH:-}" ]; then
 fi
 
 # ---- main build ---------------------------------------------------------------------------------------------
-step "configure build/"
+stage "configure build/"
 setup_build build -Dcuda="$main_cuda" -Dsm_arch="$SM_ARCH" -Dpython=auto -Dtests=true -Dexamples=true \
   -Dbench=true "${gtest_opt[@]}"
 show_summary build
@@ -77,7 +79,7 @@ show_summary build
 cuda_result=build/cuda-check.result
 rm -f "$cuda_result" build-cuda/meson-logs/testlog.json build-cuda/meson-logs/testlog.junit.xml
 if [ "$cuda_check" = 1 ]; then
-  step "configure build-cuda/ (CUDA compile check)"
+  stage "configure build-cuda/ (CUDA compile check)"
   # In a subshell: a CUDA toolkit meson cannot use fails this check, not the CPU stages.
   if (setup_build build-cuda -Dcuda=enabled -Dsm_arch="$SM_ARCH" -Dpython=disabled -Dtests=true \
     -Dexamples=false -Dbench=true "${gtest_opt[@]}"); then
@@ -91,7 +93,7 @@ if [ "$cuda_check" = 1 ]; then
   fi
 fi
 
-step "build build/"
+stage "build build/"
 ninja -C build "${ninja_jobs[@]}" >"$LOGS"/build.ninja.log 2>&1 || {
   grep -v '^\[[0-9]*/[0-9]*\] ' "$LOGS"/build.ninja.log | tail -60
   die "build failed (full log: $LOGS/build.ninja.log)"
@@ -101,14 +103,14 @@ echo "built ($(grep -c '^\[' "$LOGS"/build.ninja.log) steps)"
 # ---- CUDA compile check (no GPU): in the background, niced, so the CPU suites below keep their pace ----------
 cuda_pid=""
 if [ "$cuda_check" = 1 ]; then
-  step "build build-cuda/ in the background (log: $LOGS/build-cuda.ninja.log)"
+  stage "build build-cuda/ in the background (log: $LOGS/build-cuda.ninja.log)"
   nice -n 10 ninja -C build-cuda "${ninja_jobs[@]}" "${cuda_targets[@]}" >"$LOGS"/build-cuda.ninja.log 2>&1 &
   cuda_pid=$!
   # ninja stops its compilers when told to: an early exit of this script leaves no nvcc behind.
   trap '[ -n "$cuda_pid" ] && kill "$cuda_pid" 2>/dev/null' EXIT
 fi
 
-step "meson test -C build"
+stage "meson test -C build"
 rm -f build/meson-logs/testlog.json build/meson-logs/testlog.junit.xml
 main_tests=()
 if [ "$cuda_check" = 1 ]; then
@@ -117,12 +119,10 @@ if [ "$cuda_check" = 1 ]; then
     python3 -c 'import json, sys; print("\n".join(t["name"] for t in json.load(sys.stdin) if t["name"] != "cuda"))')
 fi
 meson test -C build --no-rebuild --print-errorlogs "${main_tests[@]}" || failed_stages+=("meson test (build)")
-# Visible skips: the CUDA suite skips on machines without a GPU; say which cases and why.
-python3 tools/test_summary.py --skips build/meson-logs/testlog.junit.xml
 
 # ---- sanitizer build ----------------------------------------------------------------------------------------
 if [ "${RETORT_ASAN:-1}" != 0 ]; then
-  step "configure build-asan/ (AddressSanitizer + UBSan, CPU suites)"
+  stage "configure build-asan/ (AddressSanitizer + UBSan, CPU suites)"
   # -O1 with line tables only (-g1): half the compile time of -O2 -g on the 2-core CI machine (the suites
   # themselves run in seconds), and sanitizer reports still name files and lines.
   setup_build build-asan -Dcuda=disabled -Db_sanitize=address,undefined -Dpython=disabled -Dexamples=false \
@@ -131,12 +131,12 @@ if [ "${RETORT_ASAN:-1}" != 0 ]; then
   # Every suite but the CUDA ones (core, ops, losses, nn, ...), and only what they need built.
   mapfile -t cpu_tests < <(python3 tools/cpu_tests.py build-asan)
   mapfile -t cpu_targets < <(python3 tools/cpu_tests.py build-asan --targets)
-  step "build build-asan/"
+  stage "build build-asan/"
   ninja -C build-asan "${ninja_jobs[@]}" "${cpu_targets[@]}" >"$LOGS"/build-asan.ninja.log 2>&1 || {
     grep -v '^\[[0-9]*/[0-9]*\] ' "$LOGS"/build-asan.ninja.log | tail -60
     die "sanitizer build failed (full log: $LOGS/build-asan.ninja.log)"
   }
-  step "meson test -C build-asan ${cpu_tests[*]}"
+  stage "meson test -C build-asan ${cpu_tests[*]}"
   rm -f build-asan/meson-logs/testlog.json build-asan/meson-logs/testlog.junit.xml
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
     meson test -C build-asan --no-rebuild --print-errorlogs --timeout-multiplier 4 "${cpu_tests[@]}" ||
@@ -147,7 +147,7 @@ else
 fi
 
 # ---- Python bindings ----------------------------------------------------------------------------------------
-step "pytest"
+stage "pytest"
 rm -f build/pytest.xml
 module=$(find build/bindings -maxdepth 1 -name 'retort*.so' 2>/dev/null | head -1)
 pytest_dirs=()
@@ -169,7 +169,7 @@ else
 fi
 
 # ---- install checks -----------------------------------------------------------------------------------------
-step "install check: meson install"
+stage "install check: meson install"
 install_result=build/install-check.result
 if bash tests/install/check.sh build; then
   echo pass >"$install_result"
@@ -178,7 +178,7 @@ else
   failed_stages+=("install check")
 fi
 
-step "install check: pip install ."
+stage "install check: pip install ."
 pip_result=build/pip-check.result
 if [ "${RETORT_PIP:-1}" = 0 ]; then
   echo skip >"$pip_result"
@@ -192,15 +192,15 @@ fi
 
 # ---- CUDA compile check: collect ----------------------------------------------------------------------------
 if [ -n "$cuda_pid" ]; then
-  step "CUDA compile check (build-cuda/)"
+  stage "CUDA compile check (build-cuda/)"
+  waited=$(date +%s)
   wait "$cuda_pid"
   rc=$?
   cuda_pid=""
   if [ "$rc" -eq 0 ]; then
     echo pass >"$cuda_result"
-    echo "compiled ($(grep -c '^\[' "$LOGS"/build-cuda.ninja.log) steps)"
+    echo "compiled ($(grep -c '^\[' "$LOGS"/build-cuda.ninja.log) steps; waited $(($(date +%s) - waited)) s for it here)"
     meson test -C build-cuda --no-rebuild --print-errorlogs cuda || failed_stages+=("meson test (build-cuda)")
-    python3 tools/test_summary.py --skips build-cuda/meson-logs/testlog.junit.xml
   else
     grep -v '^\[[0-9]*/[0-9]*\] ' "$LOGS"/build-cuda.ninja.log | tail -60
     echo fail >"$cuda_result"
@@ -210,9 +210,11 @@ if [ -n "$cuda_pid" ]; then
 fi
 
 # ---- summary ------------------------------------------------------------------------------------------------
-step "summary ($(($(date +%s) - START)) s)"
+stage "summary"
 [ "${#failed_stages[@]}" -eq 0 ] || echo "failed stages: ${failed_stages[*]}"
-python3 tools/test_summary.py --skips build/pytest.xml
+# Every skipped case, once, grouped by its whole reason (the CUDA suite's without a GPU, pytest's optional peers).
+python3 tools/test_summary.py --skips build/meson-logs/testlog.junit.xml --skips build-asan/meson-logs/testlog.junit.xml \
+  --skips build-cuda/meson-logs/testlog.junit.xml --skips build/pytest.xml
 # The last line printed is the count, alone: "N passed, M failed[, K skipped]".
 python3 tools/test_summary.py --meson build --meson build-asan --meson build-cuda --pytest build/pytest.xml \
   --result "install check=$install_result" --result "pip install check=$pip_result" --result "CUDA compile check=$cuda_result"

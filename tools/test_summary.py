@@ -9,8 +9,8 @@ Sources:
                   failure can never be counted as a pass.
   --pytest FILE   a pytest --junitxml file.
   --result NAME=FILE  a file holding "pass", "fail" or "skip" (one check run by the script itself).
-  --skips FILE    only list the skipped cases of a junit file (meson's or pytest's), grouped by their whole
-                  reason (no count line).
+  --skips FILE    only list the skipped cases of junit files (meson's or pytest's; repeatable), grouped by
+                  their whole reason (no count line).
 Missing files count as nothing: a stage that did not run is reported by the caller.
 """
 import argparse
@@ -115,13 +115,11 @@ def pytest_tally(path):
     return t
 
 
-def list_skips(path):
-    """Prints the skipped cases grouped by reason: one line per reason, with the suites it covers."""
-    root = read_junit(path)
-    if root is None:
-        return
+def list_skips(paths):
+    """Prints the skipped cases of junit files grouped by reason: one line per reason, with the suites it covers."""
+    roots = [r for r in (read_junit(p) for p in paths if os.path.exists(p)) if r is not None]
     by_reason = {}
-    for c in root.iter("testcase"):
+    for c in (c for r in roots for c in r.iter("testcase")):
         sk = c.find("skipped")
         if sk is None:
             continue
@@ -145,7 +143,7 @@ def main():
     ap.add_argument("--meson", action="append", default=[])
     ap.add_argument("--pytest")
     ap.add_argument("--result", action="append", default=[])
-    ap.add_argument("--skips")
+    ap.add_argument("--skips", action="append", default=[])
     a = ap.parse_args()
     if a.skips:
         list_skips(a.skips)
