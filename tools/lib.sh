@@ -76,7 +76,7 @@ ensure_py_modules() {
   [ "${#missing[@]}" -eq 0 ] || pip_install "${missing[@]}"
 }
 
-# meson >= 1.1 and ninja; pip when missing or too old.
+# meson >= 1.3 (fs.relative_to) and ninja; pip when missing or too old.
 ensure_build_tools() {
   ensure_python
   local want=()
@@ -84,9 +84,9 @@ ensure_build_tools() {
     ! python3 - "$(meson --version 2>/dev/null || echo 0)" <<'EOF' >/dev/null 2>&1; then
 import sys
 v = tuple(int(x) for x in sys.argv[1].split(".")[:2] if x.isdigit())
-sys.exit(0 if v >= (1, 1) else 1)
+sys.exit(0 if v >= (1, 3) else 1)
 EOF
-    want+=("meson>=1.1")
+    want+=("meson>=1.3")
   fi
   command -v ninja >/dev/null 2>&1 || want+=(ninja)
   [ "${#want[@]}" -eq 0 ] || pip_install "${want[@]}"
@@ -94,6 +94,16 @@ EOF
   command -v meson >/dev/null 2>&1 || die "meson is still not on PATH after pip install (PATH=$PATH)"
   command -v ninja >/dev/null 2>&1 || die "ninja is still not on PATH after pip install (PATH=$PATH)"
   command -v pkg-config >/dev/null 2>&1 || apt_install pkg-config
+}
+
+# ccache: meson uses it when found, so the pip install check compiles nothing build/ already compiled.
+ensure_ccache() {
+  command -v ccache >/dev/null 2>&1 && return 0
+  if command -v apt-get >/dev/null 2>&1; then
+    apt_install ccache
+  else
+    echo "ccache not found and no apt-get: the pip install check compiles the library again"
+  fi
 }
 
 # GoogleTest: an installed one (pkg-config gtest), Debian's source tree, or GTEST_SOURCE=DIR from the caller.

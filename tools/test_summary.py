@@ -9,7 +9,8 @@ Sources:
                   failure can never be counted as a pass.
   --pytest FILE   a pytest --junitxml file.
   --result NAME=FILE  a file holding "pass", "fail" or "skip" (one check run by the script itself).
-  --skips FILE    only list the skipped cases of a junit file with their reasons (no count line).
+  --skips FILE    only list the skipped cases of junit files (meson's or pytest's; repeatable), grouped by
+                  their whole reason (no count line).
 Missing files count as nothing: a stage that did not run is reported by the caller.
 """
 import argparse
@@ -114,27 +115,27 @@ def pytest_tally(path):
     return t
 
 
-def list_skips(path):
-    """Prints the skipped cases grouped by reason: one line per reason, with the suites it covers."""
-    root = read_junit(path)
-    if root is None:
-        return
+def list_skips(paths):
+    """Prints the skipped cases of junit files grouped by reason: one line per reason, with the suites it covers."""
+    roots = [r for r in (read_junit(p) for p in paths if os.path.exists(p)) if r is not None]
     by_reason = {}
-    for c in root.iter("testcase"):
+    for c in (c for r in roots for c in r.iter("testcase")):
         sk = c.find("skipped")
         if sk is None:
             continue
-        why = (sk.get("message") or sk.text or "").strip().splitlines()
-        why = why[-1].strip() if why else "no reason given"
-        by_reason.setdefault(why, []).append(f"{c.get('classname')}.{c.get('name')}")
+        # GoogleTest puts "file:line" on a line before the reason; pytest gives "file:line: reason" on one.
+        lines = [ln.strip() for ln in (sk.get("message") or sk.text or "").strip().splitlines() if ln.strip()]
+        why = lines[-1] if lines else "no reason given"
+        # The suite: GoogleTest's test suite, or pytest's module (bindings.tests.test_dlpack -> test_dlpack).
+        by_reason.setdefault(why, []).append((c.get("classname") or "?").split(".")[-1])
     total = sum(len(v) for v in by_reason.values())
     if not total:
         return
     print(f"{total} test case(s) skipped:")
     for why, cases in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
-        suites = sorted({n.split(".")[0] for n in cases})
+        suites = sorted(set(cases))
         names = ", ".join(suites[:6]) + (f", ... ({len(suites)} suites)" if len(suites) > 6 else "")
-        print(f"  {len(cases)} in {names}: {why[:160]}")
+        print(f"  {len(cases)} in {names}: {why}")  # whole: a cut reason hides the part that says why
 
 
 def main():
@@ -142,7 +143,7 @@ def main():
     ap.add_argument("--meson", action="append", default=[])
     ap.add_argument("--pytest")
     ap.add_argument("--result", action="append", default=[])
-    ap.add_argument("--skips")
+    ap.add_argument("--skips", action="append", default=[])
     a = ap.parse_args()
     if a.skips:
         list_skips(a.skips)

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Install check: installs a build into a temporary root, then builds tests/install/main.cpp against it the way an
-# outside project would (only `pkg-config --cflags --libs retort`, from a folder outside the source tree) and runs
-# it. Catches headers missing from the install rules and include paths that only resolve inside the repo.
+# Install check: `meson install`s a build into a temporary root, then uses it as a user would, from a folder
+# outside the source tree and with no LD_LIBRARY_PATH, ldconfig or extra flags:
+#  - builds tests/install/main.cpp with only `pkg-config --cflags --libs retort` and runs it (headers missing
+#    from the install rules, include paths that only resolve in the repo, or a library the program cannot find
+#    at run time fail here);
+#  - runs each installed program (bin/retort-<name> --help);
+#  - imports the installed Python module (when built) from the folder the install names, and checks that it
+#    loaded the installed libretort, not the build's.
 # Usage: tests/install/check.sh [BUILD_DIR]   (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,37 +16,64 @@ CXX=${CXX:-c++}
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+fail() {
+  echo "install check: $*" >&2
+  exit 1
+}
 
 meson install -C "$build" --destdir "$tmp/root" --quiet >"$tmp/install.log" 2>&1 || {
   cat "$tmp/install.log" >&2
-  echo "install check: meson install failed" >&2
-  exit 1
+  fail "meson install failed"
 }
-pc=$(find "$tmp/root" -name retort.pc | head -1)
-[ -n "$pc" ] || {
-  echo "install check: no retort.pc was installed" >&2
-  exit 1
-}
+prefix=$(meson introspect "$build" --buildoptions |
+  python3 -c 'import json, sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "prefix"))')
+root=$tmp/root$prefix
+pc=$(find "$root" -name retort.pc | head -1)
+[ -n "$pc" ] || fail "no retort.pc was installed"
 # The .pc file names the configured prefix; point it at the temporary root instead.
-prefix=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --variable=prefix retort)
 export PKG_CONFIG_PATH
 PKG_CONFIG_PATH=$(dirname "$pc")
-pc_args=(--define-variable=prefix="$tmp/root$prefix")
+pc_args=(--define-variable=prefix="$root")
 cflags=$(pkg-config "${pc_args[@]}" --cflags retort)
 libs=$(pkg-config "${pc_args[@]}" --libs retort)
-libdir=$(pkg-config "${pc_args[@]}" --variable=libdir retort)
 echo "pkg-config --cflags --libs retort: $cflags $libs"
 
 cd "$tmp"
 # shellcheck disable=SC2086  # the flags are meant to split
-"$CXX" -std=c++20 -Wall -Wextra -o app "$src" $cflags $libs -Wl,-rpath,"$libdir" || {
-  echo "install check: the program does not compile against the installed tree" >&2
-  exit 1
-}
-out=$(./app)
+"$CXX" -std=c++20 -Wall -Wextra -o app "$src" $cflags $libs || fail "the program does not compile against the installed tree"
+out=$(env -u LD_LIBRARY_PATH ./app) || fail "the program built against the installed tree does not run"
 expected="11 22 33 44 55 66 "
-if [ "$out" != "$expected" ]; then
-  echo "install check: the program printed '$out', expected '$expected'" >&2
-  exit 1
+[ "$out" = "$expected" ] || fail "the program printed '$out', expected '$expected'"
+echo "pkg-config program: built and ran against the installed retort ($out)"
+
+if meson introspect "$build" --targets | grep -q '"name": "train"'; then
+  for p in train teacher-cache distill eval generate; do
+    [ -x "$root/bin/retort-$p" ] || fail "bin/retort-$p was not installed"
+    env -u LD_LIBRARY_PATH "$root/bin/retort-$p" --help >"$tmp/help.txt" 2>&1 || {
+      cat "$tmp/help.txt" >&2
+      fail "bin/retort-$p --help failed"
+    }
+    grep -q "Usage: $p" "$tmp/help.txt" || fail "bin/retort-$p --help printed no usage"
+  done
+  echo "programs: bin/retort-{train,teacher-cache,distill,eval,generate} --help run"
 fi
-echo "install check passed: built and ran a program against the installed retort ($out)"
+
+module=$(find "$root" -name 'retort*.so' -path '*-packages/*' | head -1)
+if [ -n "$module" ]; then
+  pydir=$(dirname "$module")
+  env -u LD_LIBRARY_PATH PYTHONPATH="$pydir" python3 - "$root" <<'PY' || fail "the installed Python module does not work"
+import sys
+import numpy as np
+import retort
+
+root = sys.argv[1]
+assert retort.__file__.startswith(root), f"imported {retort.__file__}, not the installed module under {root}"
+with open("/proc/self/maps") as f:
+    libs = {line.split()[-1] for line in f if "libretort" in line}
+assert libs and all(p.startswith(root) for p in libs), f"loaded {sorted(libs)}, not the installed libretort"
+r = retort.losses.cross_entropy(np.zeros((2, 4), np.float32), np.array([1, 2]))
+assert np.allclose(r, np.log(4)), r  # the mean loss when no gradient is asked for
+print(f"python module: import retort from {retort.__file__[len(root):]} under the prefix, libretort from it too")
+PY
+fi
+echo "install check passed"
