@@ -5,8 +5,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
+#include <csignal>
+#include <cstring>
+#include <system_error>
+
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace ex {
@@ -14,9 +20,140 @@ namespace ex {
 // ---- command line ---------------------------------------------------------------------------------------
 
 void Args::fail(const std::string& msg) const {
-  std::fprintf(stderr, "%s: %s\n(run %s --help for the options)\n", prog_.c_str(), msg.c_str(),
-               prog_.c_str());
-  std::exit(2);
+  throw UsageError(msg);
+}
+
+void Args::check_machine(int threads, const std::string& device) const {
+  check(threads >= 0 && threads <= 1024,
+        "--threads must be in [0, 1024] (0: all cores), got " + std::to_string(threads));
+  check(device == "auto" || device == "cpu" || device == "cuda",
+        "--device is auto, cpu or cuda, got '" + device + "'");
+}
+
+int run_main(const std::string& prog, const std::function<int()>& body,
+             const std::function<std::string()>& memory_hint) {
+  const auto hint = [&]() -> std::string {
+    if (!memory_hint) return "";
+    try {
+      return "; " + memory_hint();
+    } catch (...) {
+      return "";
+    }
+  };
+  // Output already on the line (a progress bar) would run into the message: end that line first.
+  const auto report = [&](const std::string& msg) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s%s: %s\n", isatty(1) ? "\n" : "", prog.c_str(), msg.c_str());
+  };
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    report(std::string(e.what()) + "\n(run " + prog + " --help for the options)");
+    return 2;
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    const bool oom =
+        what.find("cannot allocate") != std::string::npos || what.find("out of memory") != std::string::npos;
+    report(what + (oom ? hint() : ""));
+    return 1;
+  } catch (const std::bad_alloc&) {
+    report("out of memory: an allocation failed" + hint());
+    return 1;
+  } catch (const std::system_error& e) {
+    report(std::string("the system refused: ") + e.what() + " (" + e.code().message() + ")");
+    return 1;
+  } catch (const std::exception& e) {
+    report(std::string("failed: ") + e.what());
+    return 1;
+  } catch (...) {
+    report("failed with an unknown exception");
+    return 1;
+  }
+}
+
+// ---- stopping -------------------------------------------------------------------------------------------
+
+namespace {
+volatile std::sig_atomic_t g_stop_signal = 0;
+char g_stop_message[256];
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal != 0) {
+    // The second request: no more waiting for the step.
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  g_stop_signal = sig;
+  const ssize_t n = write(2, g_stop_message, std::strlen(g_stop_message));
+  (void)n;
+}
+}  // namespace
+
+void install_stop_handler(const std::string& prog) {
+  std::snprintf(g_stop_message, sizeof g_stop_message,
+                "\n%s: stopping at the end of this step to save the run (press Ctrl-C again to abort)\n",
+                prog.c_str());
+  struct sigaction sa = {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool stop_requested() {
+  return g_stop_signal != 0;
+}
+int stop_signal() {
+  return int(g_stop_signal);
+}
+int stopped_status() {
+  return 128 + int(g_stop_signal);
+}
+
+// ---- output paths ---------------------------------------------------------------------------------------
+
+namespace {
+// Creates dir (and its parents) and proves it writable by creating and removing a file in it.
+void check_writable_dir(const std::filesystem::path& dir, const std::string& what, const std::string& flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path d = dir.empty() ? fs::path(".") : dir;
+  if (!fs::exists(d, ec)) {
+    fs::create_directories(d, ec);
+    if (ec)
+      throw UsageError(flag + " " + what + ": cannot create the directory " + d.string() + " (" +
+                       ec.message() + ")");
+  }
+  if (!fs::is_directory(d, ec))
+    throw UsageError(flag + " " + what + ": " + d.string() + " is not a directory");
+  const std::string probe = (d / (".retort-write-check." + std::to_string(getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_EXCL, 0600);
+  if (fd < 0)
+    throw UsageError(flag + " " + what + ": cannot write in " + d.string() + " (" + std::strerror(errno) +
+                     ")");
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+}  // namespace
+
+void check_output_path(const std::string& path, const std::string& flag) {
+  namespace fs = std::filesystem;
+  if (path.empty()) throw UsageError(flag + " is empty");
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    throw UsageError(flag + " " + path + " is a directory; give a file name (e.g. " +
+                     (fs::path(path) / "model.safetensors").string() + ")");
+  check_writable_dir(fs::path(path).parent_path(), path, flag);
+}
+
+void check_output_prefix(const std::string& prefix, const std::string& flag) {
+  namespace fs = std::filesystem;
+  if (prefix.empty()) throw UsageError(flag + " is empty");
+  if (prefix.back() == '/')
+    throw UsageError(flag + " " + prefix + " names a directory; give a prefix for the files (e.g. " + prefix +
+                     "data)");
+  check_writable_dir(fs::path(prefix).parent_path(), prefix, flag);
 }
 
 void Args::add(const std::string& flag, int64_t* v) {
@@ -75,15 +212,27 @@ void Args::add(const std::string& flag, bool* v) {
 
 void Args::parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
+    std::string f = argv[i];
     if (f == "--help" || f == "-h") {
       std::fputs(help_.c_str(), stdout);
       std::exit(0);
     }
+    std::string value;
+    const size_t eq = f.find('=');
+    const bool inline_value = f.rfind("--", 0) == 0 && eq != std::string::npos;
+    if (inline_value) {
+      value = f.substr(eq + 1);
+      f.resize(eq);
+    }
     const auto it = setters_.find(f);
-    if (it == setters_.end()) fail("unknown option " + f);
-    if (i + 1 >= argc) fail(f + " needs a value");
-    it->second(argv[++i]);
+    if (it == setters_.end())
+      fail(f.rfind("-", 0) == 0 ? "unknown option " + f
+                                : "unexpected argument '" + f + "' (options start with --)");
+    if (!inline_value) {
+      if (i + 1 >= argc) fail(f + " needs a value");
+      value = argv[++i];
+    }
+    it->second(value);
     given_[f] = true;
   }
 }
@@ -95,12 +244,12 @@ bool gpu_usable() {
   return cuda_available(&why);
 }
 
-Device pick_device(const std::string& choice, int threads, const std::string& prog) {
-  RT_CHECK(choice == "auto" || choice == "cpu" || choice == "cuda", prog,
-           ": --device is auto, cpu or cuda, got ", choice);
+Device pick_device(const std::string& choice, int threads) {
+  if (choice != "auto" && choice != "cpu" && choice != "cuda")
+    throw UsageError("--device is auto, cpu or cuda, got '" + choice + "'");
   std::string why;
   const bool has_cuda = cuda_available(&why);
-  RT_CHECK(choice != "cuda" || has_cuda, prog, ": --device cuda: ", why);
+  RT_CHECK(choice != "cuda" || has_cuda, "--device cuda: ", why);
   Device d;
   d.cuda = choice == "cuda" || (choice == "auto" && has_cuda);
   if (d.cuda) {
@@ -109,18 +258,23 @@ Device pick_device(const std::string& choice, int threads, const std::string& pr
   } else {
     auto cpu = std::make_unique<CpuBackend>(threads);
     d.desc = "cpu, " + std::to_string(cpu->threads()) + " threads";
-    if (choice == "auto") d.desc += " (no GPU: " + why + ")";
+    if (choice == "auto") d.note = "no usable GPU (" + why + "): running on the CPU";
     d.backend = std::move(cpu);
   }
   return d;
 }
 
-DType pick_compute_dtype(const std::string& choice, const Device& device, const std::string& prog) {
+DType pick_compute_dtype(const std::string& choice, const Device& device) {
   if (choice == "auto") return default_compute_dtype(*device.backend);
   if (choice == "f32") return DType::F32;
   if (choice == "bf16") return DType::BF16;
   if (choice == "f16") return DType::F16;
-  RT_FAIL(prog, ": --compute-dtype is auto, f32, bf16 or f16, got ", choice);
+  throw UsageError("--compute-dtype is auto, f32, bf16 or f16, got '" + choice + "'");
+}
+
+void check_compute_dtype(const Args& a, const std::string& choice) {
+  a.check(choice == "auto" || choice == "f32" || choice == "bf16" || choice == "f16",
+          "--compute-dtype is auto, f32, bf16 or f16, got '" + choice + "'");
 }
 
 std::string compute_desc(DType compute) {
@@ -207,7 +361,54 @@ uint32_t file_crc(const std::string& path) {
   const std::vector<uint8_t> b = io::read_file(path);
   return io::crc32(b.data(), b.size());
 }
+
+// The first n bytes of a file (fewer when it is shorter).
+std::vector<uint8_t> read_prefix(const std::string& path, size_t n) {
+  std::ifstream f(path, std::ios::binary);
+  RT_CHECK(f.good(), path, ": cannot open");
+  std::vector<uint8_t> b(n);
+  f.read(reinterpret_cast<char*>(b.data()), std::streamsize(n));
+  b.resize(size_t(f.gcount()));
+  return b;
+}
+
+// CRC-32 of a whole file, read in pieces (a model file may be gigabytes).
+uint32_t stream_crc(uint32_t crc, const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  RT_CHECK(f.good(), path, ": cannot open");
+  std::vector<char> buf(size_t(1) << 20);
+  while (f) {
+    f.read(buf.data(), std::streamsize(buf.size()));
+    crc = io::crc32_update(crc, buf.data(), size_t(f.gcount()));
+  }
+  return crc;
+}
 }  // namespace
+
+std::string model_fingerprint(const PretrainedModel& m) {
+  namespace fs = std::filesystem;
+  char hex[16];
+  if (const Checkpoint* ck = m.checkpoint()) return "crc32:" + ck->meta("crc32");
+  uint32_t crc = 0;
+  if (fs::is_directory(m.path())) {
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(m.path())) {
+      const std::string name = e.path().filename().string();
+      if (e.is_regular_file() &&
+          (name == "config.json" || name == "tokenizer.json" || e.path().extension() == ".safetensors"))
+        files.push_back(name);
+    }
+    std::sort(files.begin(), files.end());
+    for (const std::string& f : files) {
+      crc = io::crc32_update(crc, f.data(), f.size());
+      crc = stream_crc(crc, (fs::path(m.path()) / f).string());
+    }
+  } else {
+    crc = stream_crc(0, m.path());
+  }
+  std::snprintf(hex, sizeof hex, "%08x", crc);
+  return std::string("crc32:") + hex;
+}
 
 TextCodec TextCodec::bytes() {
   return TextCodec();
@@ -252,7 +453,7 @@ std::string TextCodec::short_name() const {
 TextCodec TextCodec::bpe_file(const std::string& path) {
   TextCodec c;
   c.kind_ = "bpe";
-  c.file_ = path;
+  c.file_ = std::filesystem::absolute(path).lexically_normal().string();
   c.tok_ = std::make_shared<Tokenizer>(Tokenizer::load(path));
   c.crc_ = file_crc(path);
   return c;
@@ -261,47 +462,56 @@ TextCodec TextCodec::bpe_file(const std::string& path) {
 TextCodec TextCodec::gpt2(const std::string& data_dir) {
   TextCodec c;
   c.kind_ = "gpt2";
-  c.file_ = data_dir + "/gpt2";
+  c.file_ = std::filesystem::absolute(data_dir + "/gpt2").lexically_normal().string();
   c.tok_ = std::make_shared<Tokenizer>(
       Tokenizer::load_gpt2(data_dir + "/gpt2/encoder.json", data_dir + "/gpt2/vocab.bpe"));
   return c;
 }
 
-TextCodec TextCodec::from_metadata(const std::map<std::string, std::string>& md, const std::string& ckpt) {
+TextCodec TextCodec::from_checkpoint(const Checkpoint& ck) {
+  const auto& md = ck.metadata();
+  const std::string& path = ck.path();
   const auto get = [&](const std::string& k) {
     const auto it = md.find(k);
     return it == md.end() ? std::string() : it->second;
   };
   const std::string kind = get("tokenizer");
-  if (kind.empty() || kind == "bytes") return bytes();
-  if (kind == "gpt2") {
-    const std::string dir = get("tokenizer.file");
-    return gpt2(dir.size() > 5 ? dir.substr(0, dir.size() - 5) : RETORT_DATA_DIR);
-  }
-  if (kind == "model") {
-    const std::string file = get("tokenizer.file");
-    RT_CHECK(std::filesystem::exists(file), ckpt, ": its tokenizer is the one of the model ", file,
-             ", which is not there any more");
-    TextCodec c = model(file);
-    char hex[16];
-    std::snprintf(hex, sizeof hex, "%08x", c.crc_);
-    RT_CHECK(get("tokenizer.crc32") == hex, ckpt, ": the vocabulary of ", file,
-             " changed since the checkpoint was written (crc32 ", hex, ", recorded ", get("tokenizer.crc32"),
-             ")");
+  if ((kind.empty() && !ck.tokenizer()) || kind == "bytes") return bytes();
+  TextCodec c;
+  c.kind_ = kind.empty() ? "embedded" : kind;
+  c.file_ = get("tokenizer.file");
+  c.crc_ = uint32_t(std::strtoul(get("tokenizer.crc32").c_str(), nullptr, 16));
+  if (kind == "none") {
+    c.vocab_ = ck.config().vocab;
     return c;
   }
-  RT_CHECK(kind == "bpe", ckpt, ": unknown tokenizer '", kind, "' in checkpoint metadata");
-  const std::string file = get("tokenizer.file");
-  TextCodec c = bpe_file(file);
+  if ((c.tok_ = ck.tokenizer())) return c;
+  // Checkpoints from before tokenizers were embedded name a file, which must still be there unchanged.
+  TextCodec f;
+  if (kind == "gpt2") {
+    const std::string dir = c.file_;
+    f = gpt2(dir.size() > 5 ? dir.substr(0, dir.size() - 5) : RETORT_DATA_DIR);
+  } else if (kind == "model") {
+    RT_CHECK(std::filesystem::exists(c.file_), path, ": its tokenizer is the one of the model ", c.file_,
+             ", which is not there any more");
+    f = model(c.file_);
+  } else {
+    RT_CHECK(kind == "bpe", path, ": unknown tokenizer '", kind, "' in checkpoint metadata");
+    RT_CHECK(std::filesystem::exists(c.file_), path, ": its tokenizer ", c.file_,
+             " is not there any more (this checkpoint predates embedded tokenizers)");
+    f = bpe_file(c.file_);
+  }
   char hex[16];
-  std::snprintf(hex, sizeof hex, "%08x", c.crc_);
-  RT_CHECK(get("tokenizer.crc32") == hex, ckpt, ": the tokenizer ", file,
+  std::snprintf(hex, sizeof hex, "%08x", f.crc_);
+  RT_CHECK(kind == "gpt2" || get("tokenizer.crc32") == hex, path, ": the tokenizer ", c.file_,
            " changed since the checkpoint was written (crc32 ", hex, ", recorded ", get("tokenizer.crc32"),
            ")");
-  return c;
+  return f;
 }
 
 std::vector<int32_t> TextCodec::encode(const std::string& text) const {
+  RT_CHECK(kind_ != "none",
+           "the model has no tokenizer (it was saved without one), so it cannot encode text");
   if (!tok_) {
     std::vector<int32_t> ids(text.size());
     for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
@@ -311,6 +521,8 @@ std::vector<int32_t> TextCodec::encode(const std::string& text) const {
 }
 
 std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
+  RT_CHECK(kind_ != "none",
+           "the model has no tokenizer (it was saved without one), so it cannot decode text");
   if (!tok_) {
     std::string s;
     for (int32_t id : ids) s += char(id & 0xFF);
@@ -320,20 +532,30 @@ std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
 }
 
 int64_t TextCodec::vocab() const {
-  return tok_ ? tok_->vocab_size() : 256;
+  return tok_ ? tok_->vocab_size() : vocab_;
 }
 
 std::map<std::string, std::string> TextCodec::metadata() const {
   char hex[16];
   std::snprintf(hex, sizeof hex, "%08x", crc_);
-  return {{"tokenizer", kind_},
-          {"tokenizer.file", file_},
-          {"tokenizer.vocab", std::to_string(vocab())},
-          {"tokenizer.crc32", hex}};
+  std::map<std::string, std::string> md = {{"tokenizer", kind_},
+                                           {"tokenizer.file", file_},
+                                           {"tokenizer.vocab", std::to_string(vocab())},
+                                           {"tokenizer.crc32", hex}};
+  return md;
+}
+
+std::map<std::string, std::string> TextCodec::checkpoint_metadata() const {
+  std::map<std::string, std::string> md = metadata();
+  if (tok_) embed_tokenizer(md, *tok_);
+  return md;
 }
 
 std::string TextCodec::describe() const {
   if (kind_ == "bytes") return "bytes (vocab 256)";
+  if (kind_ == "none") return "none (a model saved without a tokenizer)";
+  if (kind_ == "embedded")
+    return "the tokenizer embedded in the checkpoint (vocab " + std::to_string(vocab()) + ")";
   if (kind_ == "model") return "the tokenizer of " + file_ + " (vocab " + std::to_string(vocab()) + ")";
   return kind_ + " (vocab " + std::to_string(vocab()) + ", " + file_ + ")";
 }
@@ -342,7 +564,7 @@ RunModel load_run_model(const PretrainedModel& file, Context& ctx, DType compute
   const std::string& path = file.path();
   RunModel r{file, TextCodec::bytes(), nullptr, ""};
   if (const Checkpoint* ck = r.file.checkpoint()) {
-    r.codec = TextCodec::from_metadata(ck->metadata(), path);
+    r.codec = TextCodec::from_checkpoint(*ck);
     r.shards = ck->meta("shards");
   } else {
     r.codec = TextCodec::model(path, r.file.tokenizer());
@@ -355,6 +577,22 @@ RunModel load_run_model(const PretrainedModel& file, Context& ctx, DType compute
   return r;
 }
 
+std::string memory_hint(const TransformerConfig& config, bool training, int64_t batch) {
+  const TransformerConfig c = config.resolved();
+  const double d = double(c.d_model), kv = double(c.kv_heads * c.head_dim());
+  const double block = d * (d + 2 * kv) + d * d + 3 * d * double(c.d_ff) + 2 * d;
+  const double params = double(c.vocab) * d * (c.tie_embeddings ? 1 : 2) + double(c.layers) * block + d;
+  const double bytes = params * 4 * (training ? 4 : 1);
+  char b[320];
+  std::snprintf(
+      b, sizeof b,
+      "the model alone needs %.1f MiB (%.1fM parameters%s; set by --layers, --d-model, --d-ff and the "
+      "vocabulary of %lld), and its activations grow with --batch %lld x --context %lld: lower them",
+      bytes / (1 << 20), params / 1e6, training ? " x4: weights, gradients, AdamW moments" : "",
+      (long long)c.vocab, (long long)batch, (long long)c.context);
+  return b;
+}
+
 std::string RunModel::describe() const {
   if (const Checkpoint* ck = file.checkpoint())
     return file.path() + " (" + model->config().describe() + ", step " + std::to_string(ck->state().step) +
@@ -362,28 +600,38 @@ std::string RunModel::describe() const {
   return file.describe();
 }
 
-ShardSet prepare_shards(DataOptions& d, const TextCodec& codec, const std::string& prog) {
-  RT_CHECK(d.val_frac > 0 && d.val_frac < 0.5, prog, ": --val-frac must be in (0, 0.5), got ", d.val_frac);
-  RT_CHECK(d.max_bytes >= 0, prog, ": --max-bytes must be >= 0, got ", d.max_bytes);
-  RT_CHECK(std::filesystem::is_regular_file(d.data), prog, ": --data ", d.data, " is not a file");
+void check_data_options(const Args& a, const DataOptions& d) {
+  a.check(d.val_frac > 0 && d.val_frac < 0.5,
+          "--val-frac must be in (0, 0.5), got " + std::to_string(d.val_frac));
+  a.check(d.max_bytes >= 0, "--max-bytes must be >= 0, got " + std::to_string(d.max_bytes));
+  if (!d.data.empty())
+    a.check(std::filesystem::is_regular_file(d.data), "--data " + d.data + " is not a file");
+}
+
+ShardSet prepare_shards(DataOptions& d, const TextCodec& codec) {
+  namespace fs = std::filesystem;
+  if (!(d.val_frac > 0 && d.val_frac < 0.5)) throw UsageError("--val-frac must be in (0, 0.5)");
+  if (d.max_bytes < 0) throw UsageError("--max-bytes must be >= 0");
+  if (!fs::is_regular_file(d.data)) throw UsageError("--data " + d.data + " is not a file");
+  const bool chosen = !d.shards.empty();
   if (d.shards.empty()) {
     std::string base = d.data;
     if (base.size() > 4 && base.substr(base.size() - 4) == ".txt") base.resize(base.size() - 4);
     d.shards = base + "." + codec.short_name();
     if (d.max_bytes > 0) d.shards += ".first" + std::to_string(d.max_bytes);
   }
+  d.shards = fs::absolute(d.shards).lexically_normal().string();
   // What the shards hold: the file, how much of it, the split and the tokenizer. Equal records, same shards.
   const auto md = codec.metadata();
   std::ostringstream rec;
-  rec << "data=" << std::filesystem::absolute(d.data).lexically_normal().string()
-      << "\nsize=" << std::filesystem::file_size(d.data) << "\nmax_bytes=" << d.max_bytes
-      << "\nval_frac=" << d.val_frac << "\ntokenizer=" << codec.kind() << " " << md.at("tokenizer.file")
-      << " " << md.at("tokenizer.crc32") << "\n";
+  rec << "data=" << fs::absolute(d.data).lexically_normal().string() << "\nsize=" << fs::file_size(d.data)
+      << "\nmax_bytes=" << d.max_bytes << "\nval_frac=" << d.val_frac << "\ntokenizer=" << codec.kind() << " "
+      << md.at("tokenizer.file") << " " << md.at("tokenizer.crc32") << "\n";
   const std::string record_path = d.shards + ".source";
   ShardSet set;
   set.train = list_shards(d.shards, "train");
   set.val = list_shards(d.shards, "val");
-  if (!set.train.empty() && !set.val.empty() && std::filesystem::exists(record_path) &&
+  if (!set.train.empty() && !set.val.empty() && fs::exists(record_path) &&
       io::read_text_file(record_path) == rec.str()) {
     for (const auto& p : set.train) set.train_tokens += TokenShard(p).size();
     for (const auto& p : set.val) set.val_tokens += TokenShard(p).size();
@@ -391,19 +639,43 @@ ShardSet prepare_shards(DataOptions& d, const TextCodec& codec, const std::strin
                 (long long)set.train_tokens, (long long)set.val_tokens, d.data.c_str());
     return set;
   }
+  try {
+    check_output_prefix(d.shards, "--shards");
+  } catch (const UsageError& e) {
+    if (chosen) throw;
+    throw UsageError(std::string(e.what()) +
+                     "; by default the shards go beside the text: give --shards PREFIX in a writable place");
+  }
   std::string text = io::read_text_file(d.data);
   if (d.max_bytes > 0 && int64_t(text.size()) > d.max_bytes) text.resize(size_t(d.max_bytes));
+  RT_CHECK(!text.empty(), "--data ", d.data, " is empty: nothing to train on");
   const auto t0 = Clock::now();
+  std::printf("data: tokenizing %zu bytes of %s with %s...\n", text.size(), d.data.c_str(),
+              codec.describe().c_str());
+  std::fflush(stdout);
   const std::vector<int32_t> ids = codec.encode(text);
   ShardWriteOptions so;
   so.val_fraction = d.val_frac;
   set = write_shards(ids, d.shards, codec.vocab(), so);
   const std::string r = rec.str();
   io::write_file_atomic(record_path, r.data(), r.size());
-  std::printf("data: %s, %zu bytes -> %s: %lld train + %lld validation tokens in %s_* (%s)\n", d.data.c_str(),
-              text.size(), codec.describe().c_str(), (long long)set.train_tokens, (long long)set.val_tokens,
-              d.shards.c_str(), duration(seconds_since(t0)).c_str());
+  std::printf("data: %lld train + %lld validation tokens in %s_* (%s)\n", (long long)set.train_tokens,
+              (long long)set.val_tokens, d.shards.c_str(), duration(seconds_since(t0)).c_str());
   return set;
+}
+
+std::string shards_fingerprint(const std::string& prefix) {
+  uint32_t crc = 0;
+  for (const char* split : {"train", "val"})
+    for (const std::string& p : list_shards(prefix, split)) {
+      // The header (magic, version, dtype, count, and the checksum of header and tokens) stands for the file.
+      const std::vector<uint8_t> head = read_prefix(p, 32);
+      crc = io::crc32_update(crc, split, std::strlen(split));
+      crc = io::crc32_update(crc, head.data(), head.size());
+    }
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", crc);
+  return hex;
 }
 
 int64_t shard_vocab_bound(const std::vector<std::string>& shards) {
@@ -428,12 +700,40 @@ std::string heldout_prompt(const std::vector<std::string>& val_shards, const Tex
   return sp != std::string::npos && sp > 0 ? line.substr(0, sp) : line;
 }
 
-std::vector<std::string> shards_for(const std::string& prefix, const std::string& split,
-                                    const std::string& who) {
-  RT_CHECK(!prefix.empty(), who, ": no token shards: give --shards PREFIX (train writes them)");
+std::vector<std::string> shards_for(const std::string& prefix, const std::string& split) {
+  RT_CHECK(!prefix.empty(), "no token shards: give --shards PREFIX (train writes them)");
   std::vector<std::string> v = list_shards(prefix, split);
-  RT_CHECK(!v.empty(), who, ": no shards ", prefix, "_", split, "_00000.bin (train --data writes them)");
+  RT_CHECK(!v.empty(), "no shards ", prefix, "_", split, "_00000.bin (train --data writes them)");
   return v;
+}
+
+// ---- records ------------------------------------------------------------------------------------------
+
+void write_record(const std::string& path, const std::map<std::string, std::string>& rec) {
+  std::string text;
+  for (const auto& [k, v] : rec) {
+    RT_ASSERT(k.find('=') == std::string::npos && k.find('\n') == std::string::npos &&
+              v.find('\n') == std::string::npos);
+    text += k + "=" + v + "\n";
+  }
+  io::write_file_atomic(path, text.data(), text.size());
+}
+
+std::map<std::string, std::string> read_record(const std::string& path) {
+  std::map<std::string, std::string> rec;
+  if (!std::filesystem::exists(path)) return rec;
+  std::istringstream in(io::read_text_file(path));
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find('=');
+    RT_CHECK(eq != std::string::npos, path, ": a line without '=': '", line, "'");
+    rec[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return rec;
+}
+
+std::string cache_record_path(const std::string& prefix) {
+  return prefix + ".teacher";
 }
 
 // ---- SVG ------------------------------------------------------------------------------------------------

@@ -472,7 +472,7 @@ def test_programs_distill_from_a_gguf_teacher(tmp_path, bpe):
     data = ["--data", text, "--shards", shards, "--context", 32, "--device", "cpu", "--threads", 1]
     out = run(f"{x}/teacher-cache", "--teacher", teacher, *data, "--k", 8, "--batch", 4, "--out", tmp_path / "c")
     assert "teacher: gguf llama" in out and "cache:" in out
-    student = ["--layers", 2, "--steps", 6, "--batch", 4, "--sample-len", 0, "--eval-batches", 1]
+    student = ["--layers", 2, "--steps", 6, "--batch", 4, "--sample-len", 0, "--eval-windows", 4]
     out = run(f"{x}/distill", "--teacher", teacher, "--cache", tmp_path / "c", *data, *student,
               "--init-from-teacher", 1, "--save", tmp_path / "d.st")
     assert "init from the teacher: embedding, final norm and layers 0 2" in out, out[-1500:]

@@ -434,6 +434,7 @@ PretrainedModel PretrainedModel::open(const std::string& path) {
     m->arch = "retort";
     m->name = fs::path(path).filename().string();
     m->config = m->checkpoint->config();
+    m->tokenizer = m->checkpoint->tokenizer();
     m->weights = "f32";
   }
   PretrainedModel p;

@@ -34,7 +34,8 @@ class PretrainedModel {
   const std::string& name() const;
   // The config from the file's metadata (compute dtype f32; set it before building the Transformer).
   const TransformerConfig& config() const;
-  // The file's tokenizer; null for a retort checkpoint (whose tokenizer its metadata names).
+  // The file's tokenizer; for a retort checkpoint the one it embeds (null when it has none: a byte-level
+  // model, or a checkpoint from before tokenizers were embedded, whose metadata names its tokenizer).
   std::shared_ptr<const Tokenizer> tokenizer() const;
   // "gguf llama 'SmolLM2 135M' (layers=30 d_model=576 ...), Q4_1/Q8_0/F32 weights".
   std::string describe() const;
