@@ -664,6 +664,32 @@ ShardSet prepare_shards(DataOptions& d, const TextCodec& codec) {
   return set;
 }
 
+void check_shards_tokenizer(const std::string& prefix, const TextCodec& codec, const std::string& model) {
+  const std::string record = prefix + ".source";
+  if (!std::filesystem::exists(record)) return;
+  std::istringstream in(io::read_text_file(record));
+  std::string line, kind, file, crc;
+  while (std::getline(in, line))
+    if (line.rfind("tokenizer=", 0) == 0) {
+      // "kind file crc", where file may be empty (bytes) or hold spaces: the kind first, the crc last.
+      const std::string rest = line.substr(10);
+      kind = rest.substr(0, rest.find(' '));
+      crc = rest.substr(rest.rfind(' ') + 1);
+      file = rest.size() > kind.size() + crc.size() + 1
+                 ? rest.substr(kind.size() + 1, rest.size() - kind.size() - crc.size() - 2)
+                 : "";
+    }
+  const auto md = codec.metadata();
+  // Kinds compare where both name a vocabulary; an embedded one (from Python) has no file to compare with.
+  const bool differ = kind.empty() || codec.kind() == "embedded" || codec.kind() == "none"
+                          ? false
+                          : (kind != codec.kind() && (kind == "bytes" || codec.kind() == "bytes")) ||
+                                (kind == codec.kind() && crc != md.at("tokenizer.crc32"));
+  RT_CHECK(!differ, "vocabulary mismatch: the shards ", prefix, "_* were made with the tokenizer ", kind, " ",
+           file, " (crc32 ", crc, "), the model ", model, " uses ", codec.describe(), " (crc32 ",
+           md.at("tokenizer.crc32"), ")");
+}
+
 std::string shards_fingerprint(const std::string& prefix) {
   uint32_t crc = 0;
   for (const char* split : {"train", "val"})

@@ -196,6 +196,9 @@ void check_data_options(const Args& a, const DataOptions& d);
 // file under the same tokenizer. The place is checked for writing before the text is read. Prints what it
 // did. Throws retort::Error naming the file at fault.
 ShardSet prepare_shards(DataOptions& data, const TextCodec& codec);
+// Throws retort::Error ("vocabulary mismatch") when the record beside the shards of prefix says they were
+// made with another tokenizer than codec; shards without a record pass (the id range is checked elsewhere).
+void check_shards_tokenizer(const std::string& prefix, const TextCodec& codec, const std::string& model);
 // A short checksum of every shard of prefix (both splits): equal fingerprints, the same tokens.
 std::string shards_fingerprint(const std::string& prefix);
 // One more than the largest token id in the shards (reads them all).

@@ -156,7 +156,11 @@ int run(Args& a, Run& o, int argc, char** argv) {
       const std::string r = ck->meta(key);
       if (r.empty()) return;
       if (a.given(flag)) {
-        same_as_run(a, flag, fstr(double(*v)), r);
+        char given[32], was[32];
+        std::snprintf(given, sizeof given, "%g", double(*v));
+        std::snprintf(was, sizeof was, "%g", std::stod(r));
+        a.check(fstr(double(*v)) == r, flag + " " + given + " differs from the run's " + was +
+                                           " (--resume keeps the student and its loss: drop the flag)");
         return;
       }
       *v = static_cast<std::remove_pointer_t<decltype(v)>>(std::stod(r));
@@ -226,6 +230,7 @@ int run(Args& a, Run& o, int argc, char** argv) {
                        shards_fp + ", the run's " + was +
                        "); pass --continue-on-new-data 1 to go on with them");
   }
+  check_shards_tokenizer(shards, codec, o.teacher);
   const int64_t shard_vocab = shard_vocab_bound(val_shards);
   RT_CHECK(shard_vocab <= tcfg.vocab, "vocabulary mismatch: the shards ", shards, "_* hold token id ",
            shard_vocab - 1, ", the teacher ", o.teacher, " has a vocabulary of ", tcfg.vocab,

@@ -68,6 +68,7 @@ int run(Args& a, int argc, char** argv, std::string& ckpt, int64_t& batch) {
   Device dev = pick_device(device, threads);
   Context ctx(*dev.backend);
   RunModel rm = load_run_model(file, ctx, pick_compute_dtype(compute, dev), seq);
+  check_shards_tokenizer(shards, rm.codec, ckpt);
   Transformer& model = *rm.model;
   const TransformerConfig& cfg = model.config();
   const auto t0 = Clock::now();

@@ -123,6 +123,7 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
     check_output_prefix(out, "--out");
   }
   const std::vector<std::string> paths = shards_for(shards, split);
+  check_shards_tokenizer(shards, codec, teacher);
   const int64_t shard_vocab = shard_vocab_bound(paths);
   RT_CHECK(shard_vocab <= tcfg.vocab, "vocabulary mismatch: the shards ", shards, "_", split,
            "_* hold token id ", shard_vocab - 1, ", the teacher ", teacher, " has a vocabulary of ",
