@@ -111,13 +111,13 @@ step "2/5 the teacher's top-$K over the training tokens"
 CACHE=$OUT/teacher.topk$K
 shard_sum() { sha256sum "$SHARDS"_train_00000.bin 2>/dev/null | cut -c1-16 || true; }
 CARGS="$TEACHER $DATA K=$K $(shard_sum)"
-if [ -f "$OUT/cache.args" ] && [ "$(cat "$OUT/cache.args")" = "$CARGS" ] && [ -f "${CACHE}_00000.topk" ]; then
-  echo "reusing ${CACHE}_*.topk (same teacher, text and K)"
+if [ -f "$OUT/cache.args" ] && [ "$(cat "$OUT/cache.args")" = "$CARGS" ] && [ -f "${CACHE}_00000.topk" ] &&
+  [ -f "$CACHE.teacher" ]; then
+  echo "reusing ${CACHE}_*.topk (same teacher, text and K; distill checks its record $CACHE.teacher)"
 else
-  # The old cache goes only once the new one is complete: teacher-cache writes to a new prefix first.
-  run cache.log "$X"/teacher-cache --teacher "$TEACHER" $DATA --k "$K" --out "$CACHE.new" $COMMON
-  rm -f "$CACHE"_*.topk
-  for f in "$CACHE".new_*.topk; do mv "$f" "${f/.new_/_}"; done
+  # teacher-cache replaces the cache at --out only once the new one is complete: a failed or interrupted
+  # run leaves the previous cache as it was.
+  run cache.log "$X"/teacher-cache --teacher "$TEACHER" $DATA --k "$K" --out "$CACHE" $COMMON
   CARGS="$TEACHER $DATA K=$K $(shard_sum)"
   echo "$CARGS" >"$OUT/cache.args"
 fi

@@ -469,6 +469,18 @@ std::string PretrainedModel::describe() const {
          impl_->config.describe() + "), " + impl_->weights + " weights";
 }
 
+LoadedModel load_model(const std::string& path, Context& ctx, DType compute) {
+  const PretrainedModel file = PretrainedModel::open(path);
+  TransformerConfig c = file.config();
+  c.compute_dtype = compute;
+  LoadedModel m;
+  m.model = std::make_unique<Transformer>(ctx, c, 0, false);
+  file.load_into(*m.model);
+  m.tokenizer = file.tokenizer();
+  m.describe = file.describe();
+  return m;
+}
+
 void PretrainedModel::load_into(Transformer& model) const {
   const Impl& m = *impl_;
   RT_CHECK(same_architecture(model.config(), m.config), "load model ", m.path, ": the model has ",

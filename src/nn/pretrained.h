@@ -54,6 +54,17 @@ class PretrainedModel {
   std::shared_ptr<const Impl> impl_;
 };
 
+// A model ready to run, from any file PretrainedModel::open takes: the one call a C++ app needs.
+struct LoadedModel {
+  std::unique_ptr<Transformer> model;          // parameters in the Context given to load_model
+  std::shared_ptr<const Tokenizer> tokenizer;  // the file's (a checkpoint's embedded one); null: bytes/none
+  std::string describe;                        // PretrainedModel::describe()
+};
+// Opens path (a retort checkpoint written by the programs or Python, a GGUF file or a Hugging Face
+// directory), builds its Transformer in ctx with the config the file holds (matmuls in compute) and loads
+// the weights. Throws retort::Error naming the file and the fault.
+LoadedModel load_model(const std::string& path, Context& ctx, DType compute = DType::F32);
+
 // Starts a student from its teacher's weights, as layer-dropping distillation does (DistilBERT's init): the
 // embedding, the final norm and the head are copied, and student layer i takes teacher layer
 // round(i · (L_t − 1) / (L_s − 1)) — evenly spaced, the first and the last kept. The two must agree in

@@ -16,6 +16,7 @@
 #include "io/shards.h"
 #include "io/topk_cache.h"
 #include "nn/lm.h"
+#include "nn/pretrained.h"
 
 namespace retort {
 namespace {
@@ -106,6 +107,44 @@ TEST(Checkpoint, RoundTripParamsMomentsStateAndMetadata) {
         save_checkpoint(bare, model, nullptr, TrainState{}, {{"config.vocab", "1"}});
       },
       {"reserved"});
+}
+
+// A checkpoint embeds its tokenizer: load_model gives back the model and a tokenizer that encodes alike, from
+// the file alone; a tokenizer larger than the model's vocabulary is refused when the file opens.
+TEST(Checkpoint, EmbeddedTokenizerTravelsWithTheFile) {
+  ScratchDir dir;
+  std::string corpus;
+  for (int i = 0; i < 200; ++i) corpus += "In the beginning God created the heaven and the earth. ";
+  BpeTrainOptions bo;
+  bo.vocab_size = 280;
+  const Tokenizer tok = Tokenizer::train(corpus, bo);
+  CpuBackend be(1);
+  Context ctx(be);
+  TransformerConfig c = tiny_config();
+  c.vocab = 300;
+  Transformer model(ctx, c, 4);
+  std::map<std::string, std::string> md = {{"tokenizer", "bpe"}};
+  embed_tokenizer(md, tok);
+  const std::string path = dir.file("m.safetensors");
+  save_checkpoint(path, model, nullptr, TrainState{}, md);
+
+  Context ctx2(be);
+  const LoadedModel m = load_model(path, ctx2);
+  ASSERT_NE(m.tokenizer, nullptr);
+  EXPECT_EQ(m.tokenizer->vocab_size(), tok.vocab_size());
+  EXPECT_EQ(m.tokenizer->encode("God created the earth", true), tok.encode("God created the earth", true));
+  EXPECT_EQ(m.model->config().describe(), model.config().describe());
+  EXPECT_EQ(param_bytes(*m.model), param_bytes(model));
+  // Without one (a byte-level run), there is none to give.
+  save_checkpoint(path, model, nullptr, TrainState{}, {{"tokenizer", "bytes"}});
+  EXPECT_EQ(Checkpoint(path).tokenizer(), nullptr);
+
+  Transformer small(ctx, tiny_config(), 4);  // vocabulary 48 < 280 tokens
+  std::map<std::string, std::string> big;
+  embed_tokenizer(big, tok);
+  const std::string bad = dir.file("bad.safetensors");
+  save_checkpoint(bad, small, nullptr, TrainState{}, big);
+  expect_error([&] { Checkpoint{bad}; }, {bad, "embedded tokenizer has 280 tokens", "vocabulary of 48"});
 }
 
 // Train k steps, save, resume in a fresh context for m steps == train k+m steps straight: bit-equal.
