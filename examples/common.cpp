@@ -145,6 +145,25 @@ void check_output_path(const std::string& path, const std::string& flag) {
     throw UsageError(flag + " " + path + " is a directory; give a file name (e.g. " +
                      (fs::path(path) / "model.safetensors").string() + ")");
   check_writable_dir(fs::path(path).parent_path(), path, flag);
+  remove_stale_temporaries(path);
+}
+
+int remove_stale_temporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p = fs::absolute(path);
+  const std::string stem = p.filename().string() + ".tmp.";
+  std::error_code ec;
+  int removed = 0;
+  for (const auto& e : fs::directory_iterator(p.parent_path(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= stem.size() || name.compare(0, stem.size(), stem) != 0) continue;
+    const std::string pid = name.substr(stem.size());
+    if (pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
+    // A live process may be writing it (another run on the same path): only a dead writer's file goes.
+    if (::kill(pid_t(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;
+    removed += fs::remove(e.path(), ec) ? 1 : 0;
+  }
+  return removed;
 }
 
 void check_output_prefix(const std::string& prefix, const std::string& flag) {

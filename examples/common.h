@@ -72,10 +72,13 @@ int stopped_status();
 
 // ---- output paths ---------------------------------------------------------------------------------------
 // Makes sure a file can be written at path before any work starts: creates its directory, and refuses a
-// directory or a place this process cannot write. Throws UsageError naming flag.
+// directory or a place this process cannot write (throws UsageError naming flag); removes the temporaries a
+// killed writer of path left.
 void check_output_path(const std::string& path, const std::string& flag);
 // The same for the files "<prefix>_..." and "<prefix>.xyz" that a prefix names.
 void check_output_prefix(const std::string& prefix, const std::string& flag);
+// Removes "<path>.tmp.<pid>" files that a killed writer of path left (its process is gone); returns how many.
+int remove_stale_temporaries(const std::string& path);
 
 // ---- device ---------------------------------------------------------------------------------------------
 struct Device {

@@ -70,6 +70,7 @@ Training
   --clip F (1.0)  --seed N (1)
 Checkpoints
   --save PATH  --save-every N  --save-minutes M (10)  --resume PATH  --continue-on-new-data B   as in train
+                      (without --save, periodic and Ctrl-C saves go to distill-run.safetensors here)
 Output
   --svg PATH          loss curves (default: the --save path with extension .svg, or distill.svg)
   --log-every N  --eval-every N  --eval-windows N (256)  --sample-len N (200)  --temperature F (0.8)
@@ -410,6 +411,9 @@ int run(Args& a, Run& o, int argc, char** argv) {
   const int64_t first = trainer.steps_done();
   Progress progress(to.steps, to.batch * cfg.context, o.log_every, first);
   auto last_save = Clock::now();
+  // Where the run is kept: --save, else (periodic and Ctrl-C saves only) distill-run.safetensors here.
+  const std::string keep = o.save.empty() ? std::string("distill-run.safetensors") : o.save;
+  bool kept = false;
   for (int64_t step = first + 1; step <= to.steps && !stop_requested(); ++step) {
     const auto r = trainer.step(online);
     s_loss.x.push_back(double(step)), s_loss.y.push_back(r.loss);
@@ -426,13 +430,19 @@ int run(Args& a, Run& o, int argc, char** argv) {
     }
     const bool by_steps = o.save_every > 0 && step % o.save_every == 0;
     const bool by_time = o.save_minutes > 0 && seconds_since(last_save) >= 60 * o.save_minutes;
-    if (!o.save.empty() && (by_steps || by_time)) {
-      save_ckpt(o.save);
+    if ((by_steps && !o.save.empty()) || by_time) {
+      // A failed periodic save costs a warning, not the run: the next one may succeed.
+      try {
+        save_ckpt(keep);
+        kept = true;
+      } catch (const Error& e) {
+        std::printf("\nwarning: could not save the run: %s (training goes on)\n", e.what());
+      }
       last_save = Clock::now();
     }
   }
   if (stop_requested()) {
-    const std::string path = o.save.empty() ? std::string("distill-interrupted.safetensors") : o.save;
+    const std::string& path = keep;
     save_ckpt(path);
     std::printf(
         "\ndistill: stopped at step %lld of %lld; the run is saved in %s\n  continue with: distill "
@@ -445,12 +455,12 @@ int run(Args& a, Run& o, int argc, char** argv) {
   const double train_seconds = progress.elapsed();
   val_after = evaluator.run();
   report_val(trainer.steps_done(), val_after);
-  if (!o.save.empty()) save_ckpt(o.save);
+  if (!o.save.empty() || kept) save_ckpt(keep);
   std::vector<Series> curves = {s_loss, s_soft};
   if (kd.w_hard > 0) curves.push_back(s_hard);
   curves.push_back(s_val);
   write_svg(o.svg, "distill: student loss (nats/token)", curves);
-  if (!o.save.empty()) std::printf("checkpoint: %s\n", o.save.c_str());
+  if (!o.save.empty() || kept) std::printf("checkpoint: %s\n", keep.c_str());
   std::printf("loss curves: %s\n", o.svg.c_str());
 
   if (o.sample_len > 0) {

@@ -33,7 +33,7 @@ const std::string kHelp =
    --save-every steps and every --save-minutes minutes, atomically: a run killed while saving leaves the
    previous checkpoint intact. The checkpoint stands alone: copied anywhere, eval and generate read it.
 5. Ctrl-C (or SIGTERM) stops the run at the end of the current step and saves it (to --save, or to
-   train-interrupted.safetensors in the current directory), then says how to continue; a second Ctrl-C
+   train-run.safetensors in the current directory), then says how to continue; a second Ctrl-C
    aborts at once. --resume PATH continues a run from its checkpoint exactly where it stopped, with the
    model, tokenizer, training options and data recorded in it (flags given must agree; --steps may grow):
    on the CPU the parameters come out bit-for-bit equal to an uninterrupted run's. Other data is refused
@@ -69,7 +69,8 @@ Training
 Checkpoints
   --save PATH         write a checkpoint here (at the end, and as below); its directory is made
   --save-every N      also every N steps, 0 for none (default 0)
-  --save-minutes M    also every M minutes of training, 0 for none (default 10)
+  --save-minutes M    also every M minutes of training, 0 for none (default 10); without --save these
+                      saves (and Ctrl-C's) go to train-run.safetensors in the current directory
   --resume PATH       continue the run saved in PATH (its model, tokenizer, options and data; --steps is
                       the total, default the run's)
   --continue-on-new-data B  0 or 1: let --resume go on with other data than the run's (default 0)
@@ -354,6 +355,9 @@ int run(Args& a, Options& o, int argc, char** argv) {
   Progress progress(o.train.steps, o.train.batch * cfg.context, o.log_every, first);
   std::vector<double> losses;
   auto last_save = Clock::now();
+  // Where the run is kept: --save, else (periodic and Ctrl-C saves only) train-run.safetensors here.
+  const std::string keep = o.save.empty() ? std::string("train-run.safetensors") : o.save;
+  bool kept = false;
   for (int64_t step = first + 1; step <= o.train.steps && !stop_requested(); ++step) {
     const auto r = trainer.step();
     losses.push_back(r.loss);
@@ -367,13 +371,19 @@ int run(Args& a, Options& o, int argc, char** argv) {
     }
     const bool by_steps = o.save_every > 0 && step % o.save_every == 0;
     const bool by_time = o.save_minutes > 0 && seconds_since(last_save) >= 60 * o.save_minutes;
-    if (!o.save.empty() && (by_steps || by_time)) {
-      save(o.save, val_after);
+    if ((by_steps && !o.save.empty()) || by_time) {
+      // A failed periodic save costs a warning, not the run: the next one may succeed.
+      try {
+        save(keep, val_after);
+        kept = true;
+      } catch (const Error& e) {
+        std::printf("\nwarning: could not save the run: %s (training goes on)\n", e.what());
+      }
       last_save = Clock::now();
     }
   }
   if (stop_requested()) {
-    const std::string path = o.save.empty() ? std::string("train-interrupted.safetensors") : o.save;
+    const std::string& path = keep;
     save(path, val_after);
     std::printf(
         "\ntrain: stopped at step %lld of %lld; the run is saved in %s\n  continue with: train --resume "
@@ -385,9 +395,10 @@ int run(Args& a, Options& o, int argc, char** argv) {
   const double train_seconds = progress.elapsed();
   val_after = evaluator.run();
   report_val(trainer.steps_done(), val_after);
-  if (!o.save.empty()) {
-    save(o.save, val_after);
-    std::printf("checkpoint: %s\n", o.save.c_str());
+  // Without --save the run ends unsaved, unless a periodic save already kept it: then it keeps the end too.
+  if (!o.save.empty() || kept) {
+    save(keep, val_after);
+    std::printf("checkpoint: %s\n", keep.c_str());
   }
 
   // ---- sample -----------------------------------------------------------------------------------------

@@ -56,6 +56,15 @@ step=$(sed -n 's/^train: stopped at step \([0-9]*\) of 300.*/\1/p' "$W/int.log")
 grep -q "resumed from .* at step $step of 300" "$W/res.log" || fail "resume step: $(head -5 "$W/res.log")"
 cmp -s "$W/full.st" "$W/cut/run.st" || fail "interrupted + resumed checkpoint differs from the uninterrupted one"
 echo "runs: Ctrl-C at step $step, resumed: checkpoint identical to the uninterrupted run's"
+# Without --save, Ctrl-C keeps the run in train-run.safetensors in the current directory; a killed writer's
+# temporary beside --save is removed by the next run.
+mkdir "$W/cwd"
+rc=0
+(cd "$W/cwd" && interrupt INT "$W/int2.log" "$X"/train $T) || rc=$?
+[ "$rc" = 130 ] && [ -s "$W/cwd/train-run.safetensors" ] || fail "Ctrl-C without --save ($rc): $(tail -3 "$W/int2.log")"
+echo stale >"$W/cut/run.st.tmp.999999999"
+"$X"/train --data "$W/t.txt" $M --steps 1 --eval-windows 1 --save "$W/cut/run.st" >/dev/null 2>&1 || fail "train"
+[ ! -e "$W/cut/run.st.tmp.999999999" ] || fail "a dead writer's temporary was left"
 
 # ---- 2. a checkpoint alone in an empty directory ---------------------------------------------------------
 "$X"/train --data "$W/t.txt" $M --tokenizer bpe --vocab 300 --steps 2 --eval-windows 2 --save "$W/bpe.st" \
