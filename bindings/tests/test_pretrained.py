@@ -490,6 +490,15 @@ def test_programs_distill_from_a_gguf_teacher(tmp_path, bpe):
               "--device", "cpu", "--threads", 1)
     assert out.startswith("And God said")
     out = run(f"{x}/generate", "--model", teacher, "--chat", 1, "--prompt", "Hi", "--len", 5, "--device", "cpu")
+    # The student stands alone: with the teacher's file gone, it still decodes (its tokenizer is inside).
+    os.replace(teacher, tmp_path / "moved.gguf")
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    os.replace(tmp_path / "d.st", alone / "d.st")
+    r = subprocess.run([f"{x}/generate", "--model", "d.st", "--prompt", "And God said", "--len", "5", "--device",
+                        "cpu"], capture_output=True, text=True, cwd=alone)
+    assert r.returncode == 0 and r.stdout.startswith("And God said"), r.stderr
+    os.replace(tmp_path / "moved.gguf", teacher)
     # Bad use: a pretrained teacher without data.
     r = subprocess.run([f"{x}/distill", "--teacher", teacher, "--device", "cpu"], capture_output=True, text=True)
     assert r.returncode != 0 and "needs --data TEXT or --shards PREFIX" in r.stderr
