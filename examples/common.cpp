@@ -752,6 +752,33 @@ std::vector<std::string> shards_for(const std::string& prefix, const std::string
   return v;
 }
 
+// ---- curves -------------------------------------------------------------------------------------------
+
+void Curves::step(int64_t step, int64_t tokens, double loss, double hard, double soft) {
+  rows_.push_back({step, tokens, loss, hard, soft, NAN});
+}
+
+void Curves::validation(int64_t step, int64_t tokens, double val) {
+  if (rows_.empty() || rows_.back().step != step) rows_.push_back({step, tokens, NAN, NAN, NAN, NAN});
+  rows_.back().val = val;
+}
+
+void Curves::write(const std::string& path) const {
+  std::string text = "step,tokens,loss,hard,soft,val\n";
+  const auto cell = [&](double v) {
+    char b[32] = "";
+    if (std::isfinite(v)) std::snprintf(b, sizeof b, "%.6g", v);
+    text += ',';
+    text += b;
+  };
+  for (const Row& r : rows_) {
+    text += std::to_string(r.step) + "," + std::to_string(r.tokens);
+    cell(r.loss), cell(r.hard), cell(r.soft), cell(r.val);
+    text += '\n';
+  }
+  io::write_file_atomic(path, text.data(), text.size());
+}
+
 // ---- records ------------------------------------------------------------------------------------------
 
 void write_record(const std::string& path, const std::map<std::string, std::string>& rec) {

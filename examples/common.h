@@ -221,6 +221,24 @@ std::map<std::string, std::string> read_record(const std::string& path);
 // The record of a teacher top-K cache: "<prefix>.teacher".
 std::string cache_record_path(const std::string& prefix);
 
+// ---- curves -------------------------------------------------------------------------------------------
+// The numbers behind a loss picture, one row per step: tokens trained on, the training loss (and its hard
+// and soft parts) and the validation loss where it was measured. Written as CSV ("step,tokens,loss,hard,
+// soft,val", empty where not measured) for tools/loss_picture.py.
+class Curves {
+ public:
+  void step(int64_t step, int64_t tokens, double loss, double hard, double soft);
+  void validation(int64_t step, int64_t tokens, double val);
+  void write(const std::string& path) const;  // atomically
+
+ private:
+  struct Row {
+    int64_t step, tokens;
+    double loss, hard, soft, val;
+  };
+  std::vector<Row> rows_;
+};
+
 // ---- SVG ------------------------------------------------------------------------------------------------
 struct Series {
   std::string name, color;

@@ -73,6 +73,7 @@ Checkpoints
                       (without --save, periodic and Ctrl-C saves go to distill-run.safetensors here)
 Output
   --svg PATH          loss curves (default: the --save path with extension .svg, or distill.svg)
+  --curves PATH       the same numbers as CSV (for a picture of several runs: tools/loss_picture.py)
   --log-every N  --eval-every N  --eval-windows N (256)  --sample-len N (200)  --temperature F (0.8)
                       (--eval-windows: the validation loss of train and eval, over the same windows)
 Machine
@@ -92,7 +93,7 @@ std::string fstr(double v) {
 }
 
 struct Run {
-  std::string teacher, cache_prefix, save, resume, svg, device = "auto", compute = "auto", shards_opt;
+  std::string teacher, cache_prefix, save, resume, svg, curves, device = "auto", compute = "auto", shards_opt;
   DataOptions data;
   bool init_from_teacher = false, continue_on_new_data = false;
   int64_t k = 0, log_every = -1, eval_every = -1, eval_windows = kValidationWindows, save_every = 0;
@@ -140,6 +141,7 @@ int run(Args& a, Run& o, int argc, char** argv) {
                            : std::filesystem::path(o.save).replace_extension(".svg").string();
   if (!o.save.empty()) check_output_path(o.save, "--save");
   check_output_path(o.svg, "--svg");
+  if (!o.curves.empty()) check_output_path(o.curves, "--curves");
 
   std::unique_ptr<Checkpoint> ck;
   if (!o.resume.empty()) {
@@ -393,7 +395,10 @@ int run(Args& a, Run& o, int argc, char** argv) {
   meta["val_windows"] = std::to_string(evaluator.windows());
   Series s_loss{"train loss", "#1f77b4", {}, {}}, s_soft{"soft part (T²·D)", "#ff7f0e", {}, {}},
       s_hard{"hard part (CE)", "#2ca02c", {}, {}}, s_val{"validation CE", "#d62728", {}, {}};
+  Curves table;
+  const int64_t step_tokens = to.batch * cfg.context;
   auto report_val = [&](int64_t step, double v) {
+    table.validation(step, step * step_tokens, v);
     s_val.x.push_back(double(step));
     s_val.y.push_back(v);
     std::printf("  validation @ step %lld: cross-entropy %.4f nats/token, perplexity %.2f\n", (long long)step,
@@ -416,6 +421,7 @@ int run(Args& a, Run& o, int argc, char** argv) {
   bool kept = false;
   for (int64_t step = first + 1; step <= to.steps && !stop_requested(); ++step) {
     const auto r = trainer.step(online);
+    table.step(step, step * step_tokens, r.loss, kd.w_hard > 0 ? r.hard : NAN, r.soft);
     s_loss.x.push_back(double(step)), s_loss.y.push_back(r.loss);
     s_soft.x.push_back(double(step)), s_soft.y.push_back(r.soft);
     if (kd.w_hard > 0) s_hard.x.push_back(double(step)), s_hard.y.push_back(r.hard);
@@ -460,6 +466,7 @@ int run(Args& a, Run& o, int argc, char** argv) {
   if (kd.w_hard > 0) curves.push_back(s_hard);
   curves.push_back(s_val);
   write_svg(o.svg, "distill: student loss (nats/token)", curves);
+  if (!o.curves.empty()) table.write(o.curves);
   if (!o.save.empty() || kept) std::printf("checkpoint: %s\n", keep.c_str());
   std::printf("loss curves: %s\n", o.svg.c_str());
 
@@ -506,6 +513,7 @@ int main(int argc, char** argv) {
   a.add("--save", &o.save), a.add("--save-every", &o.save_every), a.add("--save-minutes", &o.save_minutes);
   a.add("--resume", &o.resume), a.add("--continue-on-new-data", &o.continue_on_new_data),
       a.add("--svg", &o.svg);
+  a.add("--curves", &o.curves);
   a.add("--log-every", &o.log_every), a.add("--eval-every", &o.eval_every),
       a.add("--eval-windows", &o.eval_windows);
   a.add("--sample-len", &o.sample_len), a.add("--temperature", &o.temperature);

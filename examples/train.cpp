@@ -87,13 +87,14 @@ Output
   --sample-len N      tokens to generate at the end, 0 for none (default 300)
   --temperature F     sampling temperature (default 0.8)
   --prompt TEXT       prompt for the sample (default: a line of the held-out text)
+  --curves PATH       write the losses per step and the validation losses as CSV (for a picture)
   --help              this text
 
 Example: train --tokenizer bpe --vocab 2048 --steps 1000 --save build/teacher.safetensors
 )");
 
 struct Options {
-  std::string data = RETORT_DATA_DIR "/kjv.txt", tokenizer = "bytes", shards, save, resume, prompt;
+  std::string data = RETORT_DATA_DIR "/kjv.txt", tokenizer = "bytes", shards, save, resume, prompt, curves;
   int64_t max_bytes = 0, vocab = 1024, save_every = 0, log_every = -1, eval_every = -1;
   int64_t eval_windows = kValidationWindows, sample_len = 300;
   double save_minutes = 10, val_frac = 0.05;
@@ -149,6 +150,7 @@ int run(Args& a, Options& o, int argc, char** argv) {
   DataOptions data{o.data, o.max_bytes, o.val_frac, o.shards};
   check_data_options(a, data);
   if (!o.save.empty()) check_output_path(o.save, "--save");
+  if (!o.curves.empty()) check_output_path(o.curves, "--curves");
 
   std::unique_ptr<Checkpoint> ck;
   TextCodec codec = TextCodec::bytes();
@@ -340,7 +342,10 @@ int run(Args& a, Options& o, int argc, char** argv) {
     meta["val_loss"] = fstr(val);
     trainer.save(path, meta);
   };
+  Curves curves;
+  const int64_t step_tokens = o.train.batch * cfg.context;
   auto report_val = [&](int64_t step, double v) {
+    curves.validation(step, step * step_tokens, v);
     std::printf("  validation @ step %lld: loss %.4f nats/token, perplexity %.2f\n", (long long)step, v,
                 std::exp(v));
     std::fflush(stdout);
@@ -361,6 +366,7 @@ int run(Args& a, Options& o, int argc, char** argv) {
   for (int64_t step = first + 1; step <= o.train.steps && !stop_requested(); ++step) {
     const auto r = trainer.step();
     losses.push_back(r.loss);
+    curves.step(step, step * step_tokens, r.loss, r.loss, NAN);
     char f[128];
     std::snprintf(f, sizeof f, "loss %.4f | lr %.2e | |g| %.2f", r.loss, double(r.lr), r.grad_norm);
     progress.update(step, f);
@@ -395,6 +401,7 @@ int run(Args& a, Options& o, int argc, char** argv) {
   const double train_seconds = progress.elapsed();
   val_after = evaluator.run();
   report_val(trainer.steps_done(), val_after);
+  if (!o.curves.empty()) curves.write(o.curves);
   // Without --save the run ends unsaved, unless a periodic save already kept it: then it keeps the end too.
   if (!o.save.empty() || kept) {
     save(keep, val_after);
@@ -450,6 +457,7 @@ int main(int argc, char** argv) {
   a.add("--log-every", &o.log_every), a.add("--eval-every", &o.eval_every),
       a.add("--eval-windows", &o.eval_windows);
   a.add("--sample-len", &o.sample_len), a.add("--temperature", &o.temperature), a.add("--prompt", &o.prompt);
+  a.add("--curves", &o.curves);
   return run_main(
       "train", [&] { return run(a, o, argc, argv); },
       [&] {

@@ -43,7 +43,8 @@ interrupt() {  # signal log cmd...
 
 # ---- 1. Ctrl-C, then --resume: the same checkpoint as an uninterrupted run --------------------------------
 T="--data $W/t.txt $M --steps 300 --log-every 1 --eval-every 100 --eval-windows 8"
-"$X"/train $T --save "$W/full.st" >"$W/full.log" 2>&1 || fail "uninterrupted train: $(tail -3 "$W/full.log")"
+"$X"/train $T --save "$W/full.st" --curves "$W/full.csv" >"$W/full.log" 2>&1 ||
+  fail "uninterrupted train: $(tail -3 "$W/full.log")"
 rc=0
 interrupt INT "$W/int.log" "$X"/train $T --save "$W/cut/run.st" || rc=$?
 [ "$rc" = 130 ] || fail "train after Ctrl-C exited $rc, not 130: $(tail -3 "$W/int.log")"
@@ -158,4 +159,13 @@ ev=$("$X"/eval --model "$W/full.st" --eval-windows 8 --batch 3 --threads 1 --dev
 python3 -c "import sys; t, e = float('$tv'), float('$ev'); sys.exit(abs(t - e) > 2e-4)" ||
   fail "train's validation loss $tv differs from eval's $ev"
 expect 1 "vocabulary mismatch" "$X"/eval --model "$W/bpe.st" --shards "$W/t.bytes" --threads 1 --device cpu
+
+# ---- 7. the demo's loss picture from the programs' curves -------------------------------------------------
+"$X"/distill --teacher "$W/full.st" --cache "$W/cache/c" $D --steps 20 --eval-every 5 --svg "$W/x.svg" \
+  --curves "$W/d.csv" >/dev/null 2>&1 || fail "distill --curves"
+head -1 "$W/d.csv" | grep -q '^step,tokens,loss,hard,soft,val$' || fail "curves header: $(head -1 "$W/d.csv")"
+[ "$(grep -c ',[0-9.]*$' "$W/d.csv")" -ge 5 ] || fail "distill's curves lack validation rows: $(cat "$W/d.csv")"
+python3 "$(dirname "$0")/../../tools/loss_picture.py" "$W/pic.svg" 4.0 "distilled=$W/d.csv" "scratch=$W/full.csv" ||
+  fail "loss_picture.py"
+[ "$(grep -c '<polyline' "$W/pic.svg")" -ge 5 ] || fail "the picture lacks curves"
 echo "runs: all checks passed"
