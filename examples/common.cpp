@@ -96,6 +96,7 @@ void install_stop_handler(const std::string& prog) {
                 prog.c_str());
   struct sigaction sa = {};
   sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;  // a read or write under way goes on rather than failing with EINTR
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);

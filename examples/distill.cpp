@@ -147,6 +147,9 @@ int run(Args& a, Run& o, int argc, char** argv) {
   if (!o.resume.empty()) {
     ck = std::make_unique<Checkpoint>(o.resume);
     a.check(ck->has_optimizer(), "--resume " + o.resume + " holds no optimizer state: start a new run");
+    a.check(ck->meta("program") == "distill",
+            "--resume " + o.resume + " is not a distill run (it was written by " +
+                ck->meta("program", "an older build") + "): start a new run");
     const TransformerConfig& c = ck->config();
     same_as_run(a, "--layers", std::to_string(sc.layers), std::to_string(c.layers));
     same_as_run(a, "--d-model", std::to_string(sc.d_model), std::to_string(c.d_model));
@@ -212,12 +215,45 @@ int run(Args& a, Run& o, int argc, char** argv) {
                        ck->meta("teacher") + ", " + was + "; --teacher is " + teacher_fp +
                        "); pass --continue-on-new-data 1 to go on with this one");
   }
+  // The cache must be this teacher's, over these tokens: its record says whose it is (checked before the
+  // text is tokenized; the tokens' checksum once the shards are known).
+  std::unique_ptr<TopKCache> cache;
+  std::map<std::string, std::string> rec;
+  const auto field = [&](const std::string& key) {
+    const auto it = rec.find(key);
+    return it == rec.end() ? std::string("(none)") : it->second;
+  };
+  if (!o.cache_prefix.empty()) {
+    rec = read_record(cache_record_path(o.cache_prefix));
+    RT_CHECK(!rec.empty(), "--cache ", o.cache_prefix, ": no record ", cache_record_path(o.cache_prefix),
+             " of its teacher (an incomplete cache, or one from an older teacher-cache): rebuild it with "
+             "teacher-cache --teacher ",
+             o.teacher);
+    RT_CHECK(field("teacher.fingerprint") == teacher_fp, "--cache ", o.cache_prefix,
+             " was written by another teacher: ", field("teacher"), " (", field("teacher.fingerprint"),
+             "), not --teacher ", o.teacher, " (", teacher_fp, "); rebuild it with teacher-cache");
+    RT_CHECK(field("tokenizer.crc32") == codec.metadata().at("tokenizer.crc32") &&
+                 field("tokenizer") == codec.kind(),
+             "--cache ", o.cache_prefix, " was made with another tokenizer (", field("tokenizer"), " ",
+             field("tokenizer.crc32"), ", this teacher's ", codec.kind(), " ",
+             codec.metadata().at("tokenizer.crc32"), ")");
+    RT_CHECK(field("split") == "train", "--cache ", o.cache_prefix, " covers the '", field("split"),
+             "' split; distill trains on 'train'");
+    cache = std::make_unique<TopKCache>(TopKCache::open(o.cache_prefix));
+    cache->check_vocab(tcfg.vocab);
+    if (o.k <= 0) o.k = cache->k();
+    RT_CHECK(o.k <= cache->k(), "--k ", o.k, " is larger than the cache ", o.cache_prefix,
+             " holds (K = ", cache->k(), ")");
+  } else if (o.k <= 0) {
+    o.k = 16;
+  }
   std::string shards = o.shards_opt;
   if (!o.data.data.empty()) {
     o.data.shards = shards;
     prepare_shards(o.data, codec);
     shards = o.data.shards;
   }
+  if (shards.empty() && cache) shards = field("shards");  // the tokens the cache was made for
   if (shards.empty() && tfile.checkpoint()) shards = tfile.checkpoint()->meta("shards");
   if (shards.empty()) throw UsageError("a pretrained teacher needs --data TEXT or --shards PREFIX");
   shards = std::filesystem::absolute(shards).lexically_normal().string();
@@ -227,11 +263,15 @@ int run(Args& a, Run& o, int argc, char** argv) {
   if (ck) {
     const std::string was = ck->meta("shards.fingerprint");
     if (!was.empty() && was != shards_fp && !o.continue_on_new_data)
-      throw UsageError("--resume " + o.resume + ": the shards " + shards +
-                       "_* hold other tokens than the run "
-                       "trained on (fingerprint " +
-                       shards_fp + ", the run's " + was +
+      throw UsageError("--resume " + o.resume + ": the shards " + shards + "_* hold other tokens than " +
+                       "the run trained on (fingerprint " + shards_fp + ", the run's " + was +
                        "); pass --continue-on-new-data 1 to go on with them");
+  }
+  if (cache) {
+    RT_CHECK(field("shards.fingerprint") == shards_fp, "--cache ", o.cache_prefix,
+             " holds the teacher's candidates for other tokens: it was made over ", field("shards"),
+             "_* (fingerprint ", field("shards.fingerprint"), "), this run trains on ", shards,
+             "_* (fingerprint ", shards_fp, "); rebuild it with teacher-cache --shards ", shards);
   }
   check_shards_tokenizer(shards, codec, o.teacher);
   const int64_t shard_vocab = shard_vocab_bound(val_shards);
@@ -254,40 +294,6 @@ int run(Args& a, Run& o, int argc, char** argv) {
     } catch (const Error& e) {
       a.fail(std::string("bad student shape: ") + e.what());
     }
-  }
-  std::unique_ptr<TopKCache> cache;
-  if (!o.cache_prefix.empty()) {
-    // The cache must be this teacher's, over these tokens: its record says whose it is.
-    const auto rec = read_record(cache_record_path(o.cache_prefix));
-    RT_CHECK(!rec.empty(), "--cache ", o.cache_prefix, ": no record ", cache_record_path(o.cache_prefix),
-             " of its teacher (an incomplete cache, or one from an older teacher-cache): rebuild it with "
-             "teacher-cache --teacher ",
-             o.teacher);
-    const auto field = [&](const std::string& key) {
-      const auto it = rec.find(key);
-      return it == rec.end() ? std::string("(none)") : it->second;
-    };
-    RT_CHECK(field("teacher.fingerprint") == teacher_fp, "--cache ", o.cache_prefix,
-             " was written by another teacher: ", field("teacher"), " (", field("teacher.fingerprint"),
-             "), not --teacher ", o.teacher, " (", teacher_fp, "); rebuild it with teacher-cache");
-    RT_CHECK(field("tokenizer.crc32") == codec.metadata().at("tokenizer.crc32") &&
-                 field("tokenizer") == codec.kind(),
-             "--cache ", o.cache_prefix, " was made with another tokenizer (", field("tokenizer"), " ",
-             field("tokenizer.crc32"), ", this teacher's ", codec.kind(), " ",
-             codec.metadata().at("tokenizer.crc32"), ")");
-    RT_CHECK(field("shards.fingerprint") == shards_fp, "--cache ", o.cache_prefix,
-             " holds the teacher's candidates for other tokens: it was made over ", field("shards"),
-             "_* (fingerprint ", field("shards.fingerprint"), "), this run trains on ", shards,
-             "_* (fingerprint ", shards_fp, "); rebuild it with teacher-cache --shards ", shards);
-    RT_CHECK(field("split") == "train", "--cache ", o.cache_prefix, " covers the '", field("split"),
-             "' split; distill trains on 'train'");
-    cache = std::make_unique<TopKCache>(TopKCache::open(o.cache_prefix));
-    cache->check_vocab(tcfg.vocab);
-    if (o.k <= 0) o.k = cache->k();
-    RT_CHECK(o.k <= cache->k(), "--k ", o.k, " is larger than the cache ", o.cache_prefix,
-             " holds (K = ", cache->k(), ")");
-  } else if (o.k <= 0) {
-    o.k = 16;
   }
   RT_CHECK(o.k <= tcfg.vocab, "--k ", o.k, " exceeds the vocabulary ", tcfg.vocab);
 

@@ -24,6 +24,8 @@ With --chat the prompt is a user's message: it is wrapped in the model's chat fo
 SmolLM2 and Qwen2: <|im_start|>user ... <|im_end|> <|im_start|>assistant), with --system as the system
 message when given, and generation stops at the end of the assistant's turn.
 
+Exit status: 0 done, 1 failed (a bad file, out of memory), 2 a bad command line.
+
 Usage: generate --model PATH [options]
 
   --model PATH        checkpoint, GGUF file or Hugging Face directory (required; --ckpt is the same)

@@ -36,6 +36,9 @@ batch and removes the incomplete cache (exit 130 / 143); a second Ctrl-C aborts 
 Cost: one teacher forward per position, and on disk per position K·4 bytes of ids, K·2 (bf16) or K·4 (f32)
 of logprobs and K valid flags.
 
+Exit status: 0 done, 1 failed (a bad file, a vocabulary mismatch, out of memory), 2 a bad command line,
+130 / 143 stopped by Ctrl-C / SIGTERM.
+
 Usage: teacher-cache --teacher PATH [options]
 
   --teacher PATH      teacher: checkpoint, GGUF file or Hugging Face directory (required)

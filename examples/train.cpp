@@ -160,6 +160,8 @@ int run(Args& a, Options& o, int argc, char** argv) {
     a.check(ck->has_optimizer(), "--resume " + o.resume +
                                      " holds no optimizer state (a model saved for use, "
                                      "not a run): start a new run");
+    a.check(ck->meta("program") != "distill",
+            "--resume " + o.resume + " is a distill run: continue it with distill --resume");
     const TransformerConfig& c = ck->config();
     same_as_run(a, "--layers", o.model.layers, c.layers);
     same_as_run(a, "--d-model", o.model.d_model, c.d_model);
