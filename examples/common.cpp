@@ -1,6 +1,8 @@
 #include "common.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +30,19 @@ void Args::check_machine(int threads, const std::string& device) const {
         "--threads must be in [0, 1024] (0: all cores), got " + std::to_string(threads));
   check(device == "auto" || device == "cpu" || device == "cuda",
         "--device is auto, cpu or cuda, got '" + device + "'");
+}
+
+void Args::check_model(const TransformerConfig& c) const {
+  const auto in = [&](const std::string& flag, int64_t v, int64_t lo, int64_t hi) {
+    check(v >= lo && v <= hi, flag + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                  "], got " + std::to_string(v));
+  };
+  in("--layers", c.layers, 1, 1024);
+  in("--d-model", c.d_model, 2, 65536);
+  in("--heads", c.heads, 1, 1024);
+  in("--kv-heads", c.kv_heads, 0, 1024);
+  in("--d-ff", c.d_ff, 0, 1 << 20);
+  in("--context", c.context, 0, 1 << 20);
 }
 
 int run_main(const std::string& prog, const std::function<int()>& body,
@@ -179,24 +194,30 @@ void check_output_prefix(const std::string& prefix, const std::string& flag) {
 void Args::add(const std::string& flag, int64_t* v) {
   setters_[flag] = [this, flag, v](const std::string& s) {
     char* end = nullptr;
+    errno = 0;
     const long long x = std::strtoll(s.c_str(), &end, 10);
     if (s.empty() || *end) fail(flag + " wants an integer, got '" + s + "'");
+    if (errno == ERANGE) fail(flag + " " + s + " is out of range");
     *v = x;
   };
 }
 void Args::add(const std::string& flag, int* v) {
   setters_[flag] = [this, flag, v](const std::string& s) {
     char* end = nullptr;
+    errno = 0;
     const long x = std::strtol(s.c_str(), &end, 10);
     if (s.empty() || *end) fail(flag + " wants an integer, got '" + s + "'");
+    if (errno == ERANGE || x < INT_MIN || x > INT_MAX) fail(flag + " " + s + " is out of range");
     *v = int(x);
   };
 }
 void Args::add(const std::string& flag, uint64_t* v) {
   setters_[flag] = [this, flag, v](const std::string& s) {
     char* end = nullptr;
+    errno = 0;
     const unsigned long long x = std::strtoull(s.c_str(), &end, 10);
     if (s.empty() || *end || s[0] == '-') fail(flag + " wants a non-negative integer, got '" + s + "'");
+    if (errno == ERANGE) fail(flag + " " + s + " is out of range");
     *v = x;
   };
 }

@@ -47,6 +47,9 @@ class Args {
   }
   // The checks every program makes of --threads (0..1024) and --device (auto, cpu, cuda).
   void check_machine(int threads, const std::string& device) const;
+  // Ranges of the model flags (--layers, --d-model, --heads, --kv-heads, --d-ff, --context), before their
+  // product can overflow a size: TransformerConfig::resolved() checks how they fit together.
+  void check_model(const TransformerConfig& c) const;
 
  private:
   std::string prog_, help_;

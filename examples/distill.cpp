@@ -134,6 +134,7 @@ int run(Args& a, Run& o, int argc, char** argv) {
           "--init-from-teacher starts a run; --resume continues one");
   a.check(!o.continue_on_new_data || !o.resume.empty(), "--continue-on-new-data goes with --resume");
   a.check_machine(o.threads, o.device);
+  a.check_model(sc);
   check_compute_dtype(a, o.compute);
   check_data_options(a, o.data);
   if (o.svg.empty())

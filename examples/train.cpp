@@ -146,6 +146,7 @@ int run(Args& a, Options& o, int argc, char** argv) {
   a.check(o.sample_len >= 0 && o.temperature >= 0, "--sample-len and --temperature must be >= 0");
   a.check(o.vocab >= 257 && o.vocab <= (int64_t(1) << 20), "--vocab must be in [257, 2^20]");
   a.check_machine(o.threads, o.device);
+  a.check_model(o.model);
   check_compute_dtype(a, o.compute);
   DataOptions data{o.data, o.max_bytes, o.val_frac, o.shards};
   check_data_options(a, data);

@@ -96,6 +96,10 @@ expect 2 "threads must be in \[0, 1024\]" "$X"/train --threads 100000
 expect 2 "steps wants an integer, got 'ten'" "$X"/train --steps=ten
 expect 2 "unknown option --stpes" "$X"/eval --stpes 3
 expect 2 "device is auto, cpu or cuda, got 'gpu'" "$X"/train --device gpu
+expect 2 "threads 10000000000 is out of range" "$X"/eval --model x --threads 10000000000
+expect 2 "steps 99999999999999999999 is out of range" "$X"/train --steps 99999999999999999999
+expect 2 "d-ff must be in \[0, 1048576\], got 4611686018427387903" "$X"/train --d-ff 4611686018427387903
+expect 2 "batch must be in \[1, 2^20\]" "$X"/distill --teacher "$W/full.st" --batch=4611686018427387904
 mkdir -p "$W/ro" && chmod 555 "$W/ro"
 if [ ! -w "$W/ro" ]; then
   expect 2 "cannot write in $W/ro" "$X"/train --data "$W/t.txt" $M --save "$W/ro/m.st"
