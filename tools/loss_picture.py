@@ -89,6 +89,8 @@ class Panel:
         return self.L + (x - self.x0) / (self.x1 - self.x0) * (self.R - self.L)
 
     def py(self, y):
+        # Values above the range (the untrained start) are drawn at its edge.
+        y = min(max(y, self.y0), self.y1)
         return self.top + self.h - (y - self.y0) / (self.y1 - self.y0) * self.h
 
     def line(self, xs, ys, color, name, dash=None, width=1.6, dots=False):
@@ -127,8 +129,13 @@ def main(argv):
         name, _, path = spec.partition("=")
         runs.append((name, read(path)))
     xmax = max(r["tokens"] for _, rows in runs for r in rows)
-    vals = [r["val"] for _, rows in runs for r in rows if r["val"] is not None] + [teacher]
-    trains = [v for _, rows in runs for r in rows for v in (r["hard"], r["soft"]) if v is not None]
+    # The axes fit what happens after the first tenth of the run: the untrained start (about ln V) would squeeze
+    # the differences that matter into a sliver.
+    late = 0.1 * xmax
+    vals = [r["val"] for _, rows in runs for r in rows if r["val"] is not None and r["tokens"] >= late]
+    vals = (vals or [r["val"] for _, rows in runs for r in rows if r["val"] is not None]) + [teacher]
+    trains = [v for _, rows in runs for r in rows if r["tokens"] >= late for v in (r["hard"], r["soft"])
+              if v is not None] or [0.0, 1.0]
     svg = []
     top = Panel(svg, 40, 250, "held-out loss (nats/token) against tokens trained on", (0, xmax), vals)
     for i, (name, rows) in enumerate(runs):
