@@ -1,5 +1,7 @@
-// What the example programs share and a library user would not want: command-line parsing, picking the
-// device, the progress line, the text codec behind --tokenizer, and a small SVG plot. The training itself
+// What the example programs share and a library user would not want: command-line parsing, failure
+// reporting, stopping and output paths (cli.cpp), picking the device, the progress line, the text codec
+// behind
+// --tokenizer, shard and cache records, and a small SVG plot (common.cpp). The training itself
 // (checkpoints, loss heads, the step, evaluation) is library code in src/nn/lm.h.
 #pragma once
 #include <chrono>
