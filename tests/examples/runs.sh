@@ -57,6 +57,24 @@ step=$(sed -n 's/^train: stopped at step \([0-9]*\) of 300.*/\1/p' "$W/int.log")
 grep -q "resumed from .* at step $step of 300" "$W/res.log" || fail "resume step: $(head -5 "$W/res.log")"
 cmp -s "$W/full.st" "$W/cut/run.st" || fail "interrupted + resumed checkpoint differs from the uninterrupted one"
 echo "runs: Ctrl-C at step $step, resumed: checkpoint identical to the uninterrupted run's"
+# A second Ctrl-C does not wait for the step: steps of a few seconds, two signals 0.3 s apart, no save.
+"$X"/train --data "$W/t.txt" --layers 4 --d-model 256 --heads 4 --context 256 --batch 16 --threads 1 --device cpu \
+  --steps 50 --eval-windows 1 --sample-len 0 --save "$W/abort.st" >"$W/abort.log" 2>&1 &
+pid=$!
+for i in $(seq 1 600); do
+  grep -q "validation @ step 0" "$W/abort.log" 2>/dev/null && break
+  sleep 0.05
+done
+sleep 0.3
+kill -INT "$pid"
+sleep 0.3
+kill -INT "$pid" 2>/dev/null || true
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" = 130 ] || fail "train after two Ctrl-Cs exited $rc: $(tail -3 "$W/abort.log")"
+grep -q "stopping at the end of this step" "$W/abort.log" || fail "no stop notice: $(tail -3 "$W/abort.log")"
+! grep -q "the run is saved" "$W/abort.log" && [ ! -e "$W/abort.st" ] ||
+  fail "the second Ctrl-C waited for the step (a step took under 0.3 s?): $(tail -3 "$W/abort.log")"
 # Without --save, Ctrl-C keeps the run in train-run.safetensors in the current directory; a killed writer's
 # temporary beside --save is removed by the next run.
 mkdir "$W/cwd"
