@@ -239,6 +239,32 @@ TEST(Checkpoint, BadFilesNameTheFileAndTheFault) {
   expect_error([&] { write_shards(toks, dir.file("v"), 48); }, {"60"});
 }
 
+// The validation loss is one number whatever batch runs it: the same windows (the first N, or all), each
+// counted once, a last partial batch included.
+TEST(Evaluator, SameWindowsWhateverTheBatch) {
+  ScratchDir dir;
+  const ShardSet set = make_shards(dir, 48);
+  CpuBackend be(1);
+  Context ctx(be);
+  Transformer model(ctx, tiny_config(), 2);
+  LmEvaluator all1(ctx, model, set.val, 1, 8, 0);
+  const double ref = all1.run();
+  EXPECT_EQ(all1.windows(), (400 - 1) / 8);  // 10 % of 4000 tokens held out; a window needs 8 + 1
+  for (int64_t batch : {3, 7, 64}) {
+    LmEvaluator ev(ctx, model, set.val, batch, 8, 0);
+    EXPECT_EQ(ev.windows(), all1.windows());
+    EXPECT_NEAR(ev.run(), ref, 1e-5) << "batch " << batch;
+  }
+  // The first 13 windows: a prefix of the same stream, so batch 1 and batch 5 (3 batches, the last partial)
+  // agree, and differ from all of them.
+  LmEvaluator first1(ctx, model, set.val, 1, 8, 13), first5(ctx, model, set.val, 5, 8, 13);
+  EXPECT_EQ(first5.windows(), 13);
+  EXPECT_EQ(first5.tokens_per_run(), 13 * 8);
+  const double f1 = first1.run();
+  EXPECT_NEAR(first5.run(), f1, 1e-5);
+  EXPECT_GT(std::abs(f1 - ref), 1e-6);
+}
+
 TEST(Checkpoint, TeacherStudentVocabularyAndCacheK) {
   ScratchDir dir;
   const ShardSet set = make_shards(dir, 48);
