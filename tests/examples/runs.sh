@@ -132,10 +132,15 @@ expect 2 "t.txt is not a directory" "$X"/teacher-cache --teacher "$W/full.st" --
 expect 2 "is a directory" "$X"/train --data "$W/t.txt" $M --save "$W/ro"
 expect 2 "differs from the run's 32" "$X"/train --resume "$W/full.st" --d-model 64
 expect 2 "not on these data flags" "$X"/train --resume "$W/full.st" --data "$TEXT" --max-bytes 5000
-# Out of memory (under a 2 GiB address-space limit): the size asked for and the options that set it.
-expect 1 "d-model" bash -c "ulimit -v 2000000; exec '$X/train' --data '$W/t.txt' --layers 4 --d-model 8192 \
-  --heads 4 --context 32 --batch 1 --steps 1 --threads 1 --device cpu"
-grep -q "MiB" "$W/e.log" || fail "out-of-memory message: $(cat "$W/e.log")"
+# Out of memory (under a 2 GiB address-space limit, which AddressSanitizer cannot run under): the size asked
+# for and the options that set it.
+if grep -q __asan_init "$X/train"; then
+  echo "runs: an AddressSanitizer build: the out-of-memory check is skipped"
+else
+  expect 1 "d-model" bash -c "ulimit -v 2000000; exec '$X/train' --data '$W/t.txt' --layers 4 --d-model 8192 \
+    --heads 4 --context 32 --batch 1 --steps 1 --threads 1 --device cpu"
+  grep -q "MiB" "$W/e.log" || fail "out-of-memory message: $(cat "$W/e.log")"
+fi
 
 # ---- 4. teacher caches: identified, refused when they are another teacher's ---------------------------------
 "$X"/train --data "$W/t.txt" $M --steps 4 --eval-windows 2 --seed 2 --save "$W/t2.st" >/dev/null 2>&1 ||
