@@ -567,6 +567,22 @@ std::string cache_record_path(const std::string& prefix) {
 
 // ---- SVG ------------------------------------------------------------------------------------------------
 
+namespace {
+// Round ticks (1, 2 or 5 times a power of ten) covering [lo, hi]; widens lo and hi to the outer ticks.
+double nice_step(double& lo, double& hi) {
+  const double raw = (hi - lo) / 5, mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = 10 * mag;
+  for (double m : {1.0, 2.0, 5.0})
+    if (m * mag >= raw) {
+      step = m * mag;
+      break;
+    }
+  lo = std::floor(lo / step) * step;
+  hi = std::ceil(hi / step) * step;
+  return step;
+}
+}  // namespace
+
 void write_svg(const std::string& path, const std::string& title, const std::vector<Series>& series) {
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   for (const Series& s : series)
@@ -578,6 +594,7 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
   if (x0 > x1) x0 = 0, x1 = 1, y0 = 0, y1 = 1;
   if (x1 == x0) x1 = x0 + 1;
   if (y1 == y0) y1 = y0 + 1;
+  const double xs = nice_step(x0, x1), ys = nice_step(y0, y1);
   const double W = 720, H = 420, L = 60, R = 180, Tm = 40, Bm = 40;
   auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
   auto py = [&](double y) { return H - Bm - (y - y0) / (y1 - y0) * (H - Tm - Bm); };
@@ -589,14 +606,15 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
   os << "<line x1=\"" << L << "\" y1=\"" << H - Bm << "\" x2=\"" << W - R << "\" y2=\"" << H - Bm
      << "\" stroke=\"black\"/>\n<line x1=\"" << L << "\" y1=\"" << Tm << "\" x2=\"" << L << "\" y2=\""
      << H - Bm << "\" stroke=\"black\"/>\n";
-  for (int i = 0; i <= 5; ++i) {
-    const double yv = y0 + (y1 - y0) * i / 5, xv = x0 + (x1 - x0) * i / 5;
-    char b[32];
-    std::snprintf(b, sizeof b, "%.3g", yv);
+  char b[32];
+  for (double yv = y0; yv <= y1 + ys / 2; yv += ys) {
+    std::snprintf(b, sizeof b, "%g", std::abs(yv) < ys / 2 ? 0.0 : yv);
     os << "<text x=\"" << L - 6 << "\" y=\"" << py(yv) + 4 << "\" text-anchor=\"end\">" << b << "</text>\n";
     os << "<line x1=\"" << L << "\" y1=\"" << py(yv) << "\" x2=\"" << W - R << "\" y2=\"" << py(yv)
        << "\" stroke=\"#ddd\"/>\n";
-    std::snprintf(b, sizeof b, "%.0f", xv);
+  }
+  for (double xv = x0; xv <= x1 + xs / 2; xv += xs) {
+    std::snprintf(b, sizeof b, "%g", std::abs(xv) < xs / 2 ? 0.0 : xv);
     os << "<text x=\"" << px(xv) << "\" y=\"" << H - Bm + 16 << "\" text-anchor=\"middle\">" << b
        << "</text>\n";
   }
