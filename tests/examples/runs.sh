@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What the programs owe a user's work, end to end with tiny settings:
 #   - Ctrl-C saves the run, and resuming it gives the very checkpoint an uninterrupted run writes (bit for bit
-#     on the CPU); SIGTERM does the same for distill; an interrupted teacher-cache leaves no partial cache and
-#     keeps the previous one;
+#     on the CPU), and so do SIGTERM and --resume for distill; a second Ctrl-C aborts at once; an interrupted
+#     teacher-cache leaves no partial cache and keeps the previous one;
 #   - output directories are made before the work, and an unwritable place is refused before any work;
 #   - a checkpoint copied alone to an empty directory generates (its tokenizer is inside), and eval names the
 #     shards it cannot find;
@@ -171,12 +171,16 @@ fi
 # ---- 5. distill: SIGTERM saves; resume takes the run's student and options ---------------------------------
 DL="--layers 1 --d-model 16 --heads 2 --steps 300 --batch 4 --eval-windows 2 --eval-every 0 --sample-len 0 --threads 1 \
   --device cpu --log-every 1 --svg $W/x.svg"
+"$X"/distill --teacher "$W/full.st" --cache "$W/cache/c" $DL --save "$W/dfull.st" >"$W/df.log" 2>&1 ||
+  fail "uninterrupted distill: $(tail -3 "$W/df.log")"
 rc=0
 interrupt TERM "$W/dt.log" "$X"/distill --teacher "$W/full.st" --cache "$W/cache/c" $DL --save "$W/ds.st" || rc=$?
 [ "$rc" = 143 ] || fail "distill after SIGTERM exited $rc, not 143: $(tail -3 "$W/dt.log")"
-"$X"/distill --teacher "$W/full.st" --cache "$W/cache/c" --resume "$W/ds.st" --steps 301 --sample-len 0 --threads 1 \
-  --device cpu --svg "$W/x.svg" --eval-windows 2 >"$W/dr.log" 2>&1 || fail "distill --resume: $(tail -3 "$W/dr.log")"
+"$X"/distill --teacher "$W/full.st" --cache "$W/cache/c" --resume "$W/ds.st" --save "$W/ds.st" --sample-len 0 \
+  --threads 1 --device cpu --svg "$W/x.svg" --eval-windows 2 >"$W/dr.log" 2>&1 ||
+  fail "distill --resume: $(tail -3 "$W/dr.log")"
 grep -q "student: layers=1 d_model=16" "$W/dr.log" || fail "distill resume config: $(grep student "$W/dr.log")"
+cmp -s "$W/dfull.st" "$W/ds.st" || fail "interrupted + resumed distill differs from the uninterrupted one"
 expect 2 "w-hard 0.9 differs from the run's 0.5" "$X"/distill --teacher "$W/full.st" --cache "$W/cache/c" \
   --resume "$W/ds.st" --w-hard 0.9
 
