@@ -63,7 +63,10 @@ struct PyModel {
   std::shared_ptr<PyCtx> ctx;
   std::unique_ptr<Transformer> model;
   std::shared_ptr<const Tokenizer> tokenizer;  // a loaded model's own; null otherwise
-  std::string source;                          // PretrainedModel::describe() of a loaded model
+  // A loaded retort checkpoint's tokenizer identity (tokenizer, tokenizer.file, ...), kept when it is saved
+  // again so that the programs see the same tokenizer.
+  std::map<std::string, std::string> tokenizer_identity;
+  std::string source;  // PretrainedModel::describe() of a loaded model
   std::mutex mu;
   // generate()'s KV-cached generator, made on first use and remade larger when a call needs it; gen_mu is
   // held for a whole generate(), gen_owner says by which thread (so its own callback cannot wait for it).
@@ -179,6 +182,56 @@ std::map<std::string, std::string> str_map(pyb::handle h) {
   if (h.is_none()) return out;
   for (auto kv : h.cast<pyb::dict>()) out[std::string(pyb::str(kv.first))] = std::string(pyb::str(kv.second));
   return out;
+}
+
+// The metadata that makes a Python-saved checkpoint one the programs read: the caller's keys, the tokenizer
+// (tok, else the model's own) embedded under its identity ("embedded" when it has no file of its own; "none"
+// without one, "bytes" when asked for), and program=python.
+std::map<std::string, std::string> checkpoint_meta(const PyModel& p, pyb::handle metadata, pyb::handle tok) {
+  std::map<std::string, std::string> md = str_map(metadata);
+  for (const auto& [k, v] : md)
+    RT_CHECK(k.rfind("tokenizer", 0) != 0, "save: metadata key '", k,
+             "' is reserved (pass tokenizer= to embed a tokenizer)");
+  std::shared_ptr<const Tokenizer> t = p.tokenizer;
+  bool bytes = false;
+  if (!tok.is_none()) {
+    if (pyb::isinstance<pyb::str>(tok)) {
+      RT_CHECK(tok.cast<std::string>() == "bytes",
+               "save: tokenizer must be a retort.Tokenizer, 'bytes' or None, got '", tok.cast<std::string>(),
+               "'");
+      bytes = true;
+      t = nullptr;
+    } else {
+      t = tok.cast<std::shared_ptr<Tokenizer>>();
+    }
+  }
+  const int64_t V = p.model->config().vocab;
+  if (bytes) {
+    RT_CHECK(V >= 256, "save: tokenizer='bytes' needs a vocabulary of at least 256, the model has ", V);
+    md["tokenizer"] = "bytes";
+  } else if (t) {
+    RT_CHECK(t->vocab_size() <= V, "save: the tokenizer has ", t->vocab_size(),
+             " tokens, more than the model's vocabulary of ", V);
+    if (tok.is_none() && !p.tokenizer_identity.empty())
+      for (const auto& [k, v] : p.tokenizer_identity) md[k] = v;
+    else
+      md["tokenizer"] = "embedded";
+    embed_tokenizer(md, *t);
+  } else if (tok.is_none() && !p.tokenizer_identity.empty()) {
+    for (const auto& [k, v] : p.tokenizer_identity) md[k] = v;
+  } else {
+    md["tokenizer"] = "none";
+  }
+  md.emplace("program", "python");
+  return md;
+}
+
+// The identity keys of a checkpoint's tokenizer, to keep when a loaded model is saved again.
+std::map<std::string, std::string> tokenizer_identity(const Checkpoint& ck) {
+  std::map<std::string, std::string> id;
+  for (const char* k : {"tokenizer", "tokenizer.file", "tokenizer.vocab", "tokenizer.crc32"})
+    if (!ck.meta(k).empty()) id[k] = ck.meta(k);
+  return id;
 }
 
 // Token ids from None, an int, or an iterable of ints.
@@ -442,39 +495,38 @@ void bind_transformer(pyb::module_& m) {
           "slide=True goes on from the newest context / 2 tokens. The GIL is released meanwhile.")
       .def(
           "save",
-          [](PyModel& p, const std::string& path, pyb::handle metadata) {
-            auto meta = str_map(metadata);
-            meta.emplace("config", p.model->config().describe());
+          [](PyModel& p, const std::string& path, pyb::handle metadata, pyb::handle tokenizer) {
+            const auto meta = checkpoint_meta(p, metadata, tokenizer);
             pyb::gil_scoped_release nogil;
             std::lock_guard<std::mutex> lock(p.mu);
-            save_safetensors(path, named(p.model->parameters()), meta);
+            save_checkpoint(path, *p.model, nullptr, TrainState{}, meta);
           },
-          pyb::arg("path"), pyb::arg("metadata") = pyb::none(),
-          "Writes every parameter to a safetensors file (atomically), by name, with string metadata (the "
-          "config's description is added as 'config').")
+          pyb::arg("path"), pyb::arg("metadata") = pyb::none(), pyb::kw_only(),
+          pyb::arg("tokenizer") = pyb::none(),
+          "Writes the model as a retort checkpoint (atomically): the programs' format (eval, generate, "
+          "teacher-cache, distill read it; retort.load_model opens it without being told the config). It "
+          "holds "
+          "the parameters, the config, the string metadata given, and the tokenizer: tokenizer= (a "
+          "retort.Tokenizer, or 'bytes' for a byte-level model), else the model's own (.tokenizer).")
       .def(
           "load",
           [](PyModel& p, const std::string& path) {
             pyb::gil_scoped_release nogil;
             std::lock_guard<std::mutex> lock(p.mu);
-            SafeTensors st(path);
-            // Check every name and shape first, so a bad file leaves the model unchanged.
-            for (const Tensor* t : p.model->parameters()) {
-              const Shape& s = st.shape(t->name);
-              RT_CHECK(st.dtype(t->name) == t->dtype && s == t->shape(), path, ": tensor '", t->name, "' is ",
-                       dtype_name(st.dtype(t->name)), " ", shape_str_of(s), ", the model's is ",
-                       t->describe());
-            }
-            for (Tensor* t : p.model->parameters()) st.load_into(t, t->name);
+            const Checkpoint ck(path);
+            ck.load_model(*p.model);  // checks the config first: a refused file changes nothing
+            if (ck.tokenizer()) p.tokenizer = ck.tokenizer();
+            p.tokenizer_identity = tokenizer_identity(ck);
           },
           pyb::arg("path"),
-          "Reads every parameter from a safetensors file written by save() (or any file with the same names, "
-          "dtypes and shapes). Raises retort.Error naming the file and tensor on a missing or mismatched "
-          "one, "
-          "before changing anything.")
+          "Reads the parameters (and the tokenizer it embeds) from a retort checkpoint written by save(), "
+          "Trainer.save() or the programs. Raises retort.Error naming the file and the fault (not a retort "
+          "checkpoint, corrupt, a model of another config) before changing anything.")
       .def_property_readonly(
           "tokenizer", [](const PyModel& p) { return std::const_pointer_cast<Tokenizer>(p.tokenizer); },
-          "A loaded model's own retort.Tokenizer (None for a model made here or a retort checkpoint).")
+          "A loaded model's own retort.Tokenizer: a GGUF file's or Hugging Face directory's, or the one a "
+          "retort "
+          "checkpoint embeds (None for a model made here or a byte-level checkpoint).")
       .def_property_readonly(
           "source", [](const PyModel& p) { return p.source; },
           "What a loaded model was read from (format, architecture, name, weight types); '' otherwise.")
@@ -551,40 +603,37 @@ void bind_trainer(pyb::module_& m) {
           "model", [](const PyTrainer& t) { return t.m; }, "The model being trained.")
       .def(
           "save",
-          [](PyTrainer& t, const std::string& path) {
+          [](PyTrainer& t, const std::string& path, pyb::handle metadata, pyb::handle tokenizer) {
+            auto meta = checkpoint_meta(*t.m, metadata, tokenizer);
+            meta["train.lr"] = std::to_string(t.lr);
+            meta["train.warmup"] = std::to_string(t.warmup);
+            meta["train.clip"] = std::to_string(t.clip);
             pyb::gil_scoped_release nogil;
             std::lock_guard<std::mutex> lock(t.m->mu);
-            auto ts = named(t.m->model->parameters());
-            for (const Tensor* s : t.opt->m()) ts.emplace_back(s->name, s);
-            for (const Tensor* s : t.opt->v()) ts.emplace_back(s->name, s);
-            save_safetensors(
-                path, ts,
-                {{"config", t.m->model->config().describe()}, {"steps", std::to_string(t.opt->steps())}});
+            TrainState st;
+            st.total_steps = t.total;
+            save_checkpoint(path, *t.m->model, t.opt.get(), st, meta);
           },
-          pyb::arg("path"),
-          "A checkpoint: every parameter, AdamW's moments (<name>.adam_m, <name>.adam_v) and the step count "
-          "(metadata 'steps'), in one safetensors file.")
+          pyb::arg("path"), pyb::arg("metadata") = pyb::none(), pyb::kw_only(),
+          pyb::arg("tokenizer") = pyb::none(),
+          "A retort checkpoint of the run (the programs' format): Transformer.save()'s contents plus AdamW's "
+          "moments and the step count, so that load() resumes where it stopped.")
       .def(
           "load",
           [](PyTrainer& t, const std::string& path) {
             pyb::gil_scoped_release nogil;
             std::lock_guard<std::mutex> lock(t.m->mu);
-            SafeTensors st(path);
-            auto it = st.metadata().find("steps");
-            RT_CHECK(it != st.metadata().end(), path, ": not a Trainer checkpoint (no 'steps' metadata)");
-            const int64_t steps = std::stoll(it->second);
-            std::vector<Tensor*> all = t.m->model->parameters();
-            all.insert(all.end(), t.opt->m().begin(), t.opt->m().end());
-            all.insert(all.end(), t.opt->v().begin(), t.opt->v().end());
-            for (const Tensor* s : all)
-              RT_CHECK(st.shape(s->name) == s->shape(), path, ": tensor '", s->name, "' is ",
-                       shape_str_of(st.shape(s->name)), ", expected ", s->describe());
-            for (Tensor* s : all) st.load_into(s, s->name);
-            t.opt->set_steps(steps);
+            const Checkpoint ck(path);
+            RT_CHECK(ck.has_optimizer(), path,
+                     ": holds no optimizer state (written by Transformer.save, not "
+                     "Trainer.save): load it with Transformer.load");
+            ck.load_model(*t.m->model);
+            ck.load_optimizer(*t.opt, *t.m->model);
+            if (ck.tokenizer()) t.m->tokenizer = ck.tokenizer();
           },
           pyb::arg("path"),
-          "Restores a checkpoint written by save(): parameters, moments and step count, so that training "
-          "resumes where it stopped.");
+          "Restores a checkpoint written by save() (or by the programs train and distill): parameters, "
+          "moments and step count, so that training resumes where it stopped.");
 }
 
 }  // namespace
@@ -606,6 +655,7 @@ void bind_pretrained(pyb::module_& m) {
         pm->model = std::make_unique<Transformer>(*pm->ctx, c, 0, false);
         src.load_into(*pm->model);
         pm->tokenizer = src.tokenizer();
+        if (const Checkpoint* ck = src.checkpoint()) pm->tokenizer_identity = tokenizer_identity(*ck);
         pm->source = src.describe();
         return pm;
       },
@@ -613,8 +663,11 @@ void bind_pretrained(pyb::module_& m) {
       pyb::arg("compute_dtype") = pyb::none(),
       "A pretrained model as a retort.Transformer: a GGUF file (llama / qwen2; F32, F16, BF16, Q8_0, Q4_0/1, "
       "Q5_0/1, Q4_K, Q5_K, Q6_K weights dequantized to f32), a Hugging Face directory (config.json, "
-      "model.safetensors or its shards, tokenizer.json) or a retort checkpoint. Its .tokenizer is the file's "
-      "tokenizer (None for a retort checkpoint). compute_dtype: the matmuls' dtype (default bf16 on a GPU, "
+      "model.safetensors or its shards, tokenizer.json) or a retort checkpoint (written by the programs or "
+      "by "
+      "Transformer.save / Trainer.save: the config comes from the file). Its .tokenizer is the file's "
+      "tokenizer (a checkpoint's embedded one; None for a byte-level model). compute_dtype: the matmuls' "
+      "dtype (default bf16 on a GPU, "
       "f32 "
       "on the CPU). Raises retort.Error naming the file and the fault.");
 }

@@ -4,89 +4,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include <unistd.h>
 
 namespace ex {
-
-// ---- command line ---------------------------------------------------------------------------------------
-
-void Args::fail(const std::string& msg) const {
-  std::fprintf(stderr, "%s: %s\n(run %s --help for the options)\n", prog_.c_str(), msg.c_str(),
-               prog_.c_str());
-  std::exit(2);
-}
-
-void Args::add(const std::string& flag, int64_t* v) {
-  setters_[flag] = [this, flag, v](const std::string& s) {
-    char* end = nullptr;
-    const long long x = std::strtoll(s.c_str(), &end, 10);
-    if (s.empty() || *end) fail(flag + " wants an integer, got '" + s + "'");
-    *v = x;
-  };
-}
-void Args::add(const std::string& flag, int* v) {
-  setters_[flag] = [this, flag, v](const std::string& s) {
-    char* end = nullptr;
-    const long x = std::strtol(s.c_str(), &end, 10);
-    if (s.empty() || *end) fail(flag + " wants an integer, got '" + s + "'");
-    *v = int(x);
-  };
-}
-void Args::add(const std::string& flag, uint64_t* v) {
-  setters_[flag] = [this, flag, v](const std::string& s) {
-    char* end = nullptr;
-    const unsigned long long x = std::strtoull(s.c_str(), &end, 10);
-    if (s.empty() || *end || s[0] == '-') fail(flag + " wants a non-negative integer, got '" + s + "'");
-    *v = x;
-  };
-}
-void Args::add(const std::string& flag, double* v) {
-  setters_[flag] = [this, flag, v](const std::string& s) {
-    char* end = nullptr;
-    const double x = std::strtod(s.c_str(), &end);
-    if (s.empty() || *end || !std::isfinite(x)) fail(flag + " wants a number, got '" + s + "'");
-    *v = x;
-  };
-}
-void Args::add(const std::string& flag, float* v) {
-  setters_[flag] = [this, flag, v](const std::string& s) {
-    char* end = nullptr;
-    const double x = std::strtod(s.c_str(), &end);
-    if (s.empty() || *end || !std::isfinite(x)) fail(flag + " wants a number, got '" + s + "'");
-    *v = float(x);
-  };
-}
-void Args::add(const std::string& flag, std::string* v) {
-  setters_[flag] = [v](const std::string& s) { *v = s; };
-}
-void Args::add(const std::string& flag, bool* v) {
-  setters_[flag] = [this, flag, v](const std::string& s) {
-    if (s == "1" || s == "true" || s == "on" || s == "yes")
-      *v = true;
-    else if (s == "0" || s == "false" || s == "off" || s == "no")
-      *v = false;
-    else
-      fail(flag + " wants 0 or 1, got '" + s + "'");
-  };
-}
-
-void Args::parse(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    if (f == "--help" || f == "-h") {
-      std::fputs(help_.c_str(), stdout);
-      std::exit(0);
-    }
-    const auto it = setters_.find(f);
-    if (it == setters_.end()) fail("unknown option " + f);
-    if (i + 1 >= argc) fail(f + " needs a value");
-    it->second(argv[++i]);
-    given_[f] = true;
-  }
-}
 
 // ---- device ---------------------------------------------------------------------------------------------
 
@@ -95,12 +20,12 @@ bool gpu_usable() {
   return cuda_available(&why);
 }
 
-Device pick_device(const std::string& choice, int threads, const std::string& prog) {
-  RT_CHECK(choice == "auto" || choice == "cpu" || choice == "cuda", prog,
-           ": --device is auto, cpu or cuda, got ", choice);
+Device pick_device(const std::string& choice, int threads) {
+  if (choice != "auto" && choice != "cpu" && choice != "cuda")
+    throw UsageError("--device is auto, cpu or cuda, got '" + choice + "'");
   std::string why;
   const bool has_cuda = cuda_available(&why);
-  RT_CHECK(choice != "cuda" || has_cuda, prog, ": --device cuda: ", why);
+  RT_CHECK(choice != "cuda" || has_cuda, "--device cuda: ", why);
   Device d;
   d.cuda = choice == "cuda" || (choice == "auto" && has_cuda);
   if (d.cuda) {
@@ -109,18 +34,23 @@ Device pick_device(const std::string& choice, int threads, const std::string& pr
   } else {
     auto cpu = std::make_unique<CpuBackend>(threads);
     d.desc = "cpu, " + std::to_string(cpu->threads()) + " threads";
-    if (choice == "auto") d.desc += " (no GPU: " + why + ")";
+    if (choice == "auto") d.note = "no usable GPU (" + why + "): running on the CPU";
     d.backend = std::move(cpu);
   }
   return d;
 }
 
-DType pick_compute_dtype(const std::string& choice, const Device& device, const std::string& prog) {
+DType pick_compute_dtype(const std::string& choice, const Device& device) {
   if (choice == "auto") return default_compute_dtype(*device.backend);
   if (choice == "f32") return DType::F32;
   if (choice == "bf16") return DType::BF16;
   if (choice == "f16") return DType::F16;
-  RT_FAIL(prog, ": --compute-dtype is auto, f32, bf16 or f16, got ", choice);
+  throw UsageError("--compute-dtype is auto, f32, bf16 or f16, got '" + choice + "'");
+}
+
+void check_compute_dtype(const Args& a, const std::string& choice) {
+  a.check(choice == "auto" || choice == "f32" || choice == "bf16" || choice == "f16",
+          "--compute-dtype is auto, f32, bf16 or f16, got '" + choice + "'");
 }
 
 std::string compute_desc(DType compute) {
@@ -207,7 +137,54 @@ uint32_t file_crc(const std::string& path) {
   const std::vector<uint8_t> b = io::read_file(path);
   return io::crc32(b.data(), b.size());
 }
+
+// The first n bytes of a file (fewer when it is shorter).
+std::vector<uint8_t> read_prefix(const std::string& path, size_t n) {
+  std::ifstream f(path, std::ios::binary);
+  RT_CHECK(f.good(), path, ": cannot open");
+  std::vector<uint8_t> b(n);
+  f.read(reinterpret_cast<char*>(b.data()), std::streamsize(n));
+  b.resize(size_t(f.gcount()));
+  return b;
+}
+
+// CRC-32 of a whole file, read in pieces (a model file may be gigabytes).
+uint32_t stream_crc(uint32_t crc, const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  RT_CHECK(f.good(), path, ": cannot open");
+  std::vector<char> buf(size_t(1) << 20);
+  while (f) {
+    f.read(buf.data(), std::streamsize(buf.size()));
+    crc = io::crc32_update(crc, buf.data(), size_t(f.gcount()));
+  }
+  return crc;
+}
 }  // namespace
+
+std::string model_fingerprint(const PretrainedModel& m) {
+  namespace fs = std::filesystem;
+  char hex[16];
+  if (const Checkpoint* ck = m.checkpoint()) return "crc32:" + ck->meta("crc32");
+  uint32_t crc = 0;
+  if (fs::is_directory(m.path())) {
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(m.path())) {
+      const std::string name = e.path().filename().string();
+      if (e.is_regular_file() &&
+          (name == "config.json" || name == "tokenizer.json" || e.path().extension() == ".safetensors"))
+        files.push_back(name);
+    }
+    std::sort(files.begin(), files.end());
+    for (const std::string& f : files) {
+      crc = io::crc32_update(crc, f.data(), f.size());
+      crc = stream_crc(crc, (fs::path(m.path()) / f).string());
+    }
+  } else {
+    crc = stream_crc(0, m.path());
+  }
+  std::snprintf(hex, sizeof hex, "%08x", crc);
+  return std::string("crc32:") + hex;
+}
 
 TextCodec TextCodec::bytes() {
   return TextCodec();
@@ -252,7 +229,7 @@ std::string TextCodec::short_name() const {
 TextCodec TextCodec::bpe_file(const std::string& path) {
   TextCodec c;
   c.kind_ = "bpe";
-  c.file_ = path;
+  c.file_ = std::filesystem::absolute(path).lexically_normal().string();
   c.tok_ = std::make_shared<Tokenizer>(Tokenizer::load(path));
   c.crc_ = file_crc(path);
   return c;
@@ -261,47 +238,56 @@ TextCodec TextCodec::bpe_file(const std::string& path) {
 TextCodec TextCodec::gpt2(const std::string& data_dir) {
   TextCodec c;
   c.kind_ = "gpt2";
-  c.file_ = data_dir + "/gpt2";
+  c.file_ = std::filesystem::absolute(data_dir + "/gpt2").lexically_normal().string();
   c.tok_ = std::make_shared<Tokenizer>(
       Tokenizer::load_gpt2(data_dir + "/gpt2/encoder.json", data_dir + "/gpt2/vocab.bpe"));
   return c;
 }
 
-TextCodec TextCodec::from_metadata(const std::map<std::string, std::string>& md, const std::string& ckpt) {
+TextCodec TextCodec::from_checkpoint(const Checkpoint& ck) {
+  const auto& md = ck.metadata();
+  const std::string& path = ck.path();
   const auto get = [&](const std::string& k) {
     const auto it = md.find(k);
     return it == md.end() ? std::string() : it->second;
   };
   const std::string kind = get("tokenizer");
-  if (kind.empty() || kind == "bytes") return bytes();
-  if (kind == "gpt2") {
-    const std::string dir = get("tokenizer.file");
-    return gpt2(dir.size() > 5 ? dir.substr(0, dir.size() - 5) : RETORT_DATA_DIR);
-  }
-  if (kind == "model") {
-    const std::string file = get("tokenizer.file");
-    RT_CHECK(std::filesystem::exists(file), ckpt, ": its tokenizer is the one of the model ", file,
-             ", which is not there any more");
-    TextCodec c = model(file);
-    char hex[16];
-    std::snprintf(hex, sizeof hex, "%08x", c.crc_);
-    RT_CHECK(get("tokenizer.crc32") == hex, ckpt, ": the vocabulary of ", file,
-             " changed since the checkpoint was written (crc32 ", hex, ", recorded ", get("tokenizer.crc32"),
-             ")");
+  if ((kind.empty() && !ck.tokenizer()) || kind == "bytes") return bytes();
+  TextCodec c;
+  c.kind_ = kind.empty() ? "embedded" : kind;
+  c.file_ = get("tokenizer.file");
+  c.crc_ = uint32_t(std::strtoul(get("tokenizer.crc32").c_str(), nullptr, 16));
+  if (kind == "none") {
+    c.vocab_ = ck.config().vocab;
     return c;
   }
-  RT_CHECK(kind == "bpe", ckpt, ": unknown tokenizer '", kind, "' in checkpoint metadata");
-  const std::string file = get("tokenizer.file");
-  TextCodec c = bpe_file(file);
+  if ((c.tok_ = ck.tokenizer())) return c;
+  // Checkpoints from before tokenizers were embedded name a file, which must still be there unchanged.
+  TextCodec f;
+  if (kind == "gpt2") {
+    const std::string dir = c.file_;
+    f = gpt2(dir.size() > 5 ? dir.substr(0, dir.size() - 5) : RETORT_DATA_DIR);
+  } else if (kind == "model") {
+    RT_CHECK(std::filesystem::exists(c.file_), path, ": its tokenizer is the one of the model ", c.file_,
+             ", which is not there any more");
+    f = model(c.file_);
+  } else {
+    RT_CHECK(kind == "bpe", path, ": unknown tokenizer '", kind, "' in checkpoint metadata");
+    RT_CHECK(std::filesystem::exists(c.file_), path, ": its tokenizer ", c.file_,
+             " is not there any more (this checkpoint predates embedded tokenizers)");
+    f = bpe_file(c.file_);
+  }
   char hex[16];
-  std::snprintf(hex, sizeof hex, "%08x", c.crc_);
-  RT_CHECK(get("tokenizer.crc32") == hex, ckpt, ": the tokenizer ", file,
+  std::snprintf(hex, sizeof hex, "%08x", f.crc_);
+  RT_CHECK(kind == "gpt2" || get("tokenizer.crc32") == hex, path, ": the tokenizer ", c.file_,
            " changed since the checkpoint was written (crc32 ", hex, ", recorded ", get("tokenizer.crc32"),
            ")");
-  return c;
+  return f;
 }
 
 std::vector<int32_t> TextCodec::encode(const std::string& text) const {
+  RT_CHECK(kind_ != "none",
+           "the model has no tokenizer (it was saved without one), so it cannot encode text");
   if (!tok_) {
     std::vector<int32_t> ids(text.size());
     for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
@@ -311,6 +297,8 @@ std::vector<int32_t> TextCodec::encode(const std::string& text) const {
 }
 
 std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
+  RT_CHECK(kind_ != "none",
+           "the model has no tokenizer (it was saved without one), so it cannot decode text");
   if (!tok_) {
     std::string s;
     for (int32_t id : ids) s += char(id & 0xFF);
@@ -320,20 +308,30 @@ std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
 }
 
 int64_t TextCodec::vocab() const {
-  return tok_ ? tok_->vocab_size() : 256;
+  return tok_ ? tok_->vocab_size() : vocab_;
 }
 
 std::map<std::string, std::string> TextCodec::metadata() const {
   char hex[16];
   std::snprintf(hex, sizeof hex, "%08x", crc_);
-  return {{"tokenizer", kind_},
-          {"tokenizer.file", file_},
-          {"tokenizer.vocab", std::to_string(vocab())},
-          {"tokenizer.crc32", hex}};
+  std::map<std::string, std::string> md = {{"tokenizer", kind_},
+                                           {"tokenizer.file", file_},
+                                           {"tokenizer.vocab", std::to_string(vocab())},
+                                           {"tokenizer.crc32", hex}};
+  return md;
+}
+
+std::map<std::string, std::string> TextCodec::checkpoint_metadata() const {
+  std::map<std::string, std::string> md = metadata();
+  if (tok_) embed_tokenizer(md, *tok_);
+  return md;
 }
 
 std::string TextCodec::describe() const {
   if (kind_ == "bytes") return "bytes (vocab 256)";
+  if (kind_ == "none") return "none (a model saved without a tokenizer)";
+  if (kind_ == "embedded")
+    return "the tokenizer embedded in the checkpoint (vocab " + std::to_string(vocab()) + ")";
   if (kind_ == "model") return "the tokenizer of " + file_ + " (vocab " + std::to_string(vocab()) + ")";
   return kind_ + " (vocab " + std::to_string(vocab()) + ", " + file_ + ")";
 }
@@ -342,7 +340,7 @@ RunModel load_run_model(const PretrainedModel& file, Context& ctx, DType compute
   const std::string& path = file.path();
   RunModel r{file, TextCodec::bytes(), nullptr, ""};
   if (const Checkpoint* ck = r.file.checkpoint()) {
-    r.codec = TextCodec::from_metadata(ck->metadata(), path);
+    r.codec = TextCodec::from_checkpoint(*ck);
     r.shards = ck->meta("shards");
   } else {
     r.codec = TextCodec::model(path, r.file.tokenizer());
@@ -355,6 +353,22 @@ RunModel load_run_model(const PretrainedModel& file, Context& ctx, DType compute
   return r;
 }
 
+std::string memory_hint(const TransformerConfig& config, bool training, int64_t batch) {
+  const TransformerConfig c = config.resolved();
+  const double d = double(c.d_model), kv = double(c.kv_heads * c.head_dim());
+  const double block = d * (d + 2 * kv) + d * d + 3 * d * double(c.d_ff) + 2 * d;
+  const double params = double(c.vocab) * d * (c.tie_embeddings ? 1 : 2) + double(c.layers) * block + d;
+  const double bytes = params * 4 * (training ? 4 : 1);
+  char b[320];
+  std::snprintf(
+      b, sizeof b,
+      "the model alone needs %.1f MiB (%.1fM parameters%s; set by --layers, --d-model, --d-ff and the "
+      "vocabulary of %lld), and its activations grow with --batch %lld x --context %lld: lower them",
+      bytes / (1 << 20), params / 1e6, training ? " x4: weights, gradients, AdamW moments" : "",
+      (long long)c.vocab, (long long)batch, (long long)c.context);
+  return b;
+}
+
 std::string RunModel::describe() const {
   if (const Checkpoint* ck = file.checkpoint())
     return file.path() + " (" + model->config().describe() + ", step " + std::to_string(ck->state().step) +
@@ -362,28 +376,38 @@ std::string RunModel::describe() const {
   return file.describe();
 }
 
-ShardSet prepare_shards(DataOptions& d, const TextCodec& codec, const std::string& prog) {
-  RT_CHECK(d.val_frac > 0 && d.val_frac < 0.5, prog, ": --val-frac must be in (0, 0.5), got ", d.val_frac);
-  RT_CHECK(d.max_bytes >= 0, prog, ": --max-bytes must be >= 0, got ", d.max_bytes);
-  RT_CHECK(std::filesystem::is_regular_file(d.data), prog, ": --data ", d.data, " is not a file");
+void check_data_options(const Args& a, const DataOptions& d) {
+  a.check(d.val_frac > 0 && d.val_frac < 0.5,
+          "--val-frac must be in (0, 0.5), got " + std::to_string(d.val_frac));
+  a.check(d.max_bytes >= 0, "--max-bytes must be >= 0, got " + std::to_string(d.max_bytes));
+  if (!d.data.empty())
+    a.check(std::filesystem::is_regular_file(d.data), "--data " + d.data + " is not a file");
+}
+
+ShardSet prepare_shards(DataOptions& d, const TextCodec& codec) {
+  namespace fs = std::filesystem;
+  if (!(d.val_frac > 0 && d.val_frac < 0.5)) throw UsageError("--val-frac must be in (0, 0.5)");
+  if (d.max_bytes < 0) throw UsageError("--max-bytes must be >= 0");
+  if (!fs::is_regular_file(d.data)) throw UsageError("--data " + d.data + " is not a file");
+  const bool chosen = !d.shards.empty();
   if (d.shards.empty()) {
     std::string base = d.data;
     if (base.size() > 4 && base.substr(base.size() - 4) == ".txt") base.resize(base.size() - 4);
     d.shards = base + "." + codec.short_name();
     if (d.max_bytes > 0) d.shards += ".first" + std::to_string(d.max_bytes);
   }
+  d.shards = fs::absolute(d.shards).lexically_normal().string();
   // What the shards hold: the file, how much of it, the split and the tokenizer. Equal records, same shards.
   const auto md = codec.metadata();
   std::ostringstream rec;
-  rec << "data=" << std::filesystem::absolute(d.data).lexically_normal().string()
-      << "\nsize=" << std::filesystem::file_size(d.data) << "\nmax_bytes=" << d.max_bytes
-      << "\nval_frac=" << d.val_frac << "\ntokenizer=" << codec.kind() << " " << md.at("tokenizer.file")
-      << " " << md.at("tokenizer.crc32") << "\n";
+  rec << "data=" << fs::absolute(d.data).lexically_normal().string() << "\nsize=" << fs::file_size(d.data)
+      << "\nmax_bytes=" << d.max_bytes << "\nval_frac=" << d.val_frac << "\ntokenizer=" << codec.kind() << " "
+      << md.at("tokenizer.file") << " " << md.at("tokenizer.crc32") << "\n";
   const std::string record_path = d.shards + ".source";
   ShardSet set;
   set.train = list_shards(d.shards, "train");
   set.val = list_shards(d.shards, "val");
-  if (!set.train.empty() && !set.val.empty() && std::filesystem::exists(record_path) &&
+  if (!set.train.empty() && !set.val.empty() && fs::exists(record_path) &&
       io::read_text_file(record_path) == rec.str()) {
     for (const auto& p : set.train) set.train_tokens += TokenShard(p).size();
     for (const auto& p : set.val) set.val_tokens += TokenShard(p).size();
@@ -391,19 +415,69 @@ ShardSet prepare_shards(DataOptions& d, const TextCodec& codec, const std::strin
                 (long long)set.train_tokens, (long long)set.val_tokens, d.data.c_str());
     return set;
   }
+  try {
+    check_output_prefix(d.shards, "--shards");
+  } catch (const UsageError& e) {
+    if (chosen) throw;
+    throw UsageError(std::string(e.what()) +
+                     "; by default the shards go beside the text: give --shards PREFIX in a writable place");
+  }
   std::string text = io::read_text_file(d.data);
   if (d.max_bytes > 0 && int64_t(text.size()) > d.max_bytes) text.resize(size_t(d.max_bytes));
+  RT_CHECK(!text.empty(), "--data ", d.data, " is empty: nothing to train on");
   const auto t0 = Clock::now();
+  std::printf("data: tokenizing %zu bytes of %s with %s...\n", text.size(), d.data.c_str(),
+              codec.describe().c_str());
+  std::fflush(stdout);
   const std::vector<int32_t> ids = codec.encode(text);
   ShardWriteOptions so;
   so.val_fraction = d.val_frac;
   set = write_shards(ids, d.shards, codec.vocab(), so);
   const std::string r = rec.str();
   io::write_file_atomic(record_path, r.data(), r.size());
-  std::printf("data: %s, %zu bytes -> %s: %lld train + %lld validation tokens in %s_* (%s)\n", d.data.c_str(),
-              text.size(), codec.describe().c_str(), (long long)set.train_tokens, (long long)set.val_tokens,
-              d.shards.c_str(), duration(seconds_since(t0)).c_str());
+  std::printf("data: %lld train + %lld validation tokens in %s_* (%s)\n", (long long)set.train_tokens,
+              (long long)set.val_tokens, d.shards.c_str(), duration(seconds_since(t0)).c_str());
   return set;
+}
+
+void check_shards_tokenizer(const std::string& prefix, const TextCodec& codec, const std::string& model) {
+  const std::string record = prefix + ".source";
+  if (!std::filesystem::exists(record)) return;
+  std::istringstream in(io::read_text_file(record));
+  std::string line, kind, file, crc;
+  while (std::getline(in, line))
+    if (line.rfind("tokenizer=", 0) == 0) {
+      // "kind file crc", where file may be empty (bytes) or hold spaces: the kind first, the crc last.
+      const std::string rest = line.substr(10);
+      kind = rest.substr(0, rest.find(' '));
+      crc = rest.substr(rest.rfind(' ') + 1);
+      file = rest.size() > kind.size() + crc.size() + 1
+                 ? rest.substr(kind.size() + 1, rest.size() - kind.size() - crc.size() - 2)
+                 : "";
+    }
+  const auto md = codec.metadata();
+  // Kinds compare where both name a vocabulary; an embedded one (from Python) has no file to compare with.
+  const bool differ = kind.empty() || codec.kind() == "embedded" || codec.kind() == "none"
+                          ? false
+                          : (kind != codec.kind() && (kind == "bytes" || codec.kind() == "bytes")) ||
+                                (kind == codec.kind() && crc != md.at("tokenizer.crc32"));
+  RT_CHECK(!differ, "vocabulary mismatch: the shards ", prefix, "_* were made with the tokenizer ", kind, " ",
+           file, " (crc32 ", crc, "), the model ", model, " uses ", codec.describe(), " (crc32 ",
+           md.at("tokenizer.crc32"), ")");
+}
+
+std::string shards_fingerprint(const std::string& prefix) {
+  uint32_t crc = 0;
+  for (const char* split : {"train", "val"})
+    for (const std::string& p : list_shards(prefix, split)) {
+      // The header (magic, version, dtype, count, and the checksum of header and tokens) stands for the file.
+      const std::vector<uint8_t> head = read_prefix(p, 32);
+      crc = io::crc32_update(crc, split, std::strlen(split));
+      crc = io::crc32_update(crc, head.data(), head.size());
+    }
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", crc);
+  return hex;
 }
 
 int64_t shard_vocab_bound(const std::vector<std::string>& shards) {
@@ -428,15 +502,86 @@ std::string heldout_prompt(const std::vector<std::string>& val_shards, const Tex
   return sp != std::string::npos && sp > 0 ? line.substr(0, sp) : line;
 }
 
-std::vector<std::string> shards_for(const std::string& prefix, const std::string& split,
-                                    const std::string& who) {
-  RT_CHECK(!prefix.empty(), who, ": no token shards: give --shards PREFIX (train writes them)");
+std::vector<std::string> shards_for(const std::string& prefix, const std::string& split) {
+  RT_CHECK(!prefix.empty(), "no token shards: give --shards PREFIX (train writes them)");
   std::vector<std::string> v = list_shards(prefix, split);
-  RT_CHECK(!v.empty(), who, ": no shards ", prefix, "_", split, "_00000.bin (train --data writes them)");
+  RT_CHECK(!v.empty(), "no shards ", prefix, "_", split, "_00000.bin (train --data writes them)");
   return v;
 }
 
+// ---- curves -------------------------------------------------------------------------------------------
+
+void Curves::step(int64_t step, int64_t tokens, double loss, double hard, double soft) {
+  rows_.push_back({step, tokens, loss, hard, soft, NAN});
+}
+
+void Curves::validation(int64_t step, int64_t tokens, double val) {
+  if (rows_.empty() || rows_.back().step != step) rows_.push_back({step, tokens, NAN, NAN, NAN, NAN});
+  rows_.back().val = val;
+}
+
+void Curves::write(const std::string& path) const {
+  std::string text = "step,tokens,loss,hard,soft,val\n";
+  const auto cell = [&](double v) {
+    char b[32] = "";
+    if (std::isfinite(v)) std::snprintf(b, sizeof b, "%.6g", v);
+    text += ',';
+    text += b;
+  };
+  for (const Row& r : rows_) {
+    text += std::to_string(r.step) + "," + std::to_string(r.tokens);
+    cell(r.loss), cell(r.hard), cell(r.soft), cell(r.val);
+    text += '\n';
+  }
+  io::write_file_atomic(path, text.data(), text.size());
+}
+
+// ---- records ------------------------------------------------------------------------------------------
+
+void write_record(const std::string& path, const std::map<std::string, std::string>& rec) {
+  std::string text;
+  for (const auto& [k, v] : rec) {
+    RT_ASSERT(k.find('=') == std::string::npos && k.find('\n') == std::string::npos &&
+              v.find('\n') == std::string::npos);
+    text += k + "=" + v + "\n";
+  }
+  io::write_file_atomic(path, text.data(), text.size());
+}
+
+std::map<std::string, std::string> read_record(const std::string& path) {
+  std::map<std::string, std::string> rec;
+  if (!std::filesystem::exists(path)) return rec;
+  std::istringstream in(io::read_text_file(path));
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find('=');
+    RT_CHECK(eq != std::string::npos, path, ": a line without '=': '", line, "'");
+    rec[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return rec;
+}
+
+std::string cache_record_path(const std::string& prefix) {
+  return prefix + ".teacher";
+}
+
 // ---- SVG ------------------------------------------------------------------------------------------------
+
+namespace {
+// Round ticks (1, 2 or 5 times a power of ten) covering [lo, hi]; widens lo and hi to the outer ticks.
+double nice_step(double& lo, double& hi) {
+  const double raw = (hi - lo) / 5, mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = 10 * mag;
+  for (double m : {1.0, 2.0, 5.0})
+    if (m * mag >= raw) {
+      step = m * mag;
+      break;
+    }
+  lo = std::floor(lo / step) * step;
+  hi = std::ceil(hi / step) * step;
+  return step;
+}
+}  // namespace
 
 void write_svg(const std::string& path, const std::string& title, const std::vector<Series>& series) {
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
@@ -449,6 +594,7 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
   if (x0 > x1) x0 = 0, x1 = 1, y0 = 0, y1 = 1;
   if (x1 == x0) x1 = x0 + 1;
   if (y1 == y0) y1 = y0 + 1;
+  const double xs = nice_step(x0, x1), ys = nice_step(y0, y1);
   const double W = 720, H = 420, L = 60, R = 180, Tm = 40, Bm = 40;
   auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
   auto py = [&](double y) { return H - Bm - (y - y0) / (y1 - y0) * (H - Tm - Bm); };
@@ -460,14 +606,15 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
   os << "<line x1=\"" << L << "\" y1=\"" << H - Bm << "\" x2=\"" << W - R << "\" y2=\"" << H - Bm
      << "\" stroke=\"black\"/>\n<line x1=\"" << L << "\" y1=\"" << Tm << "\" x2=\"" << L << "\" y2=\""
      << H - Bm << "\" stroke=\"black\"/>\n";
-  for (int i = 0; i <= 5; ++i) {
-    const double yv = y0 + (y1 - y0) * i / 5, xv = x0 + (x1 - x0) * i / 5;
-    char b[32];
-    std::snprintf(b, sizeof b, "%.3g", yv);
+  char b[32];
+  for (double yv = y0; yv <= y1 + ys / 2; yv += ys) {
+    std::snprintf(b, sizeof b, "%g", std::abs(yv) < ys / 2 ? 0.0 : yv);
     os << "<text x=\"" << L - 6 << "\" y=\"" << py(yv) + 4 << "\" text-anchor=\"end\">" << b << "</text>\n";
     os << "<line x1=\"" << L << "\" y1=\"" << py(yv) << "\" x2=\"" << W - R << "\" y2=\"" << py(yv)
        << "\" stroke=\"#ddd\"/>\n";
-    std::snprintf(b, sizeof b, "%.0f", xv);
+  }
+  for (double xv = x0; xv <= x1 + xs / 2; xv += xs) {
+    std::snprintf(b, sizeof b, "%g", std::abs(xv) < xs / 2 ? 0.0 : xv);
     os << "<text x=\"" << px(xv) << "\" y=\"" << H - Bm + 16 << "\" text-anchor=\"middle\">" << b
        << "</text>\n";
   }

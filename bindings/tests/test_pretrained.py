@@ -472,7 +472,7 @@ def test_programs_distill_from_a_gguf_teacher(tmp_path, bpe):
     data = ["--data", text, "--shards", shards, "--context", 32, "--device", "cpu", "--threads", 1]
     out = run(f"{x}/teacher-cache", "--teacher", teacher, *data, "--k", 8, "--batch", 4, "--out", tmp_path / "c")
     assert "teacher: gguf llama" in out and "cache:" in out
-    student = ["--layers", 2, "--steps", 6, "--batch", 4, "--sample-len", 0, "--eval-batches", 1]
+    student = ["--layers", 2, "--steps", 6, "--batch", 4, "--sample-len", 0, "--eval-windows", 4]
     out = run(f"{x}/distill", "--teacher", teacher, "--cache", tmp_path / "c", *data, *student,
               "--init-from-teacher", 1, "--save", tmp_path / "d.st")
     assert "init from the teacher: embedding, final norm and layers 0 2" in out, out[-1500:]
@@ -490,6 +490,15 @@ def test_programs_distill_from_a_gguf_teacher(tmp_path, bpe):
               "--device", "cpu", "--threads", 1)
     assert out.startswith("And God said")
     out = run(f"{x}/generate", "--model", teacher, "--chat", 1, "--prompt", "Hi", "--len", 5, "--device", "cpu")
+    # The student stands alone: with the teacher's file gone, it still decodes (its tokenizer is inside).
+    os.replace(teacher, tmp_path / "moved.gguf")
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    os.replace(tmp_path / "d.st", alone / "d.st")
+    r = subprocess.run([f"{x}/generate", "--model", "d.st", "--prompt", "And God said", "--len", "5", "--device",
+                        "cpu"], capture_output=True, text=True, cwd=alone)
+    assert r.returncode == 0 and r.stdout.startswith("And God said"), r.stderr
+    os.replace(tmp_path / "moved.gguf", teacher)
     # Bad use: a pretrained teacher without data.
     r = subprocess.run([f"{x}/distill", "--teacher", teacher, "--device", "cpu"], capture_output=True, text=True)
     assert r.returncode != 0 and "needs --data TEXT or --shards PREFIX" in r.stderr

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <span>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -82,9 +83,13 @@ class Tokenizer {
   // Loads a file written by save() (version 2, or version 1 from older builds). Throws retort::Error naming
   // the file and the fault (wrong magic, version, truncation, checksum mismatch, inconsistent tables).
   static Tokenizer load(const std::string& path);
+  // load() from memory: the bytes of such a file; name stands for the file in error messages.
+  static Tokenizer from_bytes(std::span<const uint8_t> bytes, const std::string& name);
   // Writes the vocabulary, token types, pre-tokenizer and BOS/EOS atomically (temporary file, fsync, rename),
   // with a versioned header and a checksum.
   void save(const std::string& path) const;
+  // The bytes save() writes (to embed the tokenizer in another file, e.g. a checkpoint).
+  std::vector<uint8_t> to_bytes() const;
   // The model-file description of this vocabulary; from_spec(to_spec()) encodes identically.
   TokenizerSpec to_spec() const;
 

@@ -93,7 +93,7 @@ constexpr uint32_t kFlagAddBos = 1, kFlagIgnoreMerges = 2;
 
 }  // namespace
 
-void Tokenizer::save(const std::string& path) const {
+std::vector<uint8_t> Tokenizer::to_bytes() const {
   std::vector<uint8_t> payload;
   for (size_t id = 0; id < tokens_.size(); ++id) {
     payload.push_back(uint8_t(types_[id]));
@@ -116,14 +116,21 @@ void Tokenizer::save(const std::string& path) const {
   io::append_le32(header, uint32_t(bos_));
   io::append_le32(header, uint32_t(eos_));
   io::append_le32(header, io::crc32_update(io::crc32(header), payload.data(), payload.size()));
-  io::write_file_atomic(path, [&](io::FileWriter& w) {
-    w.write(header);
-    w.write(payload);
-  });
+  header.insert(header.end(), payload.begin(), payload.end());
+  return header;
+}
+
+void Tokenizer::save(const std::string& path) const {
+  const std::vector<uint8_t> bytes = to_bytes();
+  io::write_file_atomic(path, bytes.data(), bytes.size());
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
-  std::vector<uint8_t> file = io::read_file(path);
+  const std::vector<uint8_t> file = io::read_file(path);
+  return from_bytes(file, path);
+}
+
+Tokenizer Tokenizer::from_bytes(std::span<const uint8_t> file, const std::string& path) {
   io::ByteReader r(file, path);
   r.expect_magic(std::string_view(kMagic, 8), "retort tokenizer");
   uint32_t version = r.u32("version");

@@ -1,6 +1,8 @@
 #include "lm.h"
 
+#include <algorithm>
 #include <cmath>
+#include <span>
 
 #include "../core/error.h"
 #include "../io/file.h"
@@ -55,6 +57,47 @@ uint32_t metadata_crc(uint32_t crc, const std::map<std::string, std::string>& md
   return crc;
 }
 
+constexpr char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string base64(std::span<const uint8_t> b) {
+  std::string out;
+  out.reserve((b.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < b.size(); i += 3) {
+    const uint32_t n = uint32_t(b[i]) << 16 | (i + 1 < b.size() ? uint32_t(b[i + 1]) << 8 : 0) |
+                       (i + 2 < b.size() ? uint32_t(b[i + 2]) : 0);
+    out += kBase64[n >> 18 & 63];
+    out += kBase64[n >> 12 & 63];
+    out += i + 1 < b.size() ? kBase64[n >> 6 & 63] : '=';
+    out += i + 2 < b.size() ? kBase64[n & 63] : '=';
+  }
+  return out;
+}
+
+std::vector<uint8_t> unbase64(const std::string& s, const std::string& path) {
+  int8_t val[256];
+  std::fill(val, val + 256, int8_t(-1));
+  for (int i = 0; i < 64; ++i) val[uint8_t(kBase64[i])] = int8_t(i);
+  if (s.size() % 4 != 0) io::file_error(path, "checkpoint metadata 'tokenizer.data' is not base64");
+  std::vector<uint8_t> out;
+  out.reserve(s.size() / 4 * 3);
+  for (size_t i = 0; i < s.size(); i += 4) {
+    uint32_t n = 0;
+    int pad = 0;
+    for (size_t j = 0; j < 4; ++j) {
+      const char c = s[i + j];
+      const bool tail = c == '=' && i + 4 == s.size() && j >= 2 && (j == 3 || s[i + 3] == '=');
+      if (!tail && val[uint8_t(c)] < 0)
+        io::file_error(path, "checkpoint metadata 'tokenizer.data' is not base64");
+      pad += tail;
+      n = n << 6 | (tail ? 0 : uint32_t(val[uint8_t(c)]));
+    }
+    out.push_back(uint8_t(n >> 16));
+    if (pad < 2) out.push_back(uint8_t(n >> 8));
+    if (pad < 1) out.push_back(uint8_t(n));
+  }
+  return out;
+}
+
 bool reserved_key(const std::string& k) {
   return k == "format" || k == "version" || k == "crc32" || k.rfind("config.", 0) == 0 ||
          k.rfind("state.", 0) == 0;
@@ -92,6 +135,11 @@ TransformerConfig config_from_metadata(const std::map<std::string, std::string>&
   } catch (const Error& e) {
     io::file_error(path, std::string("bad model config in checkpoint: ") + e.what());
   }
+}
+
+void embed_tokenizer(std::map<std::string, std::string>& metadata, const Tokenizer& tok) {
+  metadata["tokenizer.data"] = base64(tok.to_bytes());
+  metadata["tokenizer.vocab"] = std::to_string(tok.vocab_size());
 }
 
 void save_checkpoint(const std::string& path, const Transformer& model, const AdamW* optimizer,
@@ -161,6 +209,14 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
   state_.seed = uint64_t(parse_int(md, "state.seed", path));
   state_.loader_epoch = parse_int(md, "state.loader_epoch", path);
   state_.loader_cursor = parse_int(md, "state.loader_cursor", path);
+  if (const auto it = md.find("tokenizer.data"); it != md.end()) {
+    tokenizer_ = std::make_shared<Tokenizer>(
+        Tokenizer::from_bytes(unbase64(it->second, path), path + " (its embedded tokenizer)"));
+    if (tokenizer_->vocab_size() > config_.vocab)
+      io::file_error(path, "its embedded tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
+                               " tokens, more than the model's vocabulary of " +
+                               std::to_string(config_.vocab));
+  }
 }
 
 Checkpoint::~Checkpoint() = default;
@@ -346,22 +402,22 @@ void LmTrainer::resume(const Checkpoint& ckpt) {
 // ---- evaluation -----------------------------------------------------------------------------------------
 
 LmEvaluator::LmEvaluator(Context& ctx, Transformer& model, const std::vector<std::string>& shards,
-                         int64_t batch, int64_t seq_len, int64_t max_batches)
+                         int64_t batch, int64_t seq_len, int64_t windows)
     : T_(seq_len) {
   RT_CHECK(!shards.empty(), "evaluate: no validation shards");
+  RT_CHECK(batch >= 1, "evaluate: batch must be >= 1, got ", batch);
   BatchLoaderOptions lo;
   lo.batch = 1;
   lo.seq_len = seq_len;
   lo.shuffle = false;
-  const int64_t windows = BatchLoader(shards, lo).windows();
-  B_ = std::max<int64_t>(1, std::min(batch, windows));
-  batches_ = windows / B_;
-  if (max_batches > 0) batches_ = std::min(batches_, max_batches);
+  const int64_t all = BatchLoader(shards, lo).windows();
+  windows_ = windows > 0 ? std::min(windows, all) : all;
+  B_ = std::max<int64_t>(1, std::min(batch, windows_));
   lo.batch = B_;
   loader_ = std::make_unique<BatchLoader>(shards, lo);
   tokens_ = ctx.input(DType::I32, {B_, T_}, "eval_tokens");
   targets_ = ctx.input(DType::I32, {B_, T_}, "eval_targets");
-  loss_ = lm_cross_entropy(ctx, model, tokens_, targets_).loss;
+  loss_ = lm_cross_entropy(ctx, model, tokens_, targets_).loss;  // mean over the targets not -100
   loss_->flags |= kOutput;
   graph_ = std::make_unique<Graph>(ctx);
   graph_->forward(loss_);
@@ -371,14 +427,18 @@ double LmEvaluator::run() {
   loader_->seek(0, 0);
   double sum = 0;
   std::vector<int32_t> x(size_t(B_ * T_)), y(size_t(B_ * T_));
-  for (int64_t b = 0; b < batches_; ++b) {
+  std::vector<int64_t> labels(size_t(B_ * T_));
+  for (int64_t done = 0; done < windows_; done += B_) {
     loader_->next(x.data(), y.data());
+    // The last batch may hold windows past the ones that count: their targets are ignored.
+    const int64_t rows = std::min(B_, windows_ - done);
+    for (int64_t i = 0; i < B_ * T_; ++i) labels[size_t(i)] = i < rows * T_ ? y[size_t(i)] : -100;
     set_data_int(tokens_, std::vector<int64_t>(x.begin(), x.end()));
-    set_data_int(targets_, std::vector<int64_t>(y.begin(), y.end()));
+    set_data_int(targets_, labels);
     graph_->compute();
-    sum += get_data(loss_)[0];
+    sum += double(get_data(loss_)[0]) * double(rows * T_);
   }
-  return sum / double(batches_);
+  return sum / double(windows_ * T_);
 }
 
 }  // namespace retort

@@ -16,6 +16,7 @@
 #include "../core/context.h"
 #include "../core/graph.h"
 #include "../io/batch_loader.h"
+#include "../io/tokenizer.h"
 #include "../io/topk_cache.h"
 #include "../ops/loss/losses.h"
 #include "optim.h"
@@ -30,7 +31,8 @@ namespace retort {
 //   other metadata as sorted "key=value\n" lines: a flipped byte anywhere but in the JSON framing is caught),
 //   the model config (config.vocab, config.layers, ...), the training state (step, total_steps, seed,
 //   loader.epoch, loader.cursor, adam.* hyper-parameters), and whatever the caller adds (tokenizer identity,
-//   shard prefix, ...).
+//   shard prefix, ...). A checkpoint made to be used alone embeds its tokenizer ("tokenizer.data", see
+//   embed_tokenizer), so nothing outside the file is needed to turn its ids back into text.
 
 inline constexpr const char* kCheckpointFormat = "retort-lm-checkpoint";
 
@@ -45,6 +47,9 @@ struct TrainState {
 std::map<std::string, std::string> config_to_metadata(const TransformerConfig& c);
 // Throws retort::Error naming `path` on a missing or malformed field.
 TransformerConfig config_from_metadata(const std::map<std::string, std::string>& md, const std::string& path);
+
+// Adds tok to checkpoint metadata as "tokenizer.data" (its own file format, base64), with "tokenizer.vocab".
+void embed_tokenizer(std::map<std::string, std::string>& metadata, const Tokenizer& tok);
 
 // Writes model (+ optimizer moments when given) and metadata atomically: a crash leaves the old file or the
 // new one. extra must not use the reserved keys (format, version, crc32, config.*, state.*).
@@ -68,6 +73,8 @@ class Checkpoint {
   // Metadata value, or fallback when absent.
   std::string meta(const std::string& key, const std::string& fallback = "") const;
   const std::map<std::string, std::string>& metadata() const;
+  // The tokenizer embedded by embed_tokenizer (validated when the checkpoint opens); null when it has none.
+  std::shared_ptr<const Tokenizer> tokenizer() const { return tokenizer_; }
 
   // Copies the parameters into model, whose config must equal this one (else a retort::Error naming both).
   void load_model(Transformer& model) const;
@@ -80,6 +87,7 @@ class Checkpoint {
   std::string path_;
   TransformerConfig config_;
   TrainState state_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
 };
 
 // Throws retort::Error unless the two models share a vocabulary (distillation needs the same token ids).
@@ -156,21 +164,25 @@ class LmTrainer {
   TopKBatch topk_;
 };
 
-// Mean validation cross-entropy (nats per token) over the shards' windows in stream order: up to
-// max_batches batches of B windows (all when max_batches <= 0; B shrinks to the window count when the shards
-// hold fewer). The same shards and sizes give the same number in every program. The graph is built once.
+// The validation loss every program reports (train, distill, eval, the demo): the mean next-token
+// cross-entropy in nats per token over the first `windows` windows of the shards (all of them when windows
+// <= 0), windows of seq_len tokens at stride seq_len in stream order. Run `batch` windows at a time; the
+// number does not depend on the batch beyond f32 rounding. The graph is built once.
+inline constexpr int64_t kValidationWindows = 256;  // the programs' default: enough to compare, quick to run
+
 class LmEvaluator {
  public:
   LmEvaluator(Context& ctx, Transformer& model, const std::vector<std::string>& shards, int64_t batch,
-              int64_t seq_len, int64_t max_batches);
+              int64_t seq_len, int64_t windows = kValidationWindows);
   double run();
-  int64_t tokens_per_run() const { return batches_ * B_ * T_; }
+  int64_t windows() const { return windows_; }
+  int64_t tokens_per_run() const { return windows_ * T_; }
 
  private:
   std::unique_ptr<BatchLoader> loader_;
   std::unique_ptr<Graph> graph_;
   Tensor *tokens_ = nullptr, *targets_ = nullptr, *loss_ = nullptr;
-  int64_t B_ = 0, T_ = 0, batches_ = 0;
+  int64_t B_ = 0, T_ = 0, windows_ = 0;
 };
 
 }  // namespace retort

@@ -434,6 +434,7 @@ PretrainedModel PretrainedModel::open(const std::string& path) {
     m->arch = "retort";
     m->name = fs::path(path).filename().string();
     m->config = m->checkpoint->config();
+    m->tokenizer = m->checkpoint->tokenizer();
     m->weights = "f32";
   }
   PretrainedModel p;
@@ -466,6 +467,18 @@ const Checkpoint* PretrainedModel::checkpoint() const {
 std::string PretrainedModel::describe() const {
   return std::string(model_format_name(impl_->format)) + " " + impl_->arch + " '" + impl_->name + "' (" +
          impl_->config.describe() + "), " + impl_->weights + " weights";
+}
+
+LoadedModel load_model(const std::string& path, Context& ctx, DType compute) {
+  const PretrainedModel file = PretrainedModel::open(path);
+  TransformerConfig c = file.config();
+  c.compute_dtype = compute;
+  LoadedModel m;
+  m.model = std::make_unique<Transformer>(ctx, c, 0, false);
+  file.load_into(*m.model);
+  m.tokenizer = file.tokenizer();
+  m.describe = file.describe();
+  return m;
 }
 
 void PretrainedModel::load_into(Transformer& model) const {

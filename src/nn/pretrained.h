@@ -34,7 +34,8 @@ class PretrainedModel {
   const std::string& name() const;
   // The config from the file's metadata (compute dtype f32; set it before building the Transformer).
   const TransformerConfig& config() const;
-  // The file's tokenizer; null for a retort checkpoint (whose tokenizer its metadata names).
+  // The file's tokenizer; for a retort checkpoint the one it embeds (null when it has none: a byte-level
+  // model, or a checkpoint from before tokenizers were embedded, whose metadata names its tokenizer).
   std::shared_ptr<const Tokenizer> tokenizer() const;
   // "gguf llama 'SmolLM2 135M' (layers=30 d_model=576 ...), Q4_1/Q8_0/F32 weights".
   std::string describe() const;
@@ -52,6 +53,17 @@ class PretrainedModel {
  private:
   std::shared_ptr<const Impl> impl_;
 };
+
+// A model ready to run, from any file PretrainedModel::open takes: the one call a C++ app needs.
+struct LoadedModel {
+  std::unique_ptr<Transformer> model;          // parameters in the Context given to load_model
+  std::shared_ptr<const Tokenizer> tokenizer;  // the file's (a checkpoint's embedded one); null: bytes/none
+  std::string describe;                        // PretrainedModel::describe()
+};
+// Opens path (a retort checkpoint written by the programs or Python, a GGUF file or a Hugging Face
+// directory), builds its Transformer in ctx with the config the file holds (matmuls in compute) and loads
+// the weights. Throws retort::Error naming the file and the fault.
+LoadedModel load_model(const std::string& path, Context& ctx, DType compute = DType::F32);
 
 // Starts a student from its teacher's weights, as layer-dropping distillation does (DistilBERT's init): the
 // embedding, the final norm and the head are copied, and student layer i takes teacher layer

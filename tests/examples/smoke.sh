@@ -16,22 +16,22 @@ for p in train teacher-cache distill eval generate; do
 done
 head -c 40000 "$TEXT" >"$W/t.txt"
 M="--layers 1 --d-model 32 --heads 2 --context 32 --batch 4 --threads 1 --device cpu"
-"$X"/train --data "$W/t.txt" $M --steps 6 --eval-batches 2 --sample-len 8 --save "$W/t.st" --save-every 3 \
+"$X"/train --data "$W/t.txt" $M --steps 6 --eval-windows 2 --sample-len 8 --save "$W/t.st" --save-every 3 \
   >"$W/train.log" || fail "train"
 grep -q '^summary' "$W/train.log" || fail "train summary"
-"$X"/train --data "$W/t.txt" $M --steps 8 --eval-batches 2 --sample-len 0 --resume "$W/t.st" --save "$W/t2.st" \
+"$X"/train --data "$W/t.txt" $M --steps 8 --eval-windows 2 --sample-len 0 --resume "$W/t.st" --save "$W/t2.st" \
   >"$W/resume.log" || fail "train --resume"
 grep -q 'resumed from .* at step 6' "$W/resume.log" || fail "resume step"
-"$X"/train --data "$W/t.txt" $M --tokenizer bpe --vocab 300 --steps 2 --eval-batches 1 --sample-len 4 \
+"$X"/train --data "$W/t.txt" $M --tokenizer bpe --vocab 300 --steps 2 --eval-windows 1 --sample-len 4 \
   --save "$W/bpe.st" >"$W/bpe.log" || fail "train bpe"
 "$X"/generate --ckpt "$W/bpe.st" --len 5 --threads 1 --device cpu >/dev/null 2>&1 || fail "generate bpe"
 "$X"/teacher-cache --teacher "$W/t.st" --k 4 --out "$W/c" --threads 1 --device cpu >"$W/cache.log" ||
   fail "teacher-cache"
 "$X"/distill --teacher "$W/t.st" --cache "$W/c" --layers 1 --d-model 16 --heads 2 --steps 3 --batch 4 \
-  --eval-batches 1 --sample-len 4 --threads 1 --device cpu --save "$W/s.st" >"$W/d.log" || fail "distill offline"
+  --eval-windows 1 --sample-len 4 --threads 1 --device cpu --save "$W/s.st" >"$W/d.log" || fail "distill offline"
 [ -s "$W/s.svg" ] && grep -q '<svg' "$W/s.svg" || fail "distill svg"
 "$X"/distill --teacher "$W/t.st" --k 4 --normalize-topk 1 --w-hard 0 --w-soft 1 --layers 1 --d-model 16 \
-  --heads 2 --steps 2 --batch 4 --eval-batches 1 --sample-len 0 --threads 1 --device cpu --svg "$W/on.svg" \
+  --heads 2 --steps 2 --batch 4 --eval-windows 1 --sample-len 0 --threads 1 --device cpu --svg "$W/on.svg" \
   >"$W/on.log" || fail "distill online"
 "$X"/eval --ckpt "$W/s.st" --threads 1 --device cpu | grep -q '^val_loss=' || fail "eval"
 "$X"/generate --ckpt "$W/t.st" --prompt "And" --len 10 --top-k 5 --top-p 0.9 --threads 1 --device cpu \
@@ -39,7 +39,7 @@ grep -q 'resumed from .* at step 6' "$W/resume.log" || fail "resume step"
 # Mixed precision on the CPU: a bf16 student from the f32 teacher's cache (checkpoints load in any compute
 # dtype), evaluated in bf16 and f32.
 "$X"/distill --teacher "$W/t.st" --cache "$W/c" --layers 1 --d-model 16 --heads 2 --steps 2 --batch 4 \
-  --eval-batches 1 --sample-len 0 --threads 1 --device cpu --compute-dtype bf16 --save "$W/b.st" >"$W/b.log" ||
+  --eval-windows 1 --sample-len 0 --threads 1 --device cpu --compute-dtype bf16 --save "$W/b.st" >"$W/b.log" ||
   fail "distill bf16"
 grep -q 'compute: bf16 matmuls, f32 master weights' "$W/b.log" || fail "distill bf16 banner"
 "$X"/eval --ckpt "$W/b.st" --threads 1 --device cpu --compute-dtype bf16 | grep -q '^val_loss=' || fail "eval bf16"

@@ -16,6 +16,7 @@
 #include "io/shards.h"
 #include "io/topk_cache.h"
 #include "nn/lm.h"
+#include "nn/pretrained.h"
 
 namespace retort {
 namespace {
@@ -108,6 +109,44 @@ TEST(Checkpoint, RoundTripParamsMomentsStateAndMetadata) {
       {"reserved"});
 }
 
+// A checkpoint embeds its tokenizer: load_model gives back the model and a tokenizer that encodes alike, from
+// the file alone; a tokenizer larger than the model's vocabulary is refused when the file opens.
+TEST(Checkpoint, EmbeddedTokenizerTravelsWithTheFile) {
+  ScratchDir dir;
+  std::string corpus;
+  for (int i = 0; i < 200; ++i) corpus += "In the beginning God created the heaven and the earth. ";
+  BpeTrainOptions bo;
+  bo.vocab_size = 280;
+  const Tokenizer tok = Tokenizer::train(corpus, bo);
+  CpuBackend be(1);
+  Context ctx(be);
+  TransformerConfig c = tiny_config();
+  c.vocab = 300;
+  Transformer model(ctx, c, 4);
+  std::map<std::string, std::string> md = {{"tokenizer", "bpe"}};
+  embed_tokenizer(md, tok);
+  const std::string path = dir.file("m.safetensors");
+  save_checkpoint(path, model, nullptr, TrainState{}, md);
+
+  Context ctx2(be);
+  const LoadedModel m = load_model(path, ctx2);
+  ASSERT_NE(m.tokenizer, nullptr);
+  EXPECT_EQ(m.tokenizer->vocab_size(), tok.vocab_size());
+  EXPECT_EQ(m.tokenizer->encode("God created the earth", true), tok.encode("God created the earth", true));
+  EXPECT_EQ(m.model->config().describe(), model.config().describe());
+  EXPECT_EQ(param_bytes(*m.model), param_bytes(model));
+  // Without one (a byte-level run), there is none to give.
+  save_checkpoint(path, model, nullptr, TrainState{}, {{"tokenizer", "bytes"}});
+  EXPECT_EQ(Checkpoint(path).tokenizer(), nullptr);
+
+  Transformer small(ctx, tiny_config(), 4);  // vocabulary 48 < 280 tokens
+  std::map<std::string, std::string> big;
+  embed_tokenizer(big, tok);
+  const std::string bad = dir.file("bad.safetensors");
+  save_checkpoint(bad, small, nullptr, TrainState{}, big);
+  expect_error([&] { Checkpoint{bad}; }, {bad, "embedded tokenizer has 280 tokens", "vocabulary of 48"});
+}
+
 // Train k steps, save, resume in a fresh context for m steps == train k+m steps straight: bit-equal.
 TEST(Checkpoint, ResumeIsBitExact) {
   ScratchDir dir;
@@ -198,6 +237,32 @@ TEST(Checkpoint, BadFilesNameTheFileAndTheFault) {
   expect_error([&] { Checkpoint(good).load_model(other); }, {good, "vocab=48", "vocab=64"});
   std::vector<int32_t> toks = {1, 2, 60};
   expect_error([&] { write_shards(toks, dir.file("v"), 48); }, {"60"});
+}
+
+// The validation loss is one number whatever batch runs it: the same windows (the first N, or all), each
+// counted once, a last partial batch included.
+TEST(Evaluator, SameWindowsWhateverTheBatch) {
+  ScratchDir dir;
+  const ShardSet set = make_shards(dir, 48);
+  CpuBackend be(1);
+  Context ctx(be);
+  Transformer model(ctx, tiny_config(), 2);
+  LmEvaluator all1(ctx, model, set.val, 1, 8, 0);
+  const double ref = all1.run();
+  EXPECT_EQ(all1.windows(), (400 - 1) / 8);  // 10 % of 4000 tokens held out; a window needs 8 + 1
+  for (int64_t batch : {3, 7, 64}) {
+    LmEvaluator ev(ctx, model, set.val, batch, 8, 0);
+    EXPECT_EQ(ev.windows(), all1.windows());
+    EXPECT_NEAR(ev.run(), ref, 1e-5) << "batch " << batch;
+  }
+  // The first 13 windows: a prefix of the same stream, so batch 1 and batch 5 (3 batches, the last partial)
+  // agree, and differ from all of them.
+  LmEvaluator first1(ctx, model, set.val, 1, 8, 13), first5(ctx, model, set.val, 5, 8, 13);
+  EXPECT_EQ(first5.windows(), 13);
+  EXPECT_EQ(first5.tokens_per_run(), 13 * 8);
+  const double f1 = first1.run();
+  EXPECT_NEAR(first5.run(), f1, 1e-5);
+  EXPECT_GT(std::abs(f1 - ref), 1e-6);
 }
 
 TEST(Checkpoint, TeacherStudentVocabularyAndCacheK) {
