@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "../core/checked.h"
 #include "../core/dtype.h"
 #include "../core/error.h"
 
@@ -271,11 +272,12 @@ void TopKCache::gather(const int64_t* starts, int64_t B, int64_t T, int64_t k, i
   const std::string& name = shards_.front()->map.path();
   RT_CHECK(k >= 1 && k <= k_, name, ": asked for k = ", k, " teacher slots, but the cache holds K = ", k_);
   RT_CHECK(B >= 0 && T >= 0, name, ": gather with B = ", B, ", T = ", T);
+  checked_mul(checked_mul(B, T, name, ": gather B x T"), k, name, ": gather B x T x k");
   const size_t lp = logprob_size(dtype_);
   const Shard* s = nullptr;
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t pos = starts[b] + t;
+      const int64_t pos = checked_add(starts[b], t, name, ": gather from start ", starts[b]);
       if (s == nullptr || pos < s->first || pos >= s->first + s->count) s = find(pos);
       RT_CHECK(s != nullptr, name, ": no teacher record for position ", pos, " (batch row ", b, ", t = ", t,
                "); the cache holds ", positions(), " positions");
@@ -297,6 +299,9 @@ void TopKCache::gather(const int64_t* starts, int64_t B, int64_t T, int64_t k, i
         // index out of bounds with.
         RT_CHECK(!ok || (id >= 0 && id < vocab_), s->map.path(), ": position ", pos, " slot ", j, " has id ",
                  id, ", outside the vocabulary [0, ", vocab_, ")");
+        RT_CHECK(!ok || (!std::isnan(l) && l != std::numeric_limits<float>::infinity()), s->map.path(),
+                 ": position ", pos, " slot ", j, " has logprob ", l,
+                 " (a valid slot holds a finite logprob; the writer refuses anything else)");
         ids[o + size_t(j)] = ok ? id : 0;
         logprobs[o + size_t(j)] = ok ? l : -std::numeric_limits<float>::infinity();
         mask[o + size_t(j)] = ok ? 1.0f : 0.0f;
@@ -313,7 +318,10 @@ TopKBatch TopKCache::gather(const std::vector<int64_t>& starts, int64_t T, int64
   RT_CHECK(T >= 0, shards_.front()->map.path(), ": gather with T = ", T);
   RT_CHECK(out.K <= k_, shards_.front()->map.path(), ": asked for k = ", out.K,
            " teacher slots, but the cache holds K = ", k_);
-  const size_t n = size_t(out.B * T * out.K);
+  const size_t n = size_t(checked_mul(checked_mul(out.B, T, shards_.front()->map.path(), ": gather B x T"),
+                                      out.K, shards_.front()->map.path(), ": gather B x T x K"));
+  checked_bytes(checked_mul(int64_t(n), int64_t(12), shards_.front()->map.path(), ": gather"),
+                shards_.front()->map.path(), ": gather of ", n, " teacher slots");
   out.ids.resize(n);
   out.logprobs.resize(n);
   out.mask.resize(n);
