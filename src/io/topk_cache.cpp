@@ -101,6 +101,10 @@ void TopKCacheWriter::write(int64_t start, int64_t n, const int32_t* ids, const 
                             const uint8_t* valid) {
   RT_CHECK(!finished_, "TopKCacheWriter(", prefix_, "): write after finish()");
   RT_CHECK(start >= 0 && n >= 0, "TopKCacheWriter(", prefix_, "): bad range start = ", start, ", n = ", n);
+  // The end position and the slot count must be exact; the reader refuses positions past INT64_MAX / 2.
+  RT_CHECK(checked_add(start, n, "TopKCacheWriter(", prefix_, ")") <= INT64_MAX / 2, "TopKCacheWriter(",
+           prefix_, "): positions [", start, ", ", start + n, ") run past 2^62");
+  checked_mul(n, spec_.k, "TopKCacheWriter(", prefix_, "): n x K");
   RT_CHECK(start >= next_position_, "TopKCacheWriter(", prefix_, "): positions must increase; got start ",
            start, " after writing up to ", next_position_);
   const int64_t K = spec_.k;
@@ -286,7 +290,6 @@ void TopKCache::gather(const int64_t* starts, int64_t B, int64_t T, int64_t k, i
       const uint8_t* valid_in = lp_in + lp * size_t(k_);
       const size_t o = size_t((b * T + t) * k);
       for (int64_t j = 0; j < k; ++j) {
-        const bool ok = valid_in[j] != 0;
         int32_t id = int32_t(io::load_le32(rec + 4 * j));
         float l;
         if (dtype_ == LogprobDType::F32) {
@@ -295,6 +298,9 @@ void TopKCache::gather(const int64_t* starts, int64_t B, int64_t T, int64_t k, i
         } else {
           l = bf16_to_f32(io::load_le16(lp_in + 2 * j));
         }
+        // A logprob of -inf is padding whatever its flag says (the losses read it so too): handed on masked,
+        // so every slot marked valid has a finite logprob.
+        const bool ok = valid_in[j] != 0 && l != -std::numeric_limits<float>::infinity();
         // Checksums catch corruption, not a file crafted with a bad id: never hand the loss an id it would
         // index out of bounds with.
         RT_CHECK(!ok || (id >= 0 && id < vocab_), s->map.path(), ": position ", pos, " slot ", j, " has id ",

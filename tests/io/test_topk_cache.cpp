@@ -291,6 +291,22 @@ TEST_F(TopKCacheFile, NonFiniteLogprobInAValidSlotIsRefused) {
     EXPECT_EQ(tb.logprobs[1], kNegInf);
     EXPECT_EQ(tb.mask[1], 0.0f);
   }
+  // A -inf logprob in a slot marked valid (found by fuzz_topk_cache) is padding, as the losses read it:
+  // masked, id 0, whatever id the record holds.
+  SetUp();
+  std::vector<uint8_t> b = slurp(path);
+  const size_t rec = 64 + 7 * 24;
+  b[rec + 12 + 0] = 0x80;  // bf16 -inf in slot 0
+  b[rec + 12 + 1] = 0xFF;
+  b[rec + 18 + 0] = 1;
+  b[rec + 0] = 0xFF;  // with an id far outside the vocabulary
+  b[rec + 3] = 0x7F;
+  spit(path, b);
+  TopKCache c({path}, false);
+  const TopKBatch tb = c.gather({7}, 1);
+  EXPECT_EQ(tb.mask[0], 0.0f);
+  EXPECT_EQ(tb.ids[0], 0);
+  EXPECT_EQ(tb.logprobs[0], kNegInf);
 }
 
 // Issue 25: gather with T = 2^62 overflowed B x T x K and wrote out of bounds.
