@@ -247,8 +247,9 @@ TEST(TopKCacheWriter, ValidatesInputAndSpec) {
   expect_error([&] { w.write(5, 1, ids.data(), lp.data()); }, {"after finish"});
   TopKCache c = TopKCache::open(dir.file("x"));
   TopKBatch b = c.gather({0}, 2);
-  EXPECT_EQ(b.ids, (std::vector<int32_t>{1, 0, 1, 2}));
-  EXPECT_EQ(b.mask, (std::vector<float>{1, 0, 1, 1}));
+  // The -inf slot is read as padding: masked, id 0.
+  EXPECT_EQ(b.ids, (std::vector<int32_t>{1, 0, 0, 2}));
+  EXPECT_EQ(b.mask, (std::vector<float>{1, 0, 0, 1}));
   EXPECT_EQ(b.logprobs[1], kNegInf);
   EXPECT_EQ(b.logprobs[2], kNegInf);
 }
