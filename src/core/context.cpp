@@ -107,9 +107,9 @@ Tensor* Context::view_node(Tensor* src, const int64_t ne[kMaxDims], const size_t
   t->src[0] = src;
   Tensor* root = src->view_src ? src->view_src : src;
   t->view_src = root;
-  t->view_offs = checked_add(src->view_src ? src->view_offs : 0, offset, "view of ", src->describe());
+  t->view_offs = checked_add(src->view_src ? src->view_offs : 0, offset, "view offset");
   // The view constructors keep a view inside its source; a view that escapes it is a retort bug.
-  RT_ASSERT(checked_add(t->view_offs, t->nbytes(), "view of ", src->describe()) <= root->nbytes());
+  RT_ASSERT(checked_add(t->view_offs, t->nbytes(), "view span") <= root->nbytes());
   if (root->data) t->data = static_cast<char*>(root->data) + t->view_offs;
   return t;
 }
