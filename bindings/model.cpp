@@ -163,7 +163,13 @@ struct PyTrainer {
     const int64_t step = opt->steps() + 1;
     RT_CHECK(std::isfinite(l), "Trainer.step: the loss became ", l, " at step ", step,
              " (try a lower lr or a smaller model)");
-    last_grad_norm = clip > 0 ? clip_grad_norm(*t.graph, clip) : NAN;
+    // A finite loss can come with non-finite gradients: stop naming the parameter before the update spreads
+    // them.
+    last_grad_norm = clip > 0 ? clip_grad_norm(*t.graph, clip) : grad_norm(*t.graph);
+    if (!std::isfinite(last_grad_norm)) {
+      check_finite_gradients(*t.graph, detail::concat("Trainer.step: step ", step, " (loss ", l, ")"));
+      RT_FAIL("Trainer.step: the gradient norm became ", last_grad_norm, " at step ", step);
+    }
     last_lr = cosine_lr(step, warmup, total, lr, lr_min);
     opt->step(*t.graph, last_lr);
     last_loss = l;
@@ -598,7 +604,7 @@ void bind_trainer(pyb::module_& m) {
           "last_lr", [](const PyTrainer& t) { return t.last_lr; }, "The learning rate of the last step.")
       .def_property_readonly(
           "last_grad_norm", [](const PyTrainer& t) { return t.last_grad_norm; },
-          "The global gradient norm of the last step before clipping (NaN when clipping is off).")
+          "The global gradient norm of the last step, before clipping; a non-finite one stops the step.")
       .def_property_readonly(
           "model", [](const PyTrainer& t) { return t.m; }, "The model being trained.")
       .def(

@@ -6,12 +6,16 @@
 # build-fuzz/findings/<name>/ and makes the script exit non-zero; replay it with build-fuzz/fuzz_<name> FILE.
 # The corpus is kept between runs, so each run starts where the last one stopped.
 #
-# A harness is one file, tests/fuzz/fuzz_<name>.cpp, defining LLVMFuzzerTestOneInput, with a line
-#   // SOURCES: src/io/x.cpp src/core/y.cpp
-# naming the library files it links (only those: the whole library under ASan would take long to build).
-# Optional: tests/fuzz/seeds_<name>.cpp, a program writing seed files into the directory given as its argument,
-# and tests/fuzz/<name>.dict, a libFuzzer dictionary.
-# Environment: CXX (default clang++), FUZZ_FLAGS (more libFuzzer flags, e.g. "-max_len=8192").
+# A harness is one file, tests/fuzz/fuzz_<name>.cpp, defining LLVMFuzzerTestOneInput, with one or more lines
+#   // SOURCES: src/io/x.cpp src/core/y.cpp src/nn/*.cpp
+# naming the library files it links (globs allowed; only those: the whole library under ASan takes minutes to
+# build on a small machine). Each file is compiled once into build-fuzz/obj/ (through ccache when installed),
+# so harnesses that share files share the work.
+# Optional: tests/fuzz/seeds_<name>.cpp, a program writing seed files into the directory given as its argument
+# (it may have SOURCES lines too, and then uses the library's own writers), and tests/fuzz/<name>.dict, a
+# libFuzzer dictionary.
+# Environment: CXX (default clang++), FUZZ_FLAGS (more libFuzzer flags, e.g. "-max_len=8192"), JOBS (parallel
+# compiles, default the number of cores).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 . tools/lib.sh
@@ -30,26 +34,62 @@ if [ ${#harnesses[@]} -eq 0 ]; then
 fi
 CXX=${CXX:-clang++}
 command -v "$CXX" >/dev/null 2>&1 || die "$CXX not found: libFuzzer needs clang (apt-get install clang)"
+CCACHE=$(command -v ccache || true)
+JOBS=${JOBS:-$(nproc)}
 OUT=build-fuzz
-mkdir -p "$OUT"
+mkdir -p "$OUT/obj"
 failed=()
+SAN=(-fsanitize=address,undefined -fno-sanitize-recover=all)
+
+# The files a "// SOURCES:" line of $1 names, globs expanded, one per line.
+sources_of() {
+  local f
+  for f in $(sed -n 's|^// *SOURCES: *||p' "$1"); do
+    [ -e "$f" ] || die "$1: SOURCES names $f, which does not exist"
+    echo "$f"
+  done
+}
+
+# Compiles each file given into $OUT/obj/ (instrumented for coverage and the sanitizers), JOBS at a time, and
+# prints the objects, in order.
+compile_objects() {
+  local f obj pids=() objs=()
+  for f in "$@"; do
+    obj=$OUT/obj/$(echo "$f" | tr / _).o
+    objs+=("$obj")
+    $CCACHE "$CXX" -std=c++20 -g -O1 -Wall -Wextra -Isrc -fsanitize=fuzzer-no-link "${SAN[@]}" -c "$f" -o "$obj" \
+      >&2 &
+    pids+=($!)
+    if [ ${#pids[@]} -ge "$JOBS" ]; then
+      wait "${pids[0]}" || return 1
+      pids=("${pids[@]:1}")
+    fi
+  done
+  for p in "${pids[@]}"; do wait "$p" || return 1; done
+  printf '%s\n' "${objs[@]}"
+}
 
 for h in "${harnesses[@]}"; do
   src=tests/fuzz/fuzz_$h.cpp
   [ -f "$src" ] || die "no harness $src (harnesses: $(ls tests/fuzz/fuzz_*.cpp | sed 's|.*/fuzz_||; s|\.cpp||' | xargs))"
-  read -r -a lib_src <<<"$(sed -n 's|^// SOURCES: *||p' "$src")"
+  mapfile -t lib_src < <(sources_of "$src")
   [ ${#lib_src[@]} -gt 0 ] || die "$src has no '// SOURCES:' line naming the library files it links"
 
-  step "build $OUT/fuzz_$h ($CXX, fuzzer + address + undefined)"
-  "$CXX" -std=c++20 -g -O1 -Wall -Wextra -Isrc -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-    "$src" "${lib_src[@]}" -o "$OUT/fuzz_$h" || die "building fuzz_$h failed"
+  step "build $OUT/fuzz_$h ($CXX, fuzzer + address + undefined; ${#lib_src[@]} library files)"
+  mapfile -t objs < <(compile_objects "$src" "${lib_src[@]}") || die "building fuzz_$h failed"
+  [ ${#objs[@]} -eq $((${#lib_src[@]} + 1)) ] || die "building fuzz_$h failed"
+  "$CXX" -fsanitize=fuzzer "${SAN[@]}" -pthread "${objs[@]}" -o "$OUT/fuzz_$h" || die "linking fuzz_$h failed"
 
   corpus=$OUT/corpus/$h
   findings=$OUT/findings/$h
   mkdir -p "$corpus" "$findings"
-  if [ -f "tests/fuzz/seeds_$h.cpp" ]; then
-    "$CXX" -std=c++20 -O1 -Wall -Wextra "tests/fuzz/seeds_$h.cpp" -o "$OUT/seeds_$h" || die "building seeds_$h failed"
-    "$OUT/seeds_$h" "$corpus" || die "seeds_$h failed"
+  seeds=tests/fuzz/seeds_$h.cpp
+  if [ -f "$seeds" ]; then
+    mapfile -t seed_src < <(sources_of "$seeds")
+    mapfile -t seed_objs < <(compile_objects "$seeds" "${seed_src[@]}") || die "building seeds_$h failed"
+    [ ${#seed_objs[@]} -eq $((${#seed_src[@]} + 1)) ] || die "building seeds_$h failed"
+    "$CXX" "${SAN[@]}" -pthread "${seed_objs[@]}" -o "$OUT/seeds_$h" || die "linking seeds_$h failed"
+    ASAN_OPTIONS=detect_leaks=0 "$OUT/seeds_$h" "$corpus" || die "seeds_$h failed"
   fi
   dict=()
   [ -f "tests/fuzz/$h.dict" ] && dict=(-dict="tests/fuzz/$h.dict")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds everything in build/, runs every meson test, the CPU suites
-# (all but cuda) again under AddressSanitizer + UBSan (build-asan/), pytest on the Python module, and the
-# install checks (meson install, pip install .); then prints one line "N passed, M failed[, K skipped]".
+# (all but cuda) again under AddressSanitizer + UBSan (build-asan/), a short libFuzzer run of each file reader
+# (tests/fuzz/, when clang is installed), pytest on the Python module, and the install checks (meson install,
+# pip install .); then prints one line "N passed, M failed[, K skipped]".
 # Exits non-zero if anything failed. Safe to run again: build dirs are reused.
 #
 # CUDA: with a GPU, build/ holds the CUDA backend and its suite runs. Without one (CI), build/ is CPU-only and
@@ -10,8 +11,10 @@
 #
 # Environment knobs (all optional):
 #   RETORT_CUDA=auto|enabled|disabled   CUDA (default auto: when nvcc is found); disabled skips the CUDA build
-#   RETORT_ASAN=0                       skip the sanitizer build and its run of the CPU suites
+#   RETORT_ASAN=0                       skip the sanitizer build, its run of the CPU suites, and the fuzzing
 #   RETORT_PIP=0                        skip the `pip install .` check (the meson install check still runs)
+#   RETORT_FUZZ_SECONDS=N               seconds per fuzz harness (default 20; 0 skips fuzzing)
+#   RETORT_FUZZ_HARNESSES="a b"         which harnesses (default all but checkpoint; RETORT_FUZZ_ALL=1: all)
 #   GTEST_SOURCE=DIR                    GoogleTest source tree to build when none is installed
 #   JOBS=N                              ninja parallelism (default: ninja's own)
 #   SM_ARCH=80,90                       CUDA architectures (default: 90 without a GPU, 80,90 with one)
@@ -144,6 +147,29 @@ if [ "${RETORT_ASAN:-1}" != 0 ]; then
 else
   rm -f build-asan/meson-logs/testlog.json build-asan/meson-logs/testlog.junit.xml
   echo "RETORT_ASAN=0: sanitizer build skipped"
+fi
+
+# ---- fuzzing ------------------------------------------------------------------------------------------------
+# A short libFuzzer run of each file reader's harness (tests/fuzz/), ASan + UBSan, where clang is installed;
+# long runs are tools/fuzz.sh's job. The whole-library checkpoint harness costs a few minutes of build: it runs
+# when RETORT_FUZZ_HARNESSES names it (or names nothing and RETORT_FUZZ_ALL=1).
+fuzz_seconds=${RETORT_FUZZ_SECONDS:-20}
+if [ "${RETORT_ASAN:-1}" = 0 ] || [ "$fuzz_seconds" = 0 ]; then
+  echo "fuzzing skipped (RETORT_ASAN=0 or RETORT_FUZZ_SECONDS=0)"
+elif ! command -v "${CXX_FUZZ:-clang++}" >/dev/null 2>&1; then
+  echo "fuzzing skipped: ${CXX_FUZZ:-clang++} not found (libFuzzer needs clang)"
+else
+  read -r -a fuzz_harnesses <<<"${RETORT_FUZZ_HARNESSES:-}"
+  if [ ${#fuzz_harnesses[@]} -eq 0 ]; then
+    for f in tests/fuzz/fuzz_*.cpp; do
+      n=${f##*/fuzz_}
+      n=${n%.cpp}
+      [ "$n" = checkpoint ] && [ "${RETORT_FUZZ_ALL:-0}" != 1 ] && continue
+      fuzz_harnesses+=("$n")
+    done
+  fi
+  stage "fuzz ${fuzz_harnesses[*]} (${fuzz_seconds} s each)"
+  CXX=${CXX_FUZZ:-clang++} bash tools/fuzz.sh "$fuzz_seconds" "${fuzz_harnesses[@]}" || failed_stages+=("fuzz")
 fi
 
 # ---- Python bindings ----------------------------------------------------------------------------------------

@@ -4,18 +4,23 @@
 #include <cstdint>
 #include <cstring>
 
+#include "checked.h"
 #include "error.h"
+#include "op_table.h"
 
 namespace retort {
 
 Tensor* Context::tensor(DType dtype, const Shape& shape, const std::string& name) {
+  const char* what = name.empty() ? "tensor" : name.c_str();
+  int64_t ne[kMaxDims];
+  shape_to_ne(shape, ne, what);
+  const size_t bytes = check_shape_bytes(ne, dtype, what);
   Tensor& t = tensors_.emplace_back();
   t.dtype = dtype;
   t.ctx = this;
   t.name = name;
-  shape_to_ne(shape, t.ne, name.empty() ? "tensor" : name.c_str());
+  for (int d = 0; d < kMaxDims; ++d) t.ne[d] = ne[d];
   set_contiguous_strides(&t);
-  size_t bytes = size_t(t.nelements()) * t.elsize();
   t.buffer = backend_->alloc(bytes);
   t.data = t.buffer->data();
   backend_->fill_zero(t.data, bytes);
@@ -23,7 +28,8 @@ Tensor* Context::tensor(DType dtype, const Shape& shape, const std::string& name
 }
 
 Tensor* Context::param(DType dtype, const Shape& shape, const std::string& name) {
-  RT_CHECK(is_float(dtype), "param '", name, "': parameters must be f32, bf16 or f16, got ", dtype_name(dtype));
+  RT_CHECK(is_float(dtype), "param '", name, "': parameters must be f32, bf16 or f16, got ",
+           dtype_name(dtype));
   Tensor* t = tensor(dtype, shape, name);
   t->flags |= kParam;
   return t;
@@ -57,6 +63,7 @@ Tensor* Context::wrap(DType dtype, const Shape& shape, void* data, std::shared_p
   RT_CHECK(data != nullptr, what, ": cannot wrap a null address");
   int64_t ne[kMaxDims];
   shape_to_ne(shape, ne, what);
+  check_shape_bytes(ne, dtype, what);
   RT_CHECK(byte_strides.empty() || byte_strides.size() == shape.size(), what, ": ", byte_strides.size(),
            " strides for a shape of ", shape.size(), " dims");
   // Kernels load elements through typed pointers: every element must be aligned to its size.
@@ -64,38 +71,45 @@ Tensor* Context::wrap(DType dtype, const Shape& shape, void* data, std::shared_p
   RT_CHECK(reinterpret_cast<uintptr_t>(data) % es == 0, what, ": address is not aligned to ", es, " bytes");
   for (size_t s : byte_strides)
     RT_CHECK(s % es == 0, what, ": byte stride ", s, " is not a multiple of the element size ", es);
-  Tensor& t = tensors_.emplace_back();
-  t.dtype = dtype;
+  // The record is checked before it joins the context, so a refused wrap leaves nothing behind.
+  Tensor probe;
+  probe.dtype = dtype;
+  probe.name = name;
+  for (int d = 0; d < kMaxDims; ++d) probe.ne[d] = ne[d];
+  set_contiguous_strides(&probe);
+  for (size_t i = 0; i < byte_strides.size(); ++i) probe.nb[byte_strides.size() - 1 - i] = byte_strides[i];
+  const size_t span = probe.nbytes();
+  RT_CHECK(span <= size_t(kMaxTensorBytes), what, ": strides span ", span,
+           " bytes, more than the 2^48 bytes a backend can address");
+  Tensor& t = tensors_.emplace_back(std::move(probe));
   t.ctx = this;
-  t.name = name;
-  for (int d = 0; d < kMaxDims; ++d) t.ne[d] = ne[d];
-  set_contiguous_strides(&t);
-  for (size_t i = 0; i < byte_strides.size(); ++i) t.nb[byte_strides.size() - 1 - i] = byte_strides[i];
   t.data = data;
-  t.buffer = std::make_shared<ExternalBuffer>(data, t.nbytes(), std::move(owner));
+  t.buffer = std::make_shared<ExternalBuffer>(data, span, std::move(owner));
   return &t;
 }
 
 Tensor* Context::node(Op op, DType dtype, const int64_t ne[kMaxDims]) {
+  // Op constructors check their operands; this catches a result shape they computed too large to hold.
+  check_shape_bytes(ne, dtype, op_name(op));
   Tensor& t = tensors_.emplace_back();
   t.op = op;
   t.dtype = dtype;
   t.ctx = this;
-  for (int d = 0; d < kMaxDims; ++d) {
-    RT_ASSERT(ne[d] >= 1);
-    t.ne[d] = ne[d];
-  }
+  for (int d = 0; d < kMaxDims; ++d) t.ne[d] = ne[d];
   set_contiguous_strides(&t);
   return &t;
 }
 
-Tensor* Context::view_node(Tensor* src, const int64_t ne[kMaxDims], const size_t nb[kMaxDims], size_t offset) {
+Tensor* Context::view_node(Tensor* src, const int64_t ne[kMaxDims], const size_t nb[kMaxDims],
+                           size_t offset) {
   Tensor* t = node(Op::View, src->dtype, ne);
   for (int d = 0; d < kMaxDims; ++d) t->nb[d] = nb[d];
   t->src[0] = src;
   Tensor* root = src->view_src ? src->view_src : src;
   t->view_src = root;
-  t->view_offs = (src->view_src ? src->view_offs : 0) + offset;
+  t->view_offs = checked_add(src->view_src ? src->view_offs : 0, offset, "view offset");
+  // The view constructors keep a view inside its source; a view that escapes it is a retort bug.
+  RT_ASSERT(checked_add(t->view_offs, t->nbytes(), "view span") <= root->nbytes());
   if (root->data) t->data = static_cast<char*>(root->data) + t->view_offs;
   return t;
 }

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "checked.h"
 #include "error.h"
 #include "op_table.h"
 
@@ -14,6 +15,9 @@ namespace {
 class HostBuffer : public Buffer {
  public:
   explicit HostBuffer(size_t bytes) {
+    // Checked before the round-up below, which would wrap a size near 2^64 to 0.
+    RT_CHECK(bytes <= size_t(kMaxTensorBytes), "cpu backend: cannot allocate ", bytes,
+             " bytes, more than the 2^48 bytes a backend can address");
     // 64-byte alignment for vector loads; aligned_alloc needs a multiple of the alignment.
     size_t n = (bytes + 63) / 64 * 64;
     data_ = std::aligned_alloc(64, n ? n : 64);
@@ -30,10 +34,18 @@ void check_f32_contiguous(const Tensor* t, const char* what) {
 
 }  // namespace
 
-std::shared_ptr<Buffer> CpuBackend::alloc(size_t bytes) { return std::make_shared<HostBuffer>(bytes); }
-void CpuBackend::write(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-void CpuBackend::read(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-void CpuBackend::fill_bytes(void* dst, uint8_t value, size_t bytes) { std::memset(dst, value, bytes); }
+std::shared_ptr<Buffer> CpuBackend::alloc(size_t bytes) {
+  return std::make_shared<HostBuffer>(bytes);
+}
+void CpuBackend::write(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+void CpuBackend::read(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+void CpuBackend::fill_bytes(void* dst, uint8_t value, size_t bytes) {
+  std::memset(dst, value, bytes);
+}
 
 void CpuBackend::run(Tensor* node) {
   const OpInfo& info = op_info(node->op);
@@ -57,15 +69,18 @@ void CpuBackend::adamw_update(Tensor* p, const Tensor* grad, Tensor* m, Tensor* 
   const float decay = 1.0f - o.lr * o.weight_decay;
   void* pd = p->data;
   DType dt = p->dtype;
-  pool_.parallel_for(p->nelements(), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      mm[i] = o.beta1 * mm[i] + (1.0f - o.beta1) * g[i];
-      vv[i] = o.beta2 * vv[i] + (1.0f - o.beta2) * g[i] * g[i];
-      float w = load_f32(pd, dt, i) * decay;  // decoupled weight decay
-      w -= step_size * mm[i] / (std::sqrt(vv[i]) * inv_sqrt_bc2 + o.eps);
-      store_f32(pd, dt, i, w);
-    }
-  }, 4096);
+  pool_.parallel_for(
+      p->nelements(),
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          mm[i] = o.beta1 * mm[i] + (1.0f - o.beta1) * g[i];
+          vv[i] = o.beta2 * vv[i] + (1.0f - o.beta2) * g[i] * g[i];
+          float w = load_f32(pd, dt, i) * decay;  // decoupled weight decay
+          w -= step_size * mm[i] / (std::sqrt(vv[i]) * inv_sqrt_bc2 + o.eps);
+          store_f32(pd, dt, i, w);
+        }
+      },
+      4096);
 }
 
 void CpuBackend::sgd_update(Tensor* p, const Tensor* grad, Tensor* mom, const SgdParams& o) {
@@ -77,14 +92,17 @@ void CpuBackend::sgd_update(Tensor* p, const Tensor* grad, Tensor* mom, const Sg
   float* mb = mom ? static_cast<float*>(mom->data) : nullptr;
   void* pd = p->data;
   DType dt = p->dtype;
-  pool_.parallel_for(p->nelements(), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      float w = load_f32(pd, dt, i);
-      float d = g[i] + o.weight_decay * w;
-      if (mb) d = mb[i] = o.momentum * mb[i] + d;
-      store_f32(pd, dt, i, w - o.lr * d);
-    }
-  }, 4096);
+  pool_.parallel_for(
+      p->nelements(),
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          float w = load_f32(pd, dt, i);
+          float d = g[i] + o.weight_decay * w;
+          if (mb) d = mb[i] = o.momentum * mb[i] + d;
+          store_f32(pd, dt, i, w - o.lr * d);
+        }
+      },
+      4096);
 }
 
 double CpuBackend::sum_squares(const Tensor* t) {

@@ -4,6 +4,7 @@
 #include <climits>
 #include <unordered_map>
 
+#include "checked.h"
 #include "error.h"
 
 namespace retort {
@@ -87,8 +88,8 @@ Plan plan_memory(const std::vector<Tensor*>& nodes, size_t alignment) {
     }
     s.offset = offset;
     placed.push_back(idx);
-    plan.arena_bytes = std::max(plan.arena_bytes, offset + s.size);
-    plan.naive_bytes += s.size;
+    plan.arena_bytes = std::max(plan.arena_bytes, checked_add(offset, s.size, "memory planner: arena"));
+    plan.naive_bytes = checked_add(plan.naive_bytes, s.size, "memory planner: arena");
   }
   return plan;
 }

@@ -2,15 +2,47 @@
 
 #include <sstream>
 
+#include "checked.h"
 #include "context.h"
 #include "error.h"
 
 namespace retort {
 
+int64_t Tensor::nelements() const {
+  return shape_nelements(ne, "tensor");
+}
+
+int64_t Tensor::nrows() const {
+  const int64_t rows[kMaxDims] = {1, ne[1], ne[2], ne[3]};
+  return shape_nelements(rows, "tensor");
+}
+
 size_t Tensor::nbytes() const {
-  size_t n = elsize();
-  for (int d = 0; d < kMaxDims; ++d) n += size_t(ne[d] - 1) * nb[d];
+  size_t n = elsize(), step;
+  for (int d = 0; d < kMaxDims; ++d)
+    if (ne[d] < 1 || __builtin_mul_overflow(size_t(ne[d] - 1), nb[d], &step) ||
+        __builtin_add_overflow(n, step, &n)) [[unlikely]]
+      RT_FAIL("tensor ", describe(), ": the bytes its strides span overflow (dim ", d, ")");
   return n;
+}
+
+int64_t shape_nelements(const int64_t ne[kMaxDims], const char* what) {
+  int64_t n = 1;
+  for (int d = 0; d < kMaxDims; ++d) {
+    if (ne[d] < 1 || __builtin_mul_overflow(n, ne[d], &n)) [[unlikely]]
+      RT_FAIL(what, ": shape ", shape_str(ne), " has a dim < 1 or more elements than fit in int64");
+  }
+  return n;
+}
+
+size_t check_shape_bytes(const int64_t ne[kMaxDims], DType dtype, const char* what) {
+  const int64_t n = shape_nelements(ne, what);
+  int64_t bytes;
+  if (__builtin_mul_overflow(n, int64_t(dtype_size(dtype)), &bytes) || bytes > kMaxTensorBytes) [[unlikely]]
+    RT_FAIL(what, ": shape ", shape_str(ne), " of ", dtype_name(dtype), " needs ", n, " elements of ",
+            dtype_size(dtype), " bytes, more than the ", kMaxTensorBytes,
+            " bytes (2^48) a backend can address");
+  return size_t(bytes);
 }
 
 int Tensor::n_dims() const {
@@ -81,6 +113,7 @@ void shape_to_ne(const Shape& shape, int64_t ne[kMaxDims], const char* what) {
     RT_CHECK(v >= 1, what, ": every dim must be >= 1, got ", v, " at position ", shape.size() - 1 - i);
     ne[i] = v;
   }
+  shape_nelements(ne, what);
 }
 
 void set_contiguous_strides(Tensor* t) {

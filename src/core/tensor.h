@@ -59,8 +59,10 @@ struct Tensor {
   std::string name;
 
   // Queries.
-  int64_t nelements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
-  int64_t nrows() const { return ne[1] * ne[2] * ne[3]; }
+  // Counts and sizes are computed with overflow checks: a tensor whose shape does not fit throws
+  // retort::Error.
+  int64_t nelements() const;
+  int64_t nrows() const;
   size_t elsize() const { return dtype_size(dtype); }
   size_t nbytes() const;  // bytes spanned by the elements, from the first to past the last
   int n_dims() const;     // 1 + index of the outermost dim with ne > 1 (at least 1)
@@ -83,8 +85,15 @@ bool same_shape(const Tensor* a, const Tensor* b);
 // True when b can be broadcast over a (each dim of b is 1 or equal to a's).
 bool can_broadcast(const Tensor* b, const Tensor* a);
 std::string shape_str(const int64_t ne[kMaxDims]);  // "[rows, cols]" outermost first
-// Fills ne (ggml order) from a public shape; throws if it has more than 4 dims or a size < 1.
+// Fills ne (ggml order) from a public shape; throws if it has more than 4 dims, a size < 1, or more elements
+// than fit in int64.
 void shape_to_ne(const Shape& shape, int64_t ne[kMaxDims], const char* what);
+// Elements of ne; throws retort::Error naming `what` and the shape when a dim is < 1 or the count overflows.
+int64_t shape_nelements(const int64_t ne[kMaxDims], const char* what);
+// Bytes of a contiguous tensor of shape ne and dtype; throws naming `what` and the shape when it is larger
+// than a backend can address (kMaxTensorBytes) or a dim is < 1. Every tensor and graph node is checked with
+// it when made, so later size arithmetic on a tensor cannot overflow.
+size_t check_shape_bytes(const int64_t ne[kMaxDims], DType dtype, const char* what);
 void set_contiguous_strides(Tensor* t);
 
 }  // namespace retort

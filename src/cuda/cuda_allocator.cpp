@@ -1,6 +1,7 @@
 // The caching device allocator and the check helpers of the CUDA backend.
 #include <algorithm>
 
+#include "../core/checked.h"
 #include "cuda_internal.h"
 
 namespace retort::cuda {
@@ -39,6 +40,9 @@ constexpr size_t kLargeGranule = size_t(2) << 20;
 }  // namespace
 
 size_t CudaAllocator::round_size(size_t bytes) {
+  // Checked before the round-up, which would wrap a size near 2^64 to a small one.
+  RT_CHECK(bytes <= size_t(kMaxTensorBytes), "cuda backend: cannot allocate ", bytes,
+           " bytes, more than the 2^48 bytes a backend can address");
   if (bytes == 0) bytes = 1;
   size_t g = bytes <= kSmallLimit ? kSmallGranule : kLargeGranule;
   return (bytes + g - 1) / g * g;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "../core/checked.h"
 #include "../core/error.h"
 
 namespace retort {
@@ -35,6 +36,11 @@ BatchLoader::BatchLoader(const std::vector<std::string>& shard_paths, const Batc
   RT_CHECK(opt_.batch > 0, "BatchLoader: batch must be > 0, got ", opt_.batch);
   RT_CHECK(opt_.seq_len > 0, "BatchLoader: seq_len must be > 0, got ", opt_.seq_len);
   RT_CHECK(!shard_paths.empty(), "BatchLoader: no shard files given");
+  // A batch is B x T int32 inputs and targets held in memory: refuse sizes no machine can hold before any
+  // arithmetic on them (T + 1, B * T) can overflow.
+  checked_bytes(checked_mul(checked_mul(opt_.batch, opt_.seq_len, "BatchLoader: batch x seq_len"), int64_t(4),
+                            "BatchLoader: batch x seq_len"),
+                "BatchLoader: a batch of ", opt_.batch, " x ", opt_.seq_len, " int32 tokens");
   const int64_t T = opt_.seq_len;
   for (const std::string& p : shard_paths) {
     shards_.push_back(std::make_unique<TokenShard>(p, opt_.verify_checksums));
@@ -58,7 +64,7 @@ void BatchLoader::start_epoch(int64_t e) {
   for (int64_t w = 0; w < windows_; ++w) order_[size_t(w)] = w;
   if (!opt_.shuffle) return;
   // A fresh stream per epoch, so the order of epoch e does not depend on how earlier epochs were consumed.
-  SplitMix64 rng{opt_.seed ^ (0xD1B54A32D192ED03ull * uint64_t(e + 1))};
+  SplitMix64 rng{opt_.seed ^ (0xD1B54A32D192ED03ull * (uint64_t(e) + 1))};
   for (int64_t i = windows_ - 1; i > 0; --i) std::swap(order_[size_t(i)], order_[rng.below(uint64_t(i + 1))]);
 }
 
@@ -81,7 +87,7 @@ void BatchLoader::next(int32_t* inputs, int32_t* targets, int64_t* starts) {
   const int64_t T = opt_.seq_len;
   scratch_.resize(size_t(T + 1));
   for (int64_t b = 0; b < opt_.batch; ++b) {
-    if (cursor_ == windows_) start_epoch(epoch_ + 1);
+    if (cursor_ == windows_) start_epoch(checked_add(epoch_, int64_t(1), "BatchLoader: epoch"));
     const int64_t start = window_start(order_[size_t(cursor_++)]);
     read_tokens(start, T + 1, scratch_.data());
     // The alignment rule: the input at t is token start+t, its target the next token, start+t+1.

@@ -1,6 +1,8 @@
 #include "file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +11,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstdio>
+#include <string_view>
 #include <utility>
 
 namespace retort::io {
@@ -275,7 +278,34 @@ void FileWriter::flush() {
   buf_.clear();
 }
 
+namespace {
+
+// Removes "<path>.tmp.<pid>" files that a writer killed before its rename left behind: only those whose pid
+// names no live process (a live one may be another writer at work). Best effort: a directory that cannot be
+// read, or a temporary that cannot be removed, is left alone; the write itself goes on.
+void remove_stale_temps(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string prefix = (slash == std::string::npos ? path : path.substr(slash + 1)) + ".tmp.";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name(e->d_name);
+    if (name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) continue;
+    const std::string_view digits = name.substr(prefix.size());
+    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string_view::npos) continue;
+    const pid_t pid = pid_t(std::stol(std::string(digits)));
+    if (pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to signal: maybe alive
+    ::unlink((dir + "/" + std::string(name)).c_str());
+  }
+  ::closedir(d);
+}
+
+}  // namespace
+
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  remove_stale_temps(path_);
   tmp_ = path_ + ".tmp." + std::to_string(::getpid());
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) file_error(path_, "cannot create the temporary file " + tmp_ + ": " + errno_text());

@@ -170,7 +170,9 @@ class FileWriter {
 // A file written under "<path>.tmp.<pid>" and renamed over path by commit() after an fsync (then the
 // directory is fsync'ed), so a crash leaves the old file or the new one, never a torn one. Destroyed without
 // commit() (an exception, an abandoned writer), it removes the temporary file and leaves the old file
-// untouched. One writer per path at a time within a process (the temporary name is per process).
+// untouched. One writer per path at a time within a process (the temporary name is per process). Opening one
+// removes the temporaries of the same path that writers killed before their rename left (those whose pid is
+// no live process).
 class AtomicFile {
  public:
   // Creates the temporary file; throws retort::Error naming path when it cannot (missing directory, ...).

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "../core/checked.h"
 #include "../core/dtype.h"
 #include "../core/error.h"
 
@@ -100,6 +101,10 @@ void TopKCacheWriter::write(int64_t start, int64_t n, const int32_t* ids, const 
                             const uint8_t* valid) {
   RT_CHECK(!finished_, "TopKCacheWriter(", prefix_, "): write after finish()");
   RT_CHECK(start >= 0 && n >= 0, "TopKCacheWriter(", prefix_, "): bad range start = ", start, ", n = ", n);
+  // The end position and the slot count must be exact; the reader refuses positions past INT64_MAX / 2.
+  RT_CHECK(checked_add(start, n, "TopKCacheWriter(", prefix_, ")") <= INT64_MAX / 2, "TopKCacheWriter(",
+           prefix_, "): positions [", start, ", ", start + n, ") run past 2^62");
+  checked_mul(n, spec_.k, "TopKCacheWriter(", prefix_, "): n x K");
   RT_CHECK(start >= next_position_, "TopKCacheWriter(", prefix_, "): positions must increase; got start ",
            start, " after writing up to ", next_position_);
   const int64_t K = spec_.k;
@@ -271,11 +276,12 @@ void TopKCache::gather(const int64_t* starts, int64_t B, int64_t T, int64_t k, i
   const std::string& name = shards_.front()->map.path();
   RT_CHECK(k >= 1 && k <= k_, name, ": asked for k = ", k, " teacher slots, but the cache holds K = ", k_);
   RT_CHECK(B >= 0 && T >= 0, name, ": gather with B = ", B, ", T = ", T);
+  checked_mul(checked_mul(B, T, name, ": gather B x T"), k, name, ": gather B x T x k");
   const size_t lp = logprob_size(dtype_);
   const Shard* s = nullptr;
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t pos = starts[b] + t;
+      const int64_t pos = checked_add(starts[b], t, name, ": gather from start ", starts[b]);
       if (s == nullptr || pos < s->first || pos >= s->first + s->count) s = find(pos);
       RT_CHECK(s != nullptr, name, ": no teacher record for position ", pos, " (batch row ", b, ", t = ", t,
                "); the cache holds ", positions(), " positions");
@@ -284,7 +290,6 @@ void TopKCache::gather(const int64_t* starts, int64_t B, int64_t T, int64_t k, i
       const uint8_t* valid_in = lp_in + lp * size_t(k_);
       const size_t o = size_t((b * T + t) * k);
       for (int64_t j = 0; j < k; ++j) {
-        const bool ok = valid_in[j] != 0;
         int32_t id = int32_t(io::load_le32(rec + 4 * j));
         float l;
         if (dtype_ == LogprobDType::F32) {
@@ -293,10 +298,16 @@ void TopKCache::gather(const int64_t* starts, int64_t B, int64_t T, int64_t k, i
         } else {
           l = bf16_to_f32(io::load_le16(lp_in + 2 * j));
         }
+        // A logprob of -inf is padding whatever its flag says (the losses read it so too): handed on masked,
+        // so every slot marked valid has a finite logprob.
+        const bool ok = valid_in[j] != 0 && l != -std::numeric_limits<float>::infinity();
         // Checksums catch corruption, not a file crafted with a bad id: never hand the loss an id it would
         // index out of bounds with.
         RT_CHECK(!ok || (id >= 0 && id < vocab_), s->map.path(), ": position ", pos, " slot ", j, " has id ",
                  id, ", outside the vocabulary [0, ", vocab_, ")");
+        RT_CHECK(!ok || (!std::isnan(l) && l != std::numeric_limits<float>::infinity()), s->map.path(),
+                 ": position ", pos, " slot ", j, " has logprob ", l,
+                 " (a valid slot holds a finite logprob; the writer refuses anything else)");
         ids[o + size_t(j)] = ok ? id : 0;
         logprobs[o + size_t(j)] = ok ? l : -std::numeric_limits<float>::infinity();
         mask[o + size_t(j)] = ok ? 1.0f : 0.0f;
@@ -313,7 +324,10 @@ TopKBatch TopKCache::gather(const std::vector<int64_t>& starts, int64_t T, int64
   RT_CHECK(T >= 0, shards_.front()->map.path(), ": gather with T = ", T);
   RT_CHECK(out.K <= k_, shards_.front()->map.path(), ": asked for k = ", out.K,
            " teacher slots, but the cache holds K = ", k_);
-  const size_t n = size_t(out.B * T * out.K);
+  const size_t n = size_t(checked_mul(checked_mul(out.B, T, shards_.front()->map.path(), ": gather B x T"),
+                                      out.K, shards_.front()->map.path(), ": gather B x T x K"));
+  checked_bytes(checked_mul(int64_t(n), int64_t(12), shards_.front()->map.path(), ": gather"),
+                shards_.front()->map.path(), ": gather of ", n, " teacher slots");
   out.ids.resize(n);
   out.logprobs.resize(n);
   out.mask.resize(n);

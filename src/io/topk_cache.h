@@ -106,7 +106,9 @@ class TopKCache {
 
   // Row b, position t, slot j of the outputs holds the teacher's j-th candidate for the token after global
   // position starts[b] + t — the target of the batch loader's inputs[b][t]. k <= this->k(). Throws
-  // retort::Error when k is out of range or a position has no record. ids, logprobs, mask: [B*T*k].
+  // retort::Error when k is out of range, a position has no record, or a slot marked valid holds an id
+  // outside the vocabulary or a NaN or +inf logprob (a -inf one is padding). ids, logprobs, mask: [B*T*k]; a
+  // padding slot has id 0, logprob -inf and mask 0, every other one a finite logprob and mask 1.
   void gather(const int64_t* starts, int64_t B, int64_t T, int64_t k, int32_t* ids, float* logprobs,
               float* mask) const;
   // The same, allocated; k <= 0 means all K.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <span>
 
 #include "../core/error.h"
@@ -38,6 +39,12 @@ float parse_float(const std::map<std::string, std::string>& md, const std::strin
   } catch (const std::exception&) {
   }
   io::file_error(path, "checkpoint metadata '" + key + "' = '" + it->second + "' is not a number");
+}
+
+std::string shape_text(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
 }
 
 // %.9g round-trips every float.
@@ -183,7 +190,7 @@ struct Checkpoint::Impl {
   SafeTensors st;
 };
 
-Checkpoint::Checkpoint(const std::string& path) : path_(path) {
+Checkpoint::Checkpoint(const std::string& path, bool verify_checksum) : path_(path) {
   impl_ = std::make_unique<Impl>(path);  // missing, truncated, not safetensors: SafeTensors names the fault
   const auto& md = impl_->st.metadata();
   const auto fmt = md.find("format");
@@ -195,15 +202,17 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
     io::file_error(path, "unsupported checkpoint version '" + meta("version") + "' (this build reads 1)");
   uint32_t crc = 0;
   for (const std::string& n : impl_->st.names()) {
+    if (!verify_checksum) break;
     const auto b = impl_->st.bytes(n);
     crc = io::crc32_update(crc, b.data(), b.size());
   }
   char hex[16];
   std::snprintf(hex, sizeof hex, "%08x", metadata_crc(crc, md));
-  if (meta("crc32") != hex)
+  if (verify_checksum && meta("crc32") != hex)
     io::file_error(path, "checksum mismatch: stored crc32 " + meta("crc32", "(none)") + ", computed " + hex +
                              " (the file is corrupt)");
   config_ = config_from_metadata(md, path);
+  check_tensors();
   state_.step = parse_int(md, "state.step", path);
   state_.total_steps = parse_int(md, "state.total_steps", path);
   state_.seed = uint64_t(parse_int(md, "state.seed", path));
@@ -217,6 +226,41 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
                                " tokens, more than the model's vocabulary of " +
                                std::to_string(config_.vocab));
   }
+  if (state_.step < 0 || state_.total_steps < 0 || state_.loader_epoch < 0 || state_.loader_cursor < 0)
+    io::file_error(path, "negative training state (step " + std::to_string(state_.step) + ", total_steps " +
+                             std::to_string(state_.total_steps) + ", loader epoch " +
+                             std::to_string(state_.loader_epoch) + ", cursor " +
+                             std::to_string(state_.loader_cursor) + ")");
+}
+
+// The config drives every allocation a loader makes, so it is trusted only once each tensor it implies is
+// stored with that shape: the stored tensors lie inside the file (SafeTensors checked their offsets), so this
+// bounds every size by the file's own.
+void Checkpoint::check_tensors() const {
+  const SafeTensors& st = impl_->st;
+  std::set<std::string> want;
+  const bool adam = st.has("adam.m.tok_emb");
+  for (const ParamSpec& s : transformer_parameters(config_)) {
+    for (const std::string& name :
+         adam ? std::vector<std::string>{s.name, "adam.m." + s.name, "adam.v." + s.name}
+              : std::vector<std::string>{s.name}) {
+      want.insert(name);
+      if (!st.has(name))
+        io::file_error(path_, "no tensor '" + name + "' (shape " + shape_text(s.shape) + ") for the model " +
+                                  config_.describe() + " its config describes");
+      if (st.shape(name) != s.shape)
+        io::file_error(path_, "tensor '" + name + "' has shape " + shape_text(st.shape(name)) +
+                                  ", but the config (" + config_.describe() + ") implies " +
+                                  shape_text(s.shape));
+      if (!is_float(st.dtype(name)))
+        io::file_error(path_,
+                       "tensor '" + name + "' is " + dtype_name(st.dtype(name)) + ", expected a float type");
+    }
+  }
+  for (const std::string& name : st.names())
+    if (!want.count(name))
+      io::file_error(path_, "tensor '" + name + "' is not part of the model " + config_.describe() +
+                                (adam ? " or its optimizer state" : "") + " the config describes");
 }
 
 Checkpoint::~Checkpoint() = default;
@@ -366,12 +410,26 @@ LmTrainer::StepResult LmTrainer::step(const std::function<void(const Batch&)>& b
   StepResult r;
   const int64_t step = optimizer_->steps() + 1;
   r.loss = get_data(out_.loss)[0];
-  RT_CHECK(std::isfinite(r.loss), "trainer: the loss became ", r.loss, " at step ", step,
-           " (try a lower --lr or a smaller model)");
   if (out_.hard) r.hard = get_data(out_.hard)[0];
   if (out_.soft) r.soft = get_data(out_.soft)[0];
   if (head_.enabled && !out_.soft) r.soft = head_.opts.w_soft > 0 ? r.loss / head_.opts.w_soft : 0;
-  r.grad_norm = opt_.clip > 0 ? clip_grad_norm(*graph_, opt_.clip) : 0.0;
+  if (!std::isfinite(r.loss)) {
+    RT_CHECK(opt_.skip_nonfinite, "trainer: the loss became ", r.loss, " at step ", step,
+             " (try a lower --lr or a smaller model)");
+    r.skipped = true;
+    return r;
+  }
+  // A finite loss can still come with NaN gradients (a NaN that a max or a masked sum dropped): the norm
+  // catches those before the optimizer spreads them into every parameter.
+  r.grad_norm = opt_.clip > 0 ? clip_grad_norm(*graph_, opt_.clip) : grad_norm(*graph_);
+  if (!std::isfinite(r.grad_norm)) {
+    if (opt_.skip_nonfinite) {
+      r.skipped = true;
+      return r;
+    }
+    check_finite_gradients(*graph_, detail::concat("trainer: step ", step, " (loss ", r.loss, ")"));
+    RT_FAIL("trainer: the gradient norm became ", r.grad_norm, " at step ", step);
+  }
   r.lr = cosine_lr(std::min(step, opt_.steps), opt_.warmup, opt_.steps, opt_.lr, opt_.min_lr);
   optimizer_->step(*graph_, r.lr);
   return r;

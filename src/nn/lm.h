@@ -57,11 +57,14 @@ void save_checkpoint(const std::string& path, const Transformer& model, const Ad
                      const TrainState& state, const std::map<std::string, std::string>& extra = {});
 
 // A checkpoint opened and validated: missing or truncated file, not safetensors, wrong format (magic),
-// unsupported version, checksum mismatch, malformed config — each a retort::Error naming the file and the
-// fault. The file stays mapped while this object lives.
+// unsupported version, checksum mismatch, malformed config, a config that does not match the stored tensors
+// (a missing, extra or differently shaped one) — each a retort::Error naming the file and the fault, before
+// anything is allocated from the config. The file stays mapped while this object lives.
 class Checkpoint {
  public:
-  explicit Checkpoint(const std::string& path);
+  // verify_checksum = false skips the crc32 (for tools that inspect damaged files, and the fuzzer); every
+  // other check still runs.
+  explicit Checkpoint(const std::string& path, bool verify_checksum = true);
   ~Checkpoint();
   Checkpoint(Checkpoint&&) noexcept;
   Checkpoint& operator=(Checkpoint&&) noexcept;
@@ -82,6 +85,9 @@ class Checkpoint {
   void load_optimizer(AdamW& optimizer, const Transformer& model) const;
 
  private:
+  // Throws naming the file unless its tensors are exactly those config_ implies, with those shapes.
+  void check_tensors() const;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::string path_;
@@ -110,6 +116,10 @@ struct TrainerOptions {
   int64_t steps = 300, batch = 16, seq_len = 128, warmup = 10;
   float lr = 3e-3f, min_lr = 3e-4f, weight_decay = 0.1f, clip = 1.0f;
   uint64_t seed = 1;
+  // A step whose loss or gradient norm is not finite stops training with a retort::Error naming the step,
+  // and for a gradient the parameter and its first non-finite value; with this on, the batch is skipped
+  // instead (no update, StepResult::skipped set) and training goes on.
+  bool skip_nonfinite = false;
 };
 
 // What the loss is: plain cross-entropy, or top-K distillation from a cache (offline) or from side data the
@@ -131,6 +141,7 @@ class LmTrainer {
   struct StepResult {
     double loss = 0, hard = 0, soft = 0, grad_norm = 0;
     float lr = 0;
+    bool skipped = false;  // the loss or a gradient was not finite and skip_nonfinite is on: no update
   };
   // Runs step number steps_done()+1. before_compute, when set, sees the batch (and may fill the teacher
   // inputs: teacher_ids(), teacher_logprobs(), teacher_mask()) before the graph runs.

@@ -71,6 +71,12 @@ AdamW::AdamW(const std::vector<Tensor*>& params, const AdamWConfig& config) : co
   }
 }
 
+void AdamW::set_steps(int64_t s) {
+  // The bias correction 1 - beta^step is 0 at step 0 and above 1 for a negative step: NaN parameters.
+  RT_CHECK(s >= 0, "AdamW::set_steps: the step count must be >= 0, got ", s);
+  step_ = s;
+}
+
 void AdamW::step(const Graph& graph, float lr) {
   AdamWParams o;
   o.lr = step_lr(lr, config_.lr, "AdamW");
@@ -116,23 +122,34 @@ void Sgd::step(const Graph& graph, float lr) {
   }
 }
 
+double grad_norm(const Graph& graph) {
+  double total = 0;
+  for (Tensor* p : graph.params())
+    if (Tensor* g = graph.grad(p)) total += g->backend().sum_squares(g);
+  return std::sqrt(total);
+}
+
+void check_finite_gradients(const Graph& graph, const std::string& where) {
+  for (Tensor* p : graph.params()) {
+    const Tensor* g = graph.grad(p);
+    if (!g) continue;
+    const std::vector<float> gv = get_data(g);
+    for (size_t i = 0; i < gv.size(); ++i)
+      RT_CHECK(std::isfinite(gv[i]), where, ": the gradient of parameter ", p->describe(), " is ", gv[i],
+               " at element ", i, " (the first non-finite value; a NaN or inf input upstream?)");
+  }
+}
+
 double clip_grad_norm(const Graph& graph, double max_norm) {
   RT_CHECK(max_norm > 0 && std::isfinite(max_norm), "clip_grad_norm: max_norm = ", max_norm,
            " must be a finite number > 0");
-  double total = 0;
-  std::vector<Tensor*> grads;
-  for (Tensor* p : graph.params()) {
-    Tensor* g = graph.grad(p);
-    if (!g) continue;
-    grads.push_back(g);
-    total += g->backend().sum_squares(g);
-  }
-  const double norm = std::sqrt(total);
+  const double norm = grad_norm(graph);
   // A non-finite norm is returned unscaled: scaling by max_norm / inf would zero the finite gradients and
   // keep the NaNs, hiding the fault; the caller should skip the step instead.
   if (std::isfinite(norm) && norm > max_norm) {
     const float s = float(max_norm / norm);
-    for (Tensor* g : grads) g->backend().scale(g, s);
+    for (Tensor* p : graph.params())
+      if (Tensor* g = graph.grad(p)) g->backend().scale(g, s);
   }
   return norm;
 }

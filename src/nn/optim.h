@@ -2,6 +2,7 @@
 // Updates run on the backend that holds the parameters.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "../core/context.h"
@@ -28,7 +29,8 @@ class AdamW {
   // Optimizer state, for checkpoints: m and v per parameter, in the order given.
   const std::vector<Tensor*>& m() const { return m_; }
   const std::vector<Tensor*>& v() const { return v_; }
-  void set_steps(int64_t s) { step_ = s; }
+  // Sets the step count (from a checkpoint); throws retort::Error unless s >= 0.
+  void set_steps(int64_t s);
 
  private:
   std::vector<Tensor*> params_, m_, v_;
@@ -54,6 +56,13 @@ class Sgd {
   std::unique_ptr<Context> state_;
   SgdConfig config_;
 };
+
+// The global L2 norm of every parameter gradient in graph (NaN or inf when any gradient is).
+double grad_norm(const Graph& graph);
+
+// Throws retort::Error, starting with `where`, naming the first parameter whose gradient holds a NaN or an
+// infinity, the element and its value; returns when every gradient is finite. Reads the gradients back.
+void check_finite_gradients(const Graph& graph, const std::string& where);
 
 // Scales every parameter gradient so their global L2 norm is at most max_norm; returns the norm before.
 // A non-finite norm is returned without scaling anything (skip that step). Throws unless max_norm > 0.

@@ -1,5 +1,6 @@
 #include "transformer.h"
 
+#include <climits>
 #include <cmath>
 #include <map>
 #include <random>
@@ -12,6 +13,15 @@ namespace retort {
 
 TransformerConfig TransformerConfig::resolved() const {
   TransformerConfig c = *this;
+  // Token ids and positions are int32; the bound also keeps d_model * 8 below and every shape product exact.
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"vocab", c.vocab},
+                         {"context", c.context},
+                         {"layers", c.layers},
+                         {"d_model", c.d_model},
+                         {"heads", c.heads},
+                         {"kv_heads", c.kv_heads},
+                         {"d_ff", c.d_ff}})
+    RT_CHECK(v <= INT32_MAX, "transformer: ", name, " = ", v, " is larger than 2^31 - 1");
   RT_CHECK(c.vocab >= 1, "transformer: vocab must be >= 1, got ", c.vocab);
   RT_CHECK(c.context >= 1, "transformer: context must be >= 1, got ", c.context);
   RT_CHECK(c.layers >= 1, "transformer: layers must be >= 1, got ", c.layers);

@@ -15,7 +15,8 @@ namespace {
 Tensor* norm_node(Context& ctx, Op op, const char* name, Tensor* x, float eps) {
   RT_CHECK(x != nullptr, name, ": null operand");
   RT_CHECK(is_float(x->dtype), name, ": operand must be a float tensor, got ", x->describe());
-  RT_CHECK(std::isfinite(eps) && eps >= 0.0f, name, ": eps must be finite and >= 0, got ", eps, " for ",
+  // eps = 0 turns an all-zero row into 0/0: NaN that nothing downstream would name.
+  RT_CHECK(std::isfinite(eps) && eps > 0.0f, name, ": eps must be finite and > 0, got ", eps, " for ",
            x->describe());
   Tensor* t = ctx.node(op, x->dtype, x->ne);
   t->src[0] = x;

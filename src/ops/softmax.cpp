@@ -1,6 +1,7 @@
 // Softmax family over dim 0: softmax, log_softmax, causal (masked, scaled) softmax for attention, and the
 // backward nodes. Numerically stable: the row max is subtracted before exp; exps are f32 (vec_math: eight
 // lanes with AVX2), their sum is accumulated in double.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -139,7 +140,8 @@ Tensor* causal_softmax(Context& ctx, Tensor* x, float scale, int64_t n_past) {
            x->describe());
   Tensor* t = unary_node(ctx, Op::CausalSoftmax, "causal_softmax", x);
   t->fp[0] = scale;
-  t->ip[0] = n_past;
+  // Past n_past = keys every key is visible to every query; clamping keeps the kernels' query + n_past exact.
+  t->ip[0] = std::min(n_past, x->ne[0]);
   return t;
 }
 

@@ -2,6 +2,7 @@
 // nodes the graph itself uses (Accumulate, AuxOutput, SliceBack).
 #include <cstring>
 
+#include "../core/checked.h"
 #include "../core/error.h"
 #include "../core/op_table.h"
 #include "cpu_util.h"
@@ -23,7 +24,7 @@ Tensor* make_view(Context& ctx, Tensor* x, const int64_t ne[kMaxDims], const siz
 Tensor* reshape(Context& ctx, Tensor* x, const Shape& shape) {
   int64_t ne[kMaxDims];
   shape_to_ne(shape, ne, "reshape");
-  int64_t n = ne[0] * ne[1] * ne[2] * ne[3];
+  const int64_t n = shape_nelements(ne, "reshape");
   RT_CHECK(n == x->nelements(), "reshape: cannot view ", x->describe(), " (", x->nelements(),
            " elements) as ", shape_str(ne), " (", n, " elements)");
   RT_CHECK(x->is_contiguous(), "reshape: ", x->describe(),
@@ -53,12 +54,20 @@ Tensor* permute(Context& ctx, Tensor* x, int a0, int a1, int a2, int a3) {
   return v;
 }
 
-Tensor* transpose(Context& ctx, Tensor* x) { return permute(ctx, x, 1, 0, 2, 3); }
+Tensor* transpose(Context& ctx, Tensor* x) {
+  return permute(ctx, x, 1, 0, 2, 3);
+}
 
 Tensor* slice(Context& ctx, Tensor* x, int dim, int64_t start, int64_t len) {
   RT_CHECK(dim >= 0 && dim < kMaxDims, "slice: dim ", dim, " of ", x->describe(), " must be in 0..3");
-  RT_CHECK(start >= 0 && len >= 1 && start + len <= x->ne[dim], "slice: window [", start, ", ", start + len,
-           ") of dim ", dim, " runs past ", x->describe(), " whose dim ", dim, " has ", x->ne[dim], " elements");
+  // Compared as len <= ne - start, so a window near INT64_MAX cannot overflow the check itself.
+  if (!(start >= 0 && start < x->ne[dim] && len >= 1 && len <= x->ne[dim] - start)) {
+    int64_t end;
+    const bool wraps = __builtin_add_overflow(start, len, &end);
+    RT_FAIL("slice: window [", start, ", ", wraps ? std::string("past INT64_MAX") : std::to_string(end),
+            ") of dim ", dim, " runs past ", x->describe(), " whose dim ", dim, " has ", x->ne[dim],
+            " elements");
+  }
   int64_t ne[kMaxDims];
   size_t nb[kMaxDims];
   for (int d = 0; d < kMaxDims; ++d) {
@@ -80,7 +89,9 @@ Tensor* cast(Context& ctx, Tensor* x, DType dtype) {
   return t;
 }
 
-Tensor* contiguous(Context& ctx, Tensor* x) { return cast(ctx, x, x->dtype); }
+Tensor* contiguous(Context& ctx, Tensor* x) {
+  return cast(ctx, x, x->dtype);
+}
 
 Tensor* concat(Context& ctx, Tensor* a, Tensor* b, int dim) {
   RT_CHECK(dim >= 0 && dim < kMaxDims, "concat: dim ", dim, " must be in 0..3");
@@ -89,7 +100,7 @@ Tensor* concat(Context& ctx, Tensor* a, Tensor* b, int dim) {
     RT_CHECK(d == dim || a->ne[d] == b->ne[d], "concat: ", a->describe(), " and ", b->describe(),
              " must match in every dim but ", dim);
   int64_t ne[kMaxDims] = {a->ne[0], a->ne[1], a->ne[2], a->ne[3]};
-  ne[dim] += b->ne[dim];
+  ne[dim] = checked_add(a->ne[dim], b->ne[dim], "concat of ", a->describe(), " and ", b->describe());
   Tensor* t = ctx.node(Op::Concat, a->dtype, ne);
   t->src[0] = a;
   t->src[1] = b;
@@ -130,7 +141,9 @@ void copy_elements(const Tensor* src, Tensor* dst, ThreadPool& pool) {
   });
 }
 
-void cpu_cont(Tensor* t, ThreadPool& pool) { copy_elements(t->src[0], t, pool); }
+void cpu_cont(Tensor* t, ThreadPool& pool) {
+  copy_elements(t->src[0], t, pool);
+}
 
 void cpu_fill(Tensor* t, ThreadPool& pool) {
   std::vector<float> row(size_t(t->ne[0]), t->fp[0]);
@@ -240,11 +253,15 @@ void back_view(BackwardCtx& bc, Tensor* t, Tensor* g) {
       bc.add(x, permute(bc.ctx, g, inv[0], inv[1], inv[2], inv[3]));
       break;
     }
-    case ViewKind::Slice: bc.add(x, slice_back(bc.ctx, g, x, int(t->ip[1]), t->ip[2])); break;
+    case ViewKind::Slice:
+      bc.add(x, slice_back(bc.ctx, g, x, int(t->ip[1]), t->ip[2]));
+      break;
   }
 }
 
-void back_cont(BackwardCtx& bc, Tensor* t, Tensor* g) { bc.add(t->src[0], g); }
+void back_cont(BackwardCtx& bc, Tensor* t, Tensor* g) {
+  bc.add(t->src[0], g);
+}
 
 void back_concat(BackwardCtx& bc, Tensor* t, Tensor* g) {
   int dim = int(t->ip[0]);

@@ -6,9 +6,10 @@
 // Run it with tools/fuzz.sh (seeds: tests/fuzz/seeds_tokenizer_json.cpp; real tokenizer.json files, such as
 // the ones `RETORT_SAVE_TOKENIZERS=DIR pytest bindings/tests/test_tokenizers_hf.py` saves, make better seeds:
 // copy them into build-fuzz/corpus/tokenizer_json/).
+//
 // SOURCES: src/core/error.cpp src/io/file.cpp src/io/json.cpp src/io/unicode_classes.cpp
-// src/io/pretokenize.cpp src/io/special_matcher.cpp src/io/tokenizer.cpp src/io/tokenizer_files.cpp
-// src/io/tokenizer_hf.cpp src/io/bpe_train.cpp
+// SOURCES: src/io/pretokenize.cpp src/io/special_matcher.cpp src/io/tokenizer.cpp
+// SOURCES: src/io/tokenizer_files.cpp src/io/tokenizer_hf.cpp src/io/bpe_train.cpp
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>

@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "io/file.h"
@@ -180,6 +182,33 @@ TEST(ByteReader, BoundsChecksNameFieldOffsetAndFile) {
   std::vector<uint8_t> tiny = {'M'};
   ByteReader short_r(tiny, "tiny.bin");
   expect_error([&] { short_r.expect_magic("MAGIC", "test"); }, {"tiny.bin", "truncated", "too short"});
+}
+
+// Issue 25: a writer killed before its rename left "<path>.tmp.<pid>" behind for good. The next write to the
+// same path removes those of dead processes, and keeps a live writer's and other paths' temporaries.
+TEST(AtomicWrite, StaleTemporariesOfDeadWritersAreRemoved) {
+  ScratchDir dir;
+  const std::string p = dir.file("ck.bin");
+  const pid_t dead = fork();
+  ASSERT_GE(dead, 0);
+  if (dead == 0) _exit(0);
+  int status = 0;
+  ASSERT_EQ(waitpid(dead, &status, 0), dead);
+  const std::string stale = p + ".tmp." + std::to_string(dead);
+  const std::string live = p + ".tmp." + std::to_string(getppid());
+  const std::string other = dir.file("other.bin") + ".tmp." + std::to_string(dead);
+  const std::string odd = p + ".tmp.x1";
+  for (const std::string& f : {stale, live, other, odd}) spit(f, {1, 2, 3});
+  write_file_atomic(p, "new", 3);
+  EXPECT_EQ(read_text_file(p), "new");
+  const std::vector<std::string> e = dir.entries();
+  auto has = [&](const std::string& f) {
+    return std::find(e.begin(), e.end(), f.substr(f.rfind('/') + 1)) != e.end();
+  };
+  EXPECT_FALSE(has(stale)) << "the dead writer's temporary stayed";
+  EXPECT_TRUE(has(live)) << "a live process's temporary was removed";
+  EXPECT_TRUE(has(other));
+  EXPECT_TRUE(has(odd));
 }
 
 }  // namespace

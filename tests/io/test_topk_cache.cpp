@@ -247,8 +247,9 @@ TEST(TopKCacheWriter, ValidatesInputAndSpec) {
   expect_error([&] { w.write(5, 1, ids.data(), lp.data()); }, {"after finish"});
   TopKCache c = TopKCache::open(dir.file("x"));
   TopKBatch b = c.gather({0}, 2);
-  EXPECT_EQ(b.ids, (std::vector<int32_t>{1, 0, 1, 2}));
-  EXPECT_EQ(b.mask, (std::vector<float>{1, 0, 1, 1}));
+  // The -inf slot is read as padding: masked, id 0.
+  EXPECT_EQ(b.ids, (std::vector<int32_t>{1, 0, 0, 2}));
+  EXPECT_EQ(b.mask, (std::vector<float>{1, 0, 0, 1}));
   EXPECT_EQ(b.logprobs[1], kNegInf);
   EXPECT_EQ(b.logprobs[2], kNegInf);
 }
@@ -267,6 +268,79 @@ TEST(TopKCacheWriter, AbandonedWriterLeavesOnlyClosedShardsAndFinishRemovesStale
   EXPECT_EQ(w.finish().size(), 1u);
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"a_00000.topk"}));
   EXPECT_EQ(TopKCache::open(dir.file("a")).positions(), 5);
+}
+
+// A crafted record (checksums off, or recomputed by whoever crafted it) with a NaN or +inf logprob in a valid
+// slot is refused by the reader: the writer never makes one, and a loss would turn it into NaN gradients.
+TEST_F(TopKCacheFile, NonFiniteLogprobInAValidSlotIsRefused) {
+  for (uint16_t bits : {uint16_t(0x7FC0), uint16_t(0x7F80)}) {  // bf16 NaN, +inf
+    SetUp();
+    std::vector<uint8_t> b = slurp(path);
+    const size_t rec = 64 + 5 * 24;  // position 5; K = 3 bf16: ids at 0, logprobs at 12, flags at 18
+    b[rec + 12 + 2] = uint8_t(bits & 0xFF);
+    b[rec + 12 + 3] = uint8_t(bits >> 8);
+    b[rec + 18 + 1] = 1;  // slot 1 valid
+    spit(path, b);
+    TopKCache c({path}, /*verify_checksums=*/false);
+    EXPECT_NO_THROW(c.gather({0}, 5));
+    expect_error([&] { c.gather({3}, 4); }, {path, "position 5 slot 1", bits == 0x7FC0 ? "nan" : "inf"});
+    // The same slot marked invalid is padding: read as -inf, no error.
+    b[rec + 18 + 1] = 0;
+    spit(path, b);
+    TopKCache masked({path}, false);
+    const TopKBatch tb = masked.gather({5}, 1);
+    EXPECT_EQ(tb.logprobs[1], kNegInf);
+    EXPECT_EQ(tb.mask[1], 0.0f);
+  }
+  // A -inf logprob in a slot marked valid (found by fuzz_topk_cache) is padding, as the losses read it:
+  // masked, id 0, whatever id the record holds.
+  SetUp();
+  std::vector<uint8_t> b = slurp(path);
+  const size_t rec = 64 + 7 * 24;
+  b[rec + 12 + 0] = 0x80;  // bf16 -inf in slot 0
+  b[rec + 12 + 1] = 0xFF;
+  b[rec + 18 + 0] = 1;
+  b[rec + 0] = 0xFF;  // with an id far outside the vocabulary
+  b[rec + 3] = 0x7F;
+  spit(path, b);
+  TopKCache c({path}, false);
+  const TopKBatch tb = c.gather({7}, 1);
+  EXPECT_EQ(tb.mask[0], 0.0f);
+  EXPECT_EQ(tb.ids[0], 0);
+  EXPECT_EQ(tb.logprobs[0], kNegInf);
+}
+
+// Issue 25: gather with T = 2^62 overflowed B x T x K and wrote out of bounds.
+TEST_F(TopKCacheFile, GatherSizesThatOverflowAreRefused) {
+  TopKCache c({path});
+  const int64_t k62 = int64_t(1) << 62, kMax = std::numeric_limits<int64_t>::max();
+  expect_error([&] { c.gather({0}, k62); }, {path, "gather"});
+  expect_error([&] { c.gather({0, 1, 2, 3}, k62 / 2); }, {path, "gather", "overflows"});
+  expect_error([&] { c.gather({kMax}, 2); }, {path});
+  std::vector<int32_t> ids(4);
+  std::vector<float> lp(4), mask(4);
+  const int64_t starts[] = {kMax - 1};
+  expect_error([&] { c.gather(starts, 1, 4, 1, ids.data(), lp.data(), mask.data()); }, {path});
+  expect_error([&] { c.gather(starts, kMax, kMax, 1, ids.data(), lp.data(), mask.data()); },
+               {path, "overflows"});
+}
+
+// Issue 25: batch x seq_len, seq_len + 1 and the epoch counter overflowed in the loader.
+TEST(BatchLoaderSizes, HugeBatchSeqLenAndEpochAreRefused) {
+  ScratchDir dir;
+  std::vector<int32_t> toks(100);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = int32_t(i % 50);
+  const std::string shard = dir.file("t.bin");
+  write_token_shard(shard, toks, TokenDType::U16);
+  const int64_t k62 = int64_t(1) << 62, kMax = std::numeric_limits<int64_t>::max();
+  expect_error([&] { BatchLoader({shard}, {.batch = k62, .seq_len = 8}); }, {"BatchLoader", "overflows"});
+  expect_error([&] { BatchLoader({shard}, {.batch = 2, .seq_len = kMax}); }, {"BatchLoader"});
+  expect_error([&] { BatchLoader({shard}, {.batch = 1, .seq_len = int64_t(1) << 47}); },
+               {"BatchLoader", "2^48"});
+  BatchLoader l({shard}, {.batch = 1, .seq_len = 8});
+  expect_error([&] { l.seek(0, kMax); }, {"BatchLoader", "seek"});
+  l.seek(kMax, l.windows());
+  expect_error([&] { l.next(); }, {"BatchLoader", "epoch", "overflows"});
 }
 
 }  // namespace

@@ -3,15 +3,20 @@
 // leaves a loadable one behind (the old or the new).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <csignal>
+#include <cstdio>
+#include <limits>
 #include <cstring>
 #include <random>
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "../io/io_test_util.h"
 #include "core/cpu_backend.h"
+#include "io/file.h"
 #include "io/safetensors.h"
 #include "io/shards.h"
 #include "io/topk_cache.h"
@@ -347,6 +352,131 @@ TEST(Checkpoint, KilledWhileWritingLosesNothing) {
     seen_b += pm == pb;
   }
   EXPECT_EQ(seen_a + seen_b, 12);
+}
+
+// Writes a checkpoint with the given metadata and tensors whose crc32 is valid, as a crafted file would have
+// it.
+void write_crafted(const std::string& path, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
+                   std::map<std::string, std::string> md) {
+  md["crc32"] = "0";
+  save_safetensors(path, tensors, md);
+  const SafeTensors st(path);
+  uint32_t crc = 0;
+  for (const std::string& n : st.names()) {
+    const auto b = st.bytes(n);
+    crc = io::crc32_update(crc, b.data(), b.size());
+  }
+  for (const auto& [k, v] : md) {
+    if (k == "crc32") continue;
+    const std::string line = k + "=" + v + "\n";
+    crc = io::crc32_update(crc, line.data(), line.size());
+  }
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", crc);
+  md["crc32"] = hex;
+  save_safetensors(path, tensors, md);
+}
+
+long max_rss_kib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+// Issue 25: a small checkpoint with a valid crc32 and config.vocab = 2^62 - 1 made the programs allocate the
+// model before any check (heap corruption); vocab 2^27 allocated 3 GiB for 76 s. The config is now checked
+// against the stored tensors first: a clean error, fast, with no allocation from the config.
+TEST(Checkpoint, ConfigThatDisagreesWithItsTensorsIsRefusedBeforeAllocating) {
+  ScratchDir dir;
+  CpuBackend be(1);
+  Context ctx(be);
+  Transformer model(ctx, tiny_config(), 1);
+  std::vector<std::pair<std::string, const Tensor*>> tensors;
+  for (const Tensor* p : model.parameters()) tensors.emplace_back(p->name, p);
+  std::map<std::string, std::string> md = config_to_metadata(model.config());
+  md["format"] = kCheckpointFormat;
+  md["version"] = "1";
+  for (const char* k :
+       {"state.step", "state.total_steps", "state.seed", "state.loader_epoch", "state.loader_cursor"})
+    md[k] = "0";
+  const std::string ok = dir.file("ok.safetensors");
+  write_crafted(ok, tensors, md);
+  {
+    const Checkpoint ck(ok);  // the crafting itself is sound
+    Transformer m(ctx, ck.config(), 3);
+    ck.load_model(m);
+    EXPECT_EQ(param_bytes(m), param_bytes(model));
+  }
+  const long rss0 = max_rss_kib();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const char* vocab : {"4611686018427387903", "134217728", "49"}) {
+    auto bad = md;
+    bad["config.vocab"] = vocab;
+    const std::string p = dir.file(std::string("vocab") + vocab + ".safetensors");
+    write_crafted(p, tensors, bad);
+    // Past 2^31 the config alone is refused; below, the embedding's stored shape gives it away.
+    expect_error([&] { Checkpoint{p}; },
+                 {p, std::strlen(vocab) > 10 ? "vocab = " : "tensor 'tok_emb' has shape"});
+    // No tensors at all (the issue's 440-byte file): nothing to build a model from.
+    const std::string bare = dir.file(std::string("bare") + vocab + ".safetensors");
+    write_crafted(bare, {}, bad);
+    EXPECT_LT(test::slurp(bare).size(), 1000u);
+    expect_error([&] { Checkpoint{bare}; },
+                 {bare, std::strlen(vocab) > 10 ? "vocab = " : "no tensor 'tok_emb'"});
+  }
+  // A huge d_ff and layer count, a missing layer, an extra tensor, a negative step.
+  for (auto [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"config.d_ff", "4611686018427387903"},
+                                                        {"config.layers", "2"},
+                                                        {"config.d_model", "2147483648"}}) {
+    auto bad = md;
+    bad[key] = value;
+    const std::string p = dir.file("bad_" + key + ".safetensors");
+    write_crafted(p, tensors, bad);
+    expect_error([&] { Checkpoint{p}; }, {p});
+  }
+  auto extra = tensors;
+  extra.emplace_back("stowaway", model.parameters()[0]);
+  const std::string px = dir.file("extra.safetensors");
+  write_crafted(px, extra, md);
+  expect_error([&] { Checkpoint{px}; }, {px, "stowaway", "not part of the model"});
+  auto neg = md;
+  neg["state.step"] = "-5";
+  const std::string pn = dir.file("neg.safetensors");
+  write_crafted(pn, tensors, neg);
+  expect_error([&] { Checkpoint{pn}; }, {pn, "negative", "step -5"});
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 1.0);
+  EXPECT_LT(max_rss_kib() - rss0, 100 * 1024) << "KiB of peak memory added while refusing the files";
+}
+
+// A non-finite loss stops training naming the step, or with skip_nonfinite skips the batch and leaves the
+// parameters untouched.
+TEST(Trainer, NonFiniteStepStopsOrIsSkipped) {
+  ScratchDir dir;
+  const ShardSet set = make_shards(dir, 48);
+  for (bool skip : {false, true}) {
+    CpuBackend be(1);
+    Context ctx(be);
+    Transformer model(ctx, tiny_config(), 11);
+    TrainerOptions opt = tiny_train();
+    opt.skip_nonfinite = skip;
+    LmTrainer tr(ctx, model, set.train, opt);
+    tr.step();
+    Tensor* w = model.parameters().back();
+    std::vector<float> v = get_data(w);
+    v[3] = std::numeric_limits<float>::quiet_NaN();
+    set_data(w, v);
+    const auto before = param_bytes(model);
+    if (!skip) {
+      expect_error([&] { tr.step(); }, {"trainer", "step 2"});
+      continue;
+    }
+    const LmTrainer::StepResult r = tr.step();
+    EXPECT_TRUE(r.skipped);
+    EXPECT_EQ(tr.steps_done(), 1);
+    EXPECT_EQ(param_bytes(model), before);
+  }
 }
 
 }  // namespace

@@ -424,5 +424,37 @@ TEST(OptimizerOptions, NaNStepLearningRateThrows) {
   EXPECT_EQ(adam.steps(), 0);
 }
 
+TEST(AdamW, SetStepsRefusesANegativeCount) {
+  reseed("adamw_set_steps");
+  Problem pb;
+  AdamW opt(pb.params(), AdamWConfig{});
+  expect_error([&] { opt.set_steps(-5); }, {"set_steps", "-5"});
+  EXPECT_EQ(opt.steps(), 0);
+  opt.set_steps(7);
+  EXPECT_EQ(opt.steps(), 7);
+}
+
+// A non-finite gradient is named with its parameter, element and value; finite ones pass silently, and the
+// global norm shows the fault instead of hiding it.
+TEST(Gradients, FirstNonFiniteValueIsNamed) {
+  reseed("finite_gradients");
+  Problem pb;
+  pb.gradients();
+  check_finite_gradients(pb.g, "here");
+  EXPECT_TRUE(std::isfinite(grad_norm(pb.g)));
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> c2 = to_f32(random_vec(7, -1, 1));
+    c2[4] = bad;
+    c2[6] = bad;
+    set_data(pb.c1, to_f32(random_vec(15, -1, 1)));
+    set_data(pb.c2, c2);
+    pb.g.zero_grad();
+    pb.g.compute();
+    EXPECT_FALSE(std::isfinite(grad_norm(pb.g)));
+    expect_error([&] { check_finite_gradients(pb.g, "step 12"); },
+                 {"step 12", "'p2'", "at element 4", std::isnan(bad) ? "nan" : "inf"});
+  }
+}
+
 }  // namespace
 }  // namespace retort::test

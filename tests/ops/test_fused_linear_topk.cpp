@@ -304,6 +304,30 @@ TEST(FusedLinearTopK, BadInputThrows) {
     g.forward(fused_linear_topk_kd(ctx, h, w, nullptr, bad, lp, nullptr, nullptr, o).loss);
     expect_error([&] { g.compute(); }, {"fused_linear_topk_kd", "teacher id 10", "row 2"});
   }
+  // Issue 25: a NaN (or +inf) teacher logprob in a valid slot gave a finite loss with NaN gradients, on the
+  // dense and the K-sparse path alike; now it is an error naming the slot, and a masked one is padding.
+  Tensor* good_ids = ctx.tensor(DType::I32, {4, 3});
+  set_data_int(good_ids, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1});
+  Tensor* mask = ctx.tensor(DType::F32, {4, 3});
+  set_data(mask, {1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1});
+  for (float v : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> lpv(12, -1.5f);
+    lpv[7] = v;
+    set_data(lp, lpv);
+    for (bool normalize : {false, true}) {
+      o = {};
+      o.normalize_topk = normalize;
+      Graph g(ctx);
+      g.forward(fused_linear_topk_kd(ctx, h, w, nullptr, good_ids, lp, nullptr, nullptr, o).loss);
+      expect_error([&] { g.compute(); }, {"fused_linear_topk_kd", "teacher logprob", "row 2 slot 1"});
+      Graph gm(ctx);
+      gm.forward(fused_linear_topk_kd(ctx, h, w, nullptr, good_ids, lp, mask, nullptr, o).loss);
+      EXPECT_NO_THROW(gm.compute());
+    }
+    Graph gu(ctx);
+    gu.forward(topk_kd(ctx, ctx.tensor(DType::F32, {4, 10}), good_ids, lp, nullptr, nullptr).loss);
+    expect_error([&] { gu.compute(); }, {"topk_kd", "teacher logprob", "row 2 slot 1"});
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <ostream>
 
 #include "harness.h"
@@ -101,8 +102,9 @@ TEST_P(NormOps, LargeEpsMatters) {
   EXPECT_TRUE(run_case(norm_case(GetParam(), "eps", {4, 10}, 0.1f, -0.3, 0.3)));
 }
 
-TEST_P(NormOps, ZeroEps) {
-  EXPECT_TRUE(run_case(norm_case(GetParam(), "eps0", {3, 8}, 0.0f, 0.5, 2)));
+TEST_P(NormOps, TinyEps) {
+  // eps itself must be > 0 (IntegerInputAndBadEpsThrow); the smallest normal float leaves the pure norm.
+  EXPECT_TRUE(run_case(norm_case(GetParam(), "eps_tiny", {3, 8}, std::numeric_limits<float>::min(), 0.5, 2)));
 }
 
 TEST_P(NormOps, RowOfOneElement) {
@@ -163,6 +165,9 @@ TEST_P(NormOps, IntegerInputAndBadEpsThrow) {
   expect_mentions(m, {p.name, "eps"});
   m = error_of([&] { p.build(ctx, x, INFINITY); });
   expect_mentions(m, {p.name, "eps"});
+  // eps = 0 would make an all-zero row 0/0 = NaN.
+  m = error_of([&] { p.build(ctx, x, 0.0f); });
+  expect_mentions(m, {p.name, "eps", "> 0"});
 }
 
 TEST_P(NormOps, WithLearnedWeight) {

@@ -271,10 +271,15 @@ bool slot_valid(const TopKSide& side, int64_t r, int64_t k) {
 
 int64_t check_topk(const TopKSide& side, int64_t rows, int64_t v, const std::string& what) {
   const int64_t valid = count_valid(side.labels, rows, v, side.ignore_index, what);
-  if (side.ids.empty()) return valid;
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t k = 0; k < side.ids.cols; ++k) {
+    for (int64_t k = 0; k < side.logprobs.cols; ++k) {
       if (!slot_valid(side, r, k)) continue;
+      // A NaN would otherwise drop out of the loss (it is a max and a sum over slots) and surface only as NaN
+      // gradients, which a finite-loss check does not see.
+      const float lp = get_f(side.logprobs, r, k);
+      RT_CHECK(!std::isnan(lp) && lp != kInf, what, ": teacher logprob ", lp, " at row ", r, " slot ", k,
+               " (a valid slot needs a finite logprob; padding slots need mask 0 or logprob -inf)");
+      if (side.ids.empty()) continue;
       const int64_t id = get_i(side.ids, r, k);
       RT_CHECK(id >= 0 && id < v, what, ": teacher id ", id, " at row ", r, " slot ", k, " is outside [0, ",
                v, ") (padding slots need mask 0 or logprob -inf)");
