@@ -6,21 +6,11 @@
 #include <unordered_map>
 
 #include "core/op_table.h"
+#include "expect_error.h"
 #include "harness.h"
 
 namespace retort::test {
 namespace {
-
-template <typename F>
-void expect_error(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected retort::Error";
-  } catch (const Error& e) {
-    std::string m = e.what();
-    for (const char* p : parts) EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' not in: " << m;
-  }
-}
 
 Tensor* filled_param(Context& ctx, const Shape& s, const std::string& name, double lo = -1, double hi = 1) {
   Tensor* p = ctx.param(DType::F32, s, name);

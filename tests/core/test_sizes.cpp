@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/checked.h"
+#include "expect_error.h"
 #include "harness.h"
 
 namespace retort::test {
@@ -17,17 +18,6 @@ namespace {
 constexpr int64_t k31 = int64_t(1) << 31, k32 = int64_t(1) << 32, k62 = int64_t(1) << 62;
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 const int64_t kEdges[] = {k31, k32, k62, k62 + 1, kMax, 0, -1, std::numeric_limits<int64_t>::min()};
-
-template <typename F>
-void expect_error(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected retort::Error";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    for (const char* p : parts) EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' not in: " << m;
-  }
-}
 
 // The exact element count of ne in 128 bits, or -1 when a dim is < 1.
 __int128 exact_elements(const int64_t ne[kMaxDims]) {

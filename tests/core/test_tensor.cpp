@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "expect_error.h"
 #include "harness.h"
 
 namespace retort::test {
@@ -20,18 +21,6 @@ uint32_t to_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
-}
-
-// Expects a retort::Error whose message contains every one of the given parts.
-template <typename F>
-void expect_error(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected retort::Error";
-  } catch (const Error& e) {
-    std::string m = e.what();
-    for (const char* p : parts) EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' not in: " << m;
-  }
 }
 
 // ---- dtypes ----------------------------------------------------------------------------------------------

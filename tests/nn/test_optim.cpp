@@ -6,21 +6,11 @@
 #include <limits>
 #include <numbers>
 
+#include "expect_error.h"
 #include "harness.h"
 
 namespace retort::test {
 namespace {
-
-template <typename F>
-void expect_error(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected retort::Error";
-  } catch (const Error& e) {
-    std::string m = e.what();
-    for (const char* p : parts) EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' not in: " << m;
-  }
-}
 
 std::vector<float> to_f32(const Vec& v) {
   return std::vector<float>(v.begin(), v.end());

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "expect_error.h"
 #include "harness.h"
 
 namespace retort::test {
@@ -389,17 +390,6 @@ TEST(ReduceOps, ReductionsCompose) {
 }
 
 // ---- bad input --------------------------------------------------------------------------------------------
-
-template <typename F>
-void expect_error(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected retort::Error";
-  } catch (const Error& e) {
-    std::string m = e.what();
-    for (const char* p : parts) EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' not in: " << m;
-  }
-}
 
 TEST(ReduceOps, BadInputThrows) {
   Context ctx(default_cpu_backend());

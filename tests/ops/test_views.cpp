@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 
+#include "expect_error.h"
 #include "harness.h"
 
 namespace retort::test {
@@ -455,17 +456,6 @@ TEST(ViewOps, ChainOfViewsAndCopies) {
 }
 
 // ---- bad input --------------------------------------------------------------------------------------------
-
-template <typename F>
-void expect_error(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected retort::Error";
-  } catch (const Error& e) {
-    std::string m = e.what();
-    for (const char* p : parts) EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' not in: " << m;
-  }
-}
 
 TEST(ViewOps, BadInputThrows) {
   Context ctx(default_cpu_backend());
