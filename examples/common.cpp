@@ -112,6 +112,17 @@ double Progress::tokens_per_second() const {
   return t > 0 ? double((last_ - first_) * tokens_per_step_) / t : 0.0;
 }
 
+void print_summary(int64_t steps, int64_t tokens_per_step, double train_seconds, const Progress& progress,
+                   const std::string& device, Clock::time_point start, const std::string& middle,
+                   double val_before, double val_after, int64_t windows) {
+  std::printf("\nsummary: %lld steps, %.2fM tokens in %s (%.0f tok/s) on %s; total %s\n", (long long)steps,
+              double(steps * tokens_per_step) / 1e6, duration(train_seconds).c_str(),
+              progress.tokens_per_second(), device.c_str(), duration(seconds_since(start)).c_str());
+  std::fputs(middle.c_str(), stdout);
+  std::printf("  validation loss %.4f -> %.4f nats/token (perplexity %.2f -> %.2f; %lld windows)\n",
+              val_before, val_after, std::exp(val_before), std::exp(val_after), (long long)windows);
+}
+
 void Progress::update(int64_t step, const std::string& fields) {
   last_ = step;
   const double el = elapsed();

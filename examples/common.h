@@ -125,6 +125,12 @@ class Progress {
   bool tty_;
 };
 
+// The end-of-run summary train and distill print: steps, tokens, speed and time on dev, the lines in
+// `middle` as given, then the validation loss before and after over `windows` windows (LmEvaluator's).
+void print_summary(int64_t steps, int64_t tokens_per_step, double train_seconds, const Progress& progress,
+                   const std::string& device, Clock::time_point start, const std::string& middle,
+                   double val_before, double val_after, int64_t windows);
+
 // ---- text codec -----------------------------------------------------------------------------------------
 // The tokenizer a run uses: "bytes" (vocab 256, no tokenizer file), "bpe" (a vocabulary trained on the data,
 // saved in a file), "gpt2" (GPT-2's, from the bundled data) or "model" (a pretrained model's). Checkpoints

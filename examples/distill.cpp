@@ -484,13 +484,8 @@ int run(Args& a, Run& o, int argc, char** argv) {
     std::printf("\n---- sample (temperature %.2g) ----\n%s\n---- end of sample ----\n", double(o.temperature),
                 printable(codec.decode(out)).c_str());
   }
-  const int64_t done = to.steps - first;
-  std::printf("\nsummary: %lld steps, %.2fM tokens in %s (%.0f tok/s) on %s; total %s\n", (long long)done,
-              double(done * to.batch * cfg.context) / 1e6, duration(train_seconds).c_str(),
-              progress.tokens_per_second(), dev.desc.c_str(), duration(seconds_since(t_start)).c_str());
-  std::printf("  validation cross-entropy %.4f -> %.4f nats/token (perplexity %.2f -> %.2f; %lld windows)\n",
-              val_before, val_after, std::exp(val_before), std::exp(val_after),
-              (long long)evaluator.windows());
+  print_summary(to.steps - first, to.batch * cfg.context, train_seconds, progress, dev.desc, t_start, "",
+                val_before, val_after, evaluator.windows());
   return 0;
 }
 

@@ -423,20 +423,18 @@ int run(Args& a, Options& o, int argc, char** argv) {
   }
 
   // ---- summary ----------------------------------------------------------------------------------------
-  const int64_t done = o.train.steps - first;
-  std::printf("\nsummary: %lld steps, %.2fM tokens in %s (%.0f tok/s) on %s; total %s\n", (long long)done,
-              double(done * o.train.batch * cfg.context) / 1e6, duration(train_seconds).c_str(),
-              progress.tokens_per_second(), dev.desc.c_str(), duration(seconds_since(t_start)).c_str());
+  std::string middle;
   if (!losses.empty()) {
     const size_t tail = std::max<size_t>(1, losses.size() / 10);
     double last = 0;
     for (size_t i = losses.size() - tail; i < losses.size(); ++i) last += losses[i];
-    std::printf("  training loss   %.4f -> %.4f (first step -> mean of the last %zu)\n", losses[0],
-                last / double(tail), tail);
+    char line[160];
+    std::snprintf(line, sizeof line, "  training loss   %.4f -> %.4f (first step -> mean of the last %zu)\n",
+                  losses[0], last / double(tail), tail);
+    middle = line;
   }
-  std::printf("  validation loss %.4f -> %.4f nats/token (perplexity %.2f -> %.2f; %lld windows)\n",
-              val_before, val_after, std::exp(val_before), std::exp(val_after),
-              (long long)evaluator.windows());
+  print_summary(o.train.steps - first, o.train.batch * cfg.context, train_seconds, progress, dev.desc,
+                t_start, middle, val_before, val_after, evaluator.windows());
   return 0;
 }
 
