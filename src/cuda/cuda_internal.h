@@ -214,6 +214,7 @@ void register_cuda_loss_ops(CudaOpTable& t);
 void register_cuda_loss_graph_ops(CudaOpTable& t);  // loss/cuda_loss_ops.cu: the loss backend's ops
 void register_cuda_fused_ops(CudaOpTable& t);       // loss/cuda_fused_ops.cu: the fused linear losses
 void register_cuda_topk_ops(CudaOpTable& t);        // cuda_topk.cu: topk_logprobs
+void register_cuda_attention_ops(CudaOpTable& t);   // cuda_attention.cu: flash_attention
 
 // Optimizer updates and helpers (cuda_optim.cu). Inputs are checked by the caller.
 void launch_adamw(CudaExec& ex, Tensor* p, const Tensor* g, Tensor* m, Tensor* v, const AdamWParams& o);
