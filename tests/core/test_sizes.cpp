@@ -224,6 +224,8 @@ TEST(BadArguments, FillOfAnIntegerTensorNeedsAValueThatFits) {
   expect_error([&] { fill(ctx, DType::I64, ne, 1e19f); }, {"fill", "does not fit i64"});
   Tensor* t = fill(ctx, DType::I64, ne, -5.75f);
   Tensor* u = fill(ctx, DType::I32, ne, -2147483648.0f);
+  t->flags |= kOutput;
+  u->flags |= kOutput;
   Graph g(ctx);
   g.forward(t);
   g.forward(u);
