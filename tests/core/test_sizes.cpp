@@ -219,7 +219,8 @@ TEST(BadArguments, PublicOpsAtTheOverflowEdges) {
 TEST(BadArguments, FillOfAnIntegerTensorNeedsAValueThatFits) {
   Context ctx(default_cpu_backend());
   const int64_t ne[kMaxDims] = {3, 1, 1, 1};
-  for (float v : {-1e30f, 3e9f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
+  for (float v :
+       {-1e30f, 3e9f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
     expect_error([&] { fill(ctx, DType::I32, ne, v); }, {"fill", "does not fit i32"});
   expect_error([&] { fill(ctx, DType::I64, ne, 1e19f); }, {"fill", "does not fit i64"});
   Tensor* t = fill(ctx, DType::I64, ne, -5.75f);

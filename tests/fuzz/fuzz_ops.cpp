@@ -60,9 +60,9 @@ constexpr int64_t kEdges[] = {0,
                               8193,
                               2049};
 constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr float kFloats[] = {0.0f,   -0.0f, 1.0f,  -1.0f, 0.5f,     2.0f,  1e-30f, 1e30f,
-                             1e4f,   -1e4f, NAN,   kInf,  -kInf,    3e38f, 1e-45f, 100.0f,
-                             -0.5f,  0.3f,  1.5f,  7.0f,  -3.0f,    0.25f, 1e-6f,  65504.0f,
+constexpr float kFloats[] = {0.0f,   -0.0f, 1.0f,  -1.0f, 0.5f,    2.0f,  1e-30f, 1e30f,
+                             1e4f,   -1e4f, NAN,   kInf,  -kInf,   3e38f, 1e-45f, 100.0f,
+                             -0.5f,  0.3f,  1.5f,  7.0f,  -3.0f,   0.25f, 1e-6f,  65504.0f,
                              -1e30f, 0.1f,  0.01f, 30.0f, 1.0001f, 0.75f, -2.0f,  4.0f};
 constexpr DType kDtypes[] = {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64};
 constexpr Reduction kReductions[] = {Reduction::Mean, Reduction::Sum, Reduction::None};
@@ -238,48 +238,98 @@ struct Program {
     Tensor* a = pick();
     if (!a) return;
     switch (code % 56) {
-      case 0: keep(reshape(ctx, a, read_shape(in, 12))); break;
+      case 0:
+        keep(reshape(ctx, a, read_shape(in, 12)));
+        break;
       case 1: {
         const int p0 = int(in.size()), p1 = int(in.size()), p2 = int(in.size()), p3 = int(in.size());
         keep(permute(ctx, a, p0, p1, p2, p3));
         break;
       }
-      case 2: keep(transpose(ctx, a)); break;
+      case 2:
+        keep(transpose(ctx, a));
+        break;
       case 3: {
         const int dim = int(in.size());
         const int64_t start = in.size(), len = in.size();
         keep(slice(ctx, a, dim, start, len));
         break;
       }
-      case 4: keep(contiguous(ctx, a)); break;
-      case 5: keep(cast(ctx, a, kDtypes[in.u8() % std::size(kDtypes)])); break;
-      case 6: keep(concat(ctx, a, pick(), int(in.size()))); break;
+      case 4:
+        keep(contiguous(ctx, a));
+        break;
+      case 5:
+        keep(cast(ctx, a, kDtypes[in.u8() % std::size(kDtypes)]));
+        break;
+      case 6:
+        keep(concat(ctx, a, pick(), int(in.size())));
+        break;
       case 7: {
         int64_t ne[kMaxDims];
         ne4(ne);
         keep(fill(ctx, kDtypes[in.u8() % std::size(kDtypes)], ne, in.real()));
         break;
       }
-      case 8: keep(add(ctx, a, pick())); break;
-      case 9: keep(sub(ctx, a, pick())); break;
-      case 10: keep(mul(ctx, a, pick())); break;
-      case 11: keep(div(ctx, a, pick())); break;
-      case 12: keep(scale(ctx, a, in.real())); break;
-      case 13: keep(neg(ctx, a)); break;
-      case 14: keep(exp(ctx, a)); break;
-      case 15: keep(log(ctx, a)); break;
-      case 16: keep(sqrt(ctx, a)); break;
-      case 17: keep(rsqrt(ctx, a)); break;
-      case 18: keep(tanh(ctx, a)); break;
-      case 19: keep(relu(ctx, a)); break;
-      case 20: keep(gelu(ctx, a)); break;
-      case 21: keep(silu(ctx, a)); break;
-      case 22: keep(sum_rows(ctx, a)); break;
-      case 23: keep(mean_rows(ctx, a)); break;
-      case 24: keep(max_rows(ctx, a)); break;
-      case 25: keep(sum(ctx, a)); break;
-      case 26: keep(mean(ctx, a)); break;
-      case 27: keep(max(ctx, a)); break;
+      case 8:
+        keep(add(ctx, a, pick()));
+        break;
+      case 9:
+        keep(sub(ctx, a, pick()));
+        break;
+      case 10:
+        keep(mul(ctx, a, pick()));
+        break;
+      case 11:
+        keep(div(ctx, a, pick()));
+        break;
+      case 12:
+        keep(scale(ctx, a, in.real()));
+        break;
+      case 13:
+        keep(neg(ctx, a));
+        break;
+      case 14:
+        keep(exp(ctx, a));
+        break;
+      case 15:
+        keep(log(ctx, a));
+        break;
+      case 16:
+        keep(sqrt(ctx, a));
+        break;
+      case 17:
+        keep(rsqrt(ctx, a));
+        break;
+      case 18:
+        keep(tanh(ctx, a));
+        break;
+      case 19:
+        keep(relu(ctx, a));
+        break;
+      case 20:
+        keep(gelu(ctx, a));
+        break;
+      case 21:
+        keep(silu(ctx, a));
+        break;
+      case 22:
+        keep(sum_rows(ctx, a));
+        break;
+      case 23:
+        keep(mean_rows(ctx, a));
+        break;
+      case 24:
+        keep(max_rows(ctx, a));
+        break;
+      case 25:
+        keep(sum(ctx, a));
+        break;
+      case 26:
+        keep(mean(ctx, a));
+        break;
+      case 27:
+        keep(max(ctx, a));
+        break;
       case 28: {
         int64_t ne[kMaxDims];
         ne4(ne);
@@ -302,14 +352,20 @@ struct Program {
         keep(matmul_lowp(ctx, a, pick(), t & 1, t & 2));
         break;
       }
-      case 32: keep(get_rows(ctx, a, pick())); break;
+      case 32:
+        keep(get_rows(ctx, a, pick()));
+        break;
       case 33: {
         Tensor* src = pick();
         keep(set_rows(ctx, a, src, pick()));
         break;
       }
-      case 34: keep(softmax(ctx, a)); break;
-      case 35: keep(log_softmax(ctx, a)); break;
+      case 34:
+        keep(softmax(ctx, a));
+        break;
+      case 35:
+        keep(log_softmax(ctx, a));
+        break;
       case 36: {
         const float s = in.real();
         keep(causal_softmax(ctx, a, s, in.size()));
@@ -321,16 +377,24 @@ struct Program {
         keep(r.ids);
         break;
       }
-      case 38: keep(rms_norm(ctx, a, in.real())); break;
-      case 39: keep(layer_norm(ctx, a, in.real())); break;
+      case 38:
+        keep(rms_norm(ctx, a, in.real()));
+        break;
+      case 39:
+        keep(layer_norm(ctx, a, in.real()));
+        break;
       case 40: {
         Tensor* pos = pick();
         const RopeMode mode = in.flag() ? RopeMode::Neox : RopeMode(in.size());
         keep(rope(ctx, a, pos, mode, in.real()));
         break;
       }
-      case 41: keep(cross_entropy(ctx, a, pick(), in.size())); break;
-      case 42: keep(cross_entropy_loss(ctx, a, pick(), ce_options())); break;
+      case 41:
+        keep(cross_entropy(ctx, a, pick(), in.size()));
+        break;
+      case 42:
+        keep(cross_entropy_loss(ctx, a, pick(), ce_options()));
+        break;
       case 43: {
         Tensor *ids = pick(), *lp = pick(), *mask = maybe(), *labels = maybe();
         keep(topk_kd(ctx, a, ids, lp, mask, labels, topk_options()));
@@ -356,7 +420,9 @@ struct Program {
         keep(entropy(ctx, a, t, reduction()));
         break;
       }
-      case 47: keep(selective_log_softmax(ctx, a, pick())); break;
+      case 47:
+        keep(selective_log_softmax(ctx, a, pick()));
+        break;
       case 48: {
         const DType dt = kDtypes[in.u8() % std::size(kDtypes)];
         keep(logits_grad(ctx, a, dt, in.flag()));
@@ -397,7 +463,9 @@ struct Program {
         keep(fused_linear_selective_log_softmax(ctx, a, w, bias, ids, fused()));
         break;
       }
-      case 55: keep(reshape(ctx, a, {in.size(), in.size()})); break;
+      case 55:
+        keep(reshape(ctx, a, {in.size(), in.size()}));
+        break;
     }
   }
 };
