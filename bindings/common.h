@@ -105,6 +105,9 @@ DType parse_dtype(pyb::handle h);
 std::optional<DType> parse_dtype_opt(pyb::handle h);  // None -> nullopt
 Reduction parse_reduction(pyb::handle h);             // "mean" | "sum" | "none" or a retort.Reduction
 BackendPtr parse_backend(pyb::handle h);              // None -> nullptr; a Backend; "cpu"; "cuda" / "cuda:N"
+// A shape argument (outermost first): an int or a sequence of ints. Throws retort::Error naming op for
+// anything else, an int that does not fit in int64 included.
+Shape parse_shape(pyb::handle h, const char* op);
 
 // A leaf of ctx over data: a retort Tensor is returned as is (it must live on ctx's backend); NumPy arrays
 // and array-likes are wrapped without a copy when they are on the host, the backend is the CPU and the dtype

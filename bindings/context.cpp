@@ -189,6 +189,17 @@ DType parse_dtype(pyb::handle h) {
   return *d;
 }
 
+Shape parse_shape(pyb::handle h, const char* op) {
+  // pybind11 reports a failed conversion as a RuntimeError that names no op; a shape is the caller's input.
+  try {
+    if (!PySequence_Check(h.ptr())) return {h.cast<int64_t>()};
+    return h.cast<Shape>();
+  } catch (const pyb::cast_error&) {
+    RT_FAIL(op, ": a shape must be an int or a sequence of ints that fit in int64, got ",
+            std::string(pyb::repr(h)));
+  }
+}
+
 Reduction parse_reduction(pyb::handle h) {
   if (pyb::isinstance<Reduction>(h)) return h.cast<Reduction>();
   RT_CHECK(pyb::isinstance<pyb::str>(h), "reduction: expected 'mean', 'sum' or 'none', got ",

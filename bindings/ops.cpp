@@ -14,20 +14,15 @@ int dim_of(int axis, int ndim, const char* op) {
   return ndim - 1 - axis;
 }
 
-Shape shape_of(pyb::handle h) {
-  if (pyb::isinstance<pyb::int_>(h)) return {h.cast<int64_t>()};
-  return h.cast<Shape>();
-}
-
 // Shape arguments outermost first; a () shape is one element.
 void ne_of(const Shape& s, int64_t ne[kMaxDims], const char* op) {
   shape_to_ne(s.empty() ? Shape{1} : s, ne, op);
 }
 
 // Shapes given as reshape(2, 3) or reshape((2, 3)).
-Shape varargs_shape(const pyb::args& a) {
-  if (a.size() == 1 && !pyb::isinstance<pyb::int_>(a[0])) return a[0].cast<Shape>();
-  return a.cast<Shape>();
+Shape varargs_shape(const pyb::args& a, const char* op) {
+  if (a.size() == 1) return parse_shape(a[0], op);
+  return parse_shape(a, op);
 }
 
 using Binary = Tensor* (*)(Context&, Tensor*, Tensor*);
@@ -141,7 +136,7 @@ void bind_ops(pyb::module_& m) {
       [](pyb::handle x, pyb::handle shape) {
         OpArgs a("reshape", {x});
         Tensor* t = a.get(x, "x");
-        Shape s = shape_of(shape);
+        Shape s = parse_shape(shape, "reshape");
         return a.out(reshape(a.ctx(), t, s.empty() ? Shape{1} : s), int(s.size()));
       },
       pyb::arg("x"), pyb::arg("shape"), "The same elements in a new shape (x must be contiguous); a view.");
@@ -188,7 +183,7 @@ void bind_ops(pyb::module_& m) {
       [](pyb::handle shape, float value, pyb::handle dtype, pyb::handle backend) {
         BackendPtr be = parse_backend(backend);
         auto ctx = std::make_shared<PyCtx>(be ? be : cpu_backend(0));
-        Shape s = shape_of(shape);
+        Shape s = parse_shape(shape, "fill");
         int64_t ne[kMaxDims];
         ne_of(s, ne, "fill");
         return make_ref(fill(*ctx, parse_dtype(dtype), ne, value), int(s.size()));
@@ -200,7 +195,7 @@ void bind_ops(pyb::module_& m) {
       [](pyb::handle x, pyb::handle shape) {
         OpArgs a("repeat", {x});
         Tensor* t = a.get(x, "x");
-        Shape s = shape_of(shape);
+        Shape s = parse_shape(shape, "repeat");
         int64_t ne[kMaxDims];
         ne_of(s, ne, "repeat");
         return a.out(repeat(a.ctx(), t, ne), int(s.size()));
@@ -211,7 +206,7 @@ void bind_ops(pyb::module_& m) {
       [](pyb::handle x, pyb::handle shape) {
         OpArgs a("reduce_to", {x});
         Tensor* t = a.get(x, "x");
-        Shape s = shape_of(shape);
+        Shape s = parse_shape(shape, "reduce_to");
         int64_t ne[kMaxDims];
         ne_of(s, ne, "reduce_to");
         return a.out(reduce_to(a.ctx(), t, ne), int(s.size()));
@@ -425,14 +420,17 @@ void bind_ops(pyb::module_& m) {
       .def(
           "reshape",
           [ops](pyb::handle x, pyb::args shape) {
-            return ops.attr("reshape")(x, pyb::cast(varargs_shape(shape)));
+            return ops.attr("reshape")(x, pyb::cast(varargs_shape(shape, "reshape")));
           },
           "The same elements in a new shape (a view; the tensor must be contiguous).")
       .def(
           "permute",
           [](pyb::handle x, pyb::args axes) {
             std::vector<int> ax;
-            for (int64_t v : varargs_shape(axes)) ax.push_back(int(v));
+            for (int64_t v : varargs_shape(axes, "permute")) {
+              RT_CHECK(v == int64_t(int(v)), "permute: axis ", v, " is out of range");
+              ax.push_back(int(v));
+            }
             return permute_op(x, ax);
           },
           "Reorders the axes like numpy.transpose (a view).")

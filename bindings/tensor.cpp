@@ -345,14 +345,9 @@ std::string repr(const TensorRef& r) {
   return s + ")";
 }
 
-Shape shape_arg(pyb::handle shape) {
-  if (pyb::isinstance<pyb::int_>(shape)) return {shape.cast<int64_t>()};
-  return shape.cast<Shape>();
-}
-
 TensorRef zeros(std::shared_ptr<PyCtx> ctx, pyb::handle shape_obj, pyb::handle dtype, const std::string& name,
                 bool param) {
-  Shape shape = shape_arg(shape_obj);
+  Shape shape = parse_shape(shape_obj, "zeros");
   const int ndim = int(shape.size());
   if (shape.empty()) shape.push_back(1);
   const DType d = parse_dtype(dtype);

@@ -14,6 +14,9 @@
 # Optional: tests/fuzz/seeds_<name>.cpp, a program writing seed files into the directory given as its argument
 # (it may have SOURCES lines too, and then uses the library's own writers), and tests/fuzz/<name>.dict, a
 # libFuzzer dictionary.
+# A harness may instead be tests/fuzz/fuzz_<name>.py, an atheris script (pip install atheris) run on the Python
+# module of PYTHON_MODULE_DIR (default build/bindings, built by `ninja -C build`); it takes the same corpus,
+# findings and log places, and libFuzzer's flags.
 # Environment: CXX (default clang++), FUZZ_FLAGS (more libFuzzer flags, e.g. "-max_len=8192"), JOBS (parallel
 # compiles, default the number of cores).
 set -uo pipefail
@@ -27,9 +30,10 @@ if [[ $# -gt 0 && $1 =~ ^[0-9]+$ ]]; then
 fi
 harnesses=("$@")
 if [ ${#harnesses[@]} -eq 0 ]; then
-  for f in tests/fuzz/fuzz_*.cpp; do
+  for f in tests/fuzz/fuzz_*.cpp tests/fuzz/fuzz_*.py; do
     n=${f##*/fuzz_}
-    harnesses+=("${n%.cpp}")
+    n=${n%.cpp}
+    harnesses+=("${n%.py}")
   done
 fi
 CXX=${CXX:-clang++}
@@ -69,9 +73,37 @@ compile_objects() {
   printf '%s\n' "${objs[@]}"
 }
 
+# Runs the atheris harness tests/fuzz/fuzz_$1.py for $seconds on the Python module; a finding is recorded
+# like a libFuzzer harness's.
+run_python() {
+  local h=$1 src=tests/fuzz/fuzz_$1.py moddir=${PYTHON_MODULE_DIR:-build/bindings}
+  local corpus=$OUT/corpus/$h findings=$OUT/findings/$h
+  python3 -c 'import atheris' 2>/dev/null || die "$src needs atheris (pip install atheris)"
+  ls "$moddir"/retort*.so >/dev/null 2>&1 || die "$src needs the Python module in $moddir (ninja -C build)"
+  mkdir -p "$corpus" "$findings"
+  step "run $src for ${seconds}s on $moddir (log: $OUT/fuzz_$h.log)"
+  # shellcheck disable=SC2086 # FUZZ_FLAGS is a list of flags
+  PYTHONPATH="$moddir${PYTHONPATH:+:$PYTHONPATH}" python3 "$src" "$corpus" -max_total_time="$seconds" \
+    -print_final_stats=1 -artifact_prefix="$findings/" ${FUZZ_FLAGS:-} >"$OUT/fuzz_$h.log" 2>&1
+  local rc=$?
+  grep -E '^#[0-9]+[[:space:]]+(INITED|DONE)|^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' \
+    "$OUT/fuzz_$h.log"
+  if [ $rc -ne 0 ]; then
+    tail -40 "$OUT/fuzz_$h.log"
+    echo "fuzz_$h: FINDING (exit $rc); artifacts in $findings/: $(ls "$findings" | xargs)"
+    failed+=("$h")
+  else
+    echo "fuzz_$h: no finding in ${seconds}s"
+  fi
+}
+
 for h in "${harnesses[@]}"; do
+  if [ -f "tests/fuzz/fuzz_$h.py" ]; then
+    run_python "$h"
+    continue
+  fi
   src=tests/fuzz/fuzz_$h.cpp
-  [ -f "$src" ] || die "no harness $src (harnesses: $(ls tests/fuzz/fuzz_*.cpp | sed 's|.*/fuzz_||; s|\.cpp||' | xargs))"
+  [ -f "$src" ] || die "no harness $src (harnesses: $(ls tests/fuzz/fuzz_*.cpp tests/fuzz/fuzz_*.py | sed 's|.*/fuzz_||; s|\.cpp||; s|\.py||' | xargs))"
   mapfile -t lib_src < <(sources_of "$src")
   [ ${#lib_src[@]} -gt 0 ] || die "$src has no '// SOURCES:' line naming the library files it links"
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds everything in build/, runs every meson test, the CPU suites
-# (all but cuda) again under AddressSanitizer + UBSan (build-asan/), a short libFuzzer run of each file reader
-# (tests/fuzz/, when clang is installed), pytest on the Python module, and the install checks (meson install,
+# (all but cuda) again under AddressSanitizer + UBSan (build-asan/), a short libFuzzer run of each file reader and
+# of the public ops, and an atheris run on the Python module (tests/fuzz/, when clang and atheris are
+# installed), pytest on the Python module, and the install checks (meson install,
 # pip install .); then prints one line "N passed, M failed[, K skipped]".
 # Exits non-zero if anything failed. Safe to run again: build dirs are reused.
 #
@@ -35,6 +36,9 @@ ensure_build_tools
 ensure_gtest
 ensure_ccache
 ensure_py_modules pybind11:pybind11 numpy:numpy pytest:pytest gguf:gguf tokenizers:tokenizers safetensors:safetensors
+# The Python fuzz harness's engine, where a wheel exists (never built from source); the fuzz stage says when not.
+python3 -c 'import atheris' >/dev/null 2>&1 ||
+  python3 -m pip install -q --disable-pip-version-check --only-binary=:all: atheris >/dev/null 2>&1 || true
 if [ "${RETORT_PIP:-1}" != 0 ]; then
   # What `pip install .` would fetch into its isolated build environment, installed once instead.
   ensure_py_modules mesonpy:meson-python
@@ -150,7 +154,8 @@ else
 fi
 
 # ---- fuzzing ------------------------------------------------------------------------------------------------
-# A short libFuzzer run of each file reader's harness (tests/fuzz/), ASan + UBSan, where clang is installed;
+# A short run of each harness (tests/fuzz/: the file readers and the public ops with libFuzzer, ASan + UBSan;
+# the Python module with atheris), where clang is installed;
 # long runs are tools/fuzz.sh's job. The whole-library checkpoint harness costs a few minutes of build: it runs
 # when RETORT_FUZZ_HARNESSES names it (or names nothing and RETORT_FUZZ_ALL=1).
 fuzz_seconds=${RETORT_FUZZ_SECONDS:-20}
@@ -167,6 +172,14 @@ else
       [ "$n" = checkpoint ] && [ "${RETORT_FUZZ_ALL:-0}" != 1 ] && continue
       fuzz_harnesses+=("$n")
     done
+    # The Python module's harness (atheris) runs on build/bindings when both are there.
+    if ! python3 -c 'import atheris' >/dev/null 2>&1; then
+      echo "fuzz_python skipped: atheris is not installed (no wheel for $(python3 --version))"
+    elif ! ls build/bindings/retort*.so >/dev/null 2>&1; then
+      echo "fuzz_python skipped: the Python module was not built"
+    else
+      fuzz_harnesses+=(python)
+    fi
   fi
   stage "fuzz ${fuzz_harnesses[*]} (${fuzz_seconds} s each)"
   CXX=${CXX_FUZZ:-clang++} bash tools/fuzz.sh "$fuzz_seconds" "${fuzz_harnesses[@]}" || failed_stages+=("fuzz")

@@ -56,6 +56,22 @@ def test_loss_errors_name_the_loss():
            reduction="avg")
 
 
+def test_shape_arguments_that_do_not_fit_int64():
+    # Found by tests/fuzz/fuzz_python.py: pybind11's RuntimeError "Unable to cast" that named no op.
+    x = retort.tensor(np.zeros((2, 3), np.float32))
+    raises(r"^repeat: a shape must be an int or a sequence of ints that fit in int64", retort.ops.repeat, x,
+           [2**64, 3])
+    raises(r"^zeros: a shape must be", retort.zeros, (2**63, 1))
+    raises(r"^fill: a shape must be", retort.ops.fill, "ab", 1.0)
+    raises(r"^reshape: a shape must be", x.reshape, 2**70, 3)
+    raises(r"^permute: axis 4294967296 is out of range", x.permute, 2**32, 0)
+    assert x.reshape(np.int64(3), 2).shape == (3, 2)
+
+
+def test_fill_of_an_integer_tensor_needs_a_value_that_fits():
+    raises(r"^fill: value .* does not fit i32", retort.ops.fill, (2,), 1e30, dtype="i32")
+
+
 def test_conversion_errors():
     raises(r"at most 4 dims", retort.tensor, np.zeros((1, 2, 1, 2, 1), np.float32))
     raises(r"no empty dims", retort.tensor, np.zeros((0, 3), np.float32))

@@ -394,6 +394,11 @@ class CudaBackend final : public Backend {
     *host_error_ = DeviceError{};
     RT_CUDA_CHECK(cudaMemsetAsync(ex_.dev_error, 0, sizeof(DeviceError), ex_.stream));
     RT_CUDA_CHECK(cudaStreamSynchronize(ex_.stream));
+    if (e.kind == kErrTeacherLogprob)
+      RT_FAIL(
+          op_name(Op(e.op)), ": teacher logprob NaN or +inf at row ", e.value, " slot ", e.bound,
+          " (a valid slot needs a finite logprob; padding slots need mask 0 or logprob -inf; found on the",
+          " CUDA device, reported at the next synchronize or read)");
     if (e.kind == kErrNotFinite)
       RT_FAIL(op_name(Op(e.op)), ": row ", e.value, " holds NaN or +inf (only finite values and -inf are",
               " allowed; found on the CUDA device, reported at the next synchronize or read)");

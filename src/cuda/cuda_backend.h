@@ -1,8 +1,9 @@
 // The CUDA backend: device buffers from a caching allocator, one stream, cuBLASLt GEMMs and kernels for every
 // core op. Available when retort was built with CUDA (RETORT_HAS_CUDA) and a device is present.
 //
-// Errors found on the device (an id or label out of range) cannot throw where they happen: the kernel sets a
-// flag, and the next synchronize() or read() on the backend throws retort::Error naming the op and the value.
+// Errors found on the device (an id or label out of range, a NaN teacher logprob) cannot throw where they
+// happen: the kernel sets a flag, and the next synchronize() or read() on the backend throws retort::Error
+// naming the op and the value.
 #pragma once
 #include <cstddef>
 #include <memory>

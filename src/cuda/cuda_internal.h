@@ -125,7 +125,14 @@ class DeviceBuffer final : public Buffer {
 // kernel thread that finds bad data (an id or label out of range); the backend reads it after each
 // synchronize/read and turns it into retort::Error.
 // kErrNotFinite: value = the row that holds NaN or +inf (where only -inf and finite values are allowed).
-enum DeviceErrorKind : int { kErrNone = 0, kErrIdOutOfRange = 1, kErrLabelOutOfRange = 2, kErrNotFinite = 3 };
+// kErrTeacherLogprob: a valid top-K slot's teacher logprob is NaN or +inf; value = the row, bound = the slot.
+enum DeviceErrorKind : int {
+  kErrNone = 0,
+  kErrIdOutOfRange = 1,
+  kErrLabelOutOfRange = 2,
+  kErrNotFinite = 3,
+  kErrTeacherLogprob = 4,
+};
 struct DeviceError {
   int flag;  // 0: no error; set to 1 with atomicCAS by the first reporter
   int op;    // the Op that found it

@@ -23,7 +23,7 @@ Tensor* contiguous(Context& ctx, Tensor* x);
 Tensor* cast(Context& ctx, Tensor* x, DType dtype);
 // Joins a and b along dim (ggml order); other dims must match.
 Tensor* concat(Context& ctx, Tensor* a, Tensor* b, int dim);
-// A node filled with value, shaped like ne (ggml order).
+// A node filled with value, shaped like ne (ggml order). Throws for an integer dtype the value does not fit.
 Tensor* fill(Context& ctx, DType dtype, const int64_t ne[kMaxDims], float value);
 
 // ---- elementwise ------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 // Views (reshape, permute, transpose, slice), copies (contiguous, cast), concat, fill, and the structural
 // nodes the graph itself uses (Accumulate, AuxOutput, SliceBack).
+#include <cmath>
 #include <cstring>
 
 #include "../core/checked.h"
@@ -109,6 +110,11 @@ Tensor* concat(Context& ctx, Tensor* a, Tensor* b, int dim) {
 }
 
 Tensor* fill(Context& ctx, DType dtype, const int64_t ne[kMaxDims], float value) {
+  if (is_int(dtype)) {
+    const double lo = dtype == DType::I32 ? -0x1p31 : -0x1p63;
+    RT_CHECK(std::isfinite(value) && value >= lo && value < -lo, "fill: value ", value, " does not fit ",
+             dtype_name(dtype));
+  }
   Tensor* t = ctx.node(Op::Fill, dtype, ne);
   t->fp[0] = value;
   return t;

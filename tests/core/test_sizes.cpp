@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "core/checked.h"
 #include "expect_error.h"
@@ -211,6 +212,27 @@ TEST(BadArguments, PublicOpsAtTheOverflowEdges) {
   }
   EXPECT_GT(made, 0);
   EXPECT_GT(refused, 0);
+}
+
+// Found by tests/fuzz/fuzz_ops.cpp: fill(i32, -1e30) converted a float that int32 cannot hold (undefined
+// behaviour, UBSan's finding). fill refuses a value the integer dtype cannot hold.
+TEST(BadArguments, FillOfAnIntegerTensorNeedsAValueThatFits) {
+  Context ctx(default_cpu_backend());
+  const int64_t ne[kMaxDims] = {3, 1, 1, 1};
+  for (float v :
+       {-1e30f, 3e9f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
+    expect_error([&] { fill(ctx, DType::I32, ne, v); }, {"fill", "does not fit i32"});
+  expect_error([&] { fill(ctx, DType::I64, ne, 1e19f); }, {"fill", "does not fit i64"});
+  Tensor* t = fill(ctx, DType::I64, ne, -5.75f);
+  Tensor* u = fill(ctx, DType::I32, ne, -2147483648.0f);
+  t->flags |= kOutput;
+  u->flags |= kOutput;
+  Graph g(ctx);
+  g.forward(t);
+  g.forward(u);
+  g.compute();
+  EXPECT_EQ(get_data_int(t), (std::vector<int64_t>{-5, -5, -5}));
+  EXPECT_EQ(get_data_int(u), (std::vector<int64_t>{INT32_MIN, INT32_MIN, INT32_MIN}));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "cuda_loss_check.h"
@@ -808,6 +809,45 @@ TEST_F(CudaFused, BadLabelsAndIdsRaiseErrors) {
     Graph g(ctx);
     g.forward(out);
     expect_device_error(g, {"fused_linear_selective_log_softmax", "id -2", "[0, 6)"});
+  }
+}
+
+TEST_F(CudaFused, NonFiniteTeacherLogprobsRaiseErrors) {
+  // The chunk loop checks the slots once before any path runs (the K-sparse kernels read them unchecked):
+  // a NaN or +inf in a valid slot is an error on the dense path (normalize_topk off) and the sparse one (on);
+  // in a masked slot it is padding.
+  Backend& be = cuda_backend();
+  Context ctx(be);
+  Tensor* x = ctx.input(DType::F32, {4, 3}, "hidden");
+  set_data(x, std::vector<float>(12, 0.25f));
+  Tensor* w = ctx.input(DType::F32, {6, 3}, "weight");
+  set_data(w, std::vector<float>(18, 0.5f));
+  Tensor* ids = ctx.input(DType::I32, {4, 2}, "ids");
+  set_data_int(ids, {0, 1, 2, 3, 4, 5, 5, 0});
+  Tensor* mask = ctx.input(DType::I32, {4, 2}, "mask");
+  set_data_int(mask, {1, 1, 1, 1, 1, 0, 1, 1});
+  Tensor* lp = ctx.input(DType::F32, {4, 2}, "lp");
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> lpv(8, -1.0f);
+    lpv[5] = bad;  // row 2, slot 1
+    set_data(lp, lpv);
+    for (bool normalize : {false, true}) {
+      SCOPED_TRACE(std::to_string(bad) + (normalize ? " sparse" : " dense"));
+      TopKDistillOptions o;
+      o.normalize_topk = normalize;
+      Tensor* loss = fused_linear_topk_kd(ctx, x, w, nullptr, ids, lp, nullptr, nullptr, o).loss;
+      loss->flags |= kOutput;
+      Graph g(ctx);
+      g.forward(loss);
+      expect_device_error(g, {"fused_linear_topk_kd", "teacher logprob", "row 2 slot 1"});
+      Tensor* masked = fused_linear_topk_kd(ctx, x, w, nullptr, ids, lp, mask, nullptr, o).loss;
+      masked->flags |= kOutput;
+      Graph gm(ctx);
+      gm.forward(masked);
+      gm.compute();
+      EXPECT_NO_THROW(be.synchronize());
+      EXPECT_TRUE(std::isfinite(get_data(masked)[0]));
+    }
   }
 }
 

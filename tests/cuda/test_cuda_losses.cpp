@@ -409,6 +409,61 @@ TEST_F(CudaLosses, BadLabelsAndIdsRaiseErrors) {
   }
 }
 
+TEST_F(CudaLosses, NonFiniteTeacherLogprobsRaiseErrors) {
+  // A NaN or +inf teacher logprob in a valid slot would drop out of the loss and show only in the gradient;
+  // the device reports it as the CPU does (tests/ops/test_fused_linear_topk.cpp), on each kernel that reads
+  // the slots: the general row kernel (forward; the gradient at T = 2), the rows run as cross-entropy rows
+  // (the gradient with labels at T = 1) and the gathered form. The same value in a masked slot is padding.
+  Backend& be = cuda_backend();
+  Context ctx(be);
+  Tensor* x = ctx.input(DType::F32, {4, 6}, "logits");
+  set_data(x, std::vector<float>(24, 0.25f));
+  Tensor* xg = ctx.input(DType::F32, {4, 3}, "gathered");
+  set_data(xg, std::vector<float>(12, 0.5f));
+  Tensor* y = ctx.input(DType::I32, {4}, "labels");
+  set_data_int(y, {0, 1, 2, 3});
+  Tensor* ids = ctx.input(DType::I32, {4, 3}, "ids");
+  set_data_int(ids, {0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5});
+  Tensor* mask = ctx.input(DType::I32, {4, 3}, "mask");
+  set_data_int(mask, {1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1});
+  for (DType lp_dt : {DType::F32, DType::BF16}) {
+    Tensor* lp = ctx.input(lp_dt, {4, 3}, "lp");
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      SCOPED_TRACE(std::string(dtype_name(lp_dt)) + " " + std::to_string(bad));
+      std::vector<float> lpv(12, -1.5f);
+      lpv[7] = bad;  // row 2, slot 1
+      set_data(lp, lpv);
+      TopKDistillOptions t2;
+      t2.temperature = 2.0f;
+      struct Way {
+        const char* op;
+        Tensor* root;
+      };
+      const std::vector<Way> ways = {
+          {"topk_kd", topk_kd(ctx, x, ids, lp, nullptr, y).loss},
+          {"topk_kd", logits_grad(ctx, topk_kd(ctx, x, ids, lp, nullptr, y).loss)},
+          {"topk_kd", logits_grad(ctx, topk_kd(ctx, x, ids, lp, nullptr, y, t2).loss)},
+          {"topk_kl_gathered", topk_kl_gathered(ctx, xg, lp, nullptr).loss},
+          {"topk_kl_gathered", logits_grad(ctx, topk_kl_gathered(ctx, xg, lp, nullptr).loss)},
+      };
+      for (const Way& w : ways) {
+        SCOPED_TRACE(w.op);
+        w.root->flags |= kOutput;
+        Graph g(ctx);
+        g.forward(w.root);
+        expect_device_error(g, {w.op, "teacher logprob", "row 2 slot 1"});
+      }
+      Tensor* masked = topk_kd(ctx, x, ids, lp, mask, y).loss;
+      masked->flags |= kOutput;
+      Graph gm(ctx);
+      gm.forward(logits_grad(ctx, masked));
+      gm.compute();
+      EXPECT_NO_THROW(be.synchronize());
+      EXPECT_TRUE(std::isfinite(get_data(masked)[0]));
+    }
+  }
+}
+
 // logits_grad on the device: the same case list as the CPU's (tests/ops/logits_grad_cases.h), and the
 // device's f32 gradient against the CPU's.
 TEST_F(CudaLosses, LogitsGradEveryLossAndDtype) {

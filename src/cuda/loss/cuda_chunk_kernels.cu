@@ -92,7 +92,14 @@ __global__ void check_ids_kernel(BD ids, BD logprobs, BD mask, bool slots, int64
   const int64_t k = ids.cols;
   RT_GRID_LOOP(i, ids.rows * k) {
     const int64_t r = i / k, s = i % k;
-    if (slots && !slot_on(logprobs, mask, r, s)) continue;
+    if (slots) {
+      if (!slot_on(logprobs, mask, r, s)) continue;
+      // Every path of the chunk loop (the K-sparse ones too) relies on this check for NaN and +inf.
+      if (!(load_f(el(logprobs, r, s), logprobs.dtype) < INFINITY)) {
+        report_error(err, op, kErrTeacherLogprob, r, s);
+        continue;
+      }
+    }
     const long long id = load_i(el(ids, r, s), ids.dtype);
     if (id < 0 || id >= v) report_error(err, op, kErrIdOutOfRange, id, v);
   }

@@ -28,7 +28,7 @@ void zero(CudaExec& ex, const Block& b);
 // fixed order).
 void check_labels(CudaExec& ex, const Block& labels, int64_t ignore, int64_t v, Op op, float* inv_count);
 // Ids [rows, K] in [0, v). With slots set (top-K), only the valid slots (mask != 0 and logprob != −inf)
-// are checked, as on the CPU.
+// are checked, as on the CPU, and their logprobs must not be NaN or +inf.
 void check_ids(CudaExec& ex, const Block& ids, const loss::TopKSide* slots, int64_t v, Op op);
 
 // A contiguous row-major copy of src [rows, cols] in dtype dt (ints to ints, floats to floats).

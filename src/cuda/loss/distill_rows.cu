@@ -41,11 +41,18 @@ struct TopKFlags {
 constexpr unsigned long long kNoKey = ~0ull;  // padding slots sort last
 
 // Slot k of row r, with its teacher log-probability in lp: the column it points at (k itself when gathered,
-// no ids) when valid, else -1 (padding: lp = -inf or masked; or an id out of [0, v), reported when `report`).
+// no ids) when valid, else -1 (padding: lp = -inf or masked; or, reported when `report`, a logprob that is
+// NaN or +inf or an id out of [0, v)).
 __device__ __forceinline__ int slot_id(const TopKRows& o, int64_t r, int64_t k, int64_t v, float& lp,
                                        const ErrorSink* report) {
   lp = load_f(side_at(o.logprobs, r, k), o.logprobs.dtype);
   if (lp == -INFINITY || (o.mask.data && !nonzero(side_at(o.mask, r, k), o.mask.dtype))) return -1;
+  // A NaN would drop out of the loss (a max and a sum over slots) and show only in the gradient, where a
+  // finite-loss check does not look: it is an error, as on the CPU.
+  if (!(lp < INFINITY)) {
+    if (report && report->record) report_error(report->record, report->op, kErrTeacherLogprob, r, k);
+    return -1;
+  }
   if (!o.ids.data) return int(k);
   const long long id = load_i(side_at(o.ids, r, k), o.ids.dtype);
   if (id < 0 || id >= v) {

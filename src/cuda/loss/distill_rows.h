@@ -6,9 +6,10 @@
 // already scaled by scale × *scale_dev, launched on a stream and returning at once.
 //
 // Side data (ids, logprobs, mask, labels) is read through byte strides, so strided views need no copy.
-// A label or a valid slot's id out of range is recorded in the backend's device error record (reported as
-// retort::Error at the next synchronize or read); the kernel then treats that row as ignored (a bad label) or
-// that slot as padding (a bad id), and never reads out of bounds.
+// A label or a valid slot's id out of range, or a valid slot's teacher logprob that is NaN or +inf, is
+// recorded in the backend's device error record (reported as retort::Error at the next synchronize or read);
+// the kernel then treats that row as ignored (a bad label) or that slot as padding (a bad id or logprob), and
+// never reads out of bounds.
 // Host-only header: no CUDA types.
 #pragma once
 #include <cstdint>
