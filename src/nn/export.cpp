@@ -119,6 +119,10 @@ Tokenizer byte_tokenizer() {
 }
 
 TokenizerSpec export_vocabulary(const Tokenizer* tok, int64_t vocab, const std::string& where) {
+  // Without a tokenizer only a model of the 256 bytes is byte-level; any other is missing its vocabulary.
+  RT_CHECK(
+      tok || vocab == 256, "export ", where, ": the model has a vocabulary of ", vocab,
+      " but no tokenizer (only a 256-token model is byte-level): give the tokenizer it was trained with");
   TokenizerSpec spec = tok ? tok->to_spec() : byte_tokenizer().to_spec();
   spec.source = where;
   RT_CHECK(int64_t(spec.tokens.size()) <= vocab, "export ", where, ": the tokenizer has ", spec.tokens.size(),

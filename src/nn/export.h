@@ -25,7 +25,8 @@ Tokenizer byte_tokenizer();
 
 // The vocabulary as written to a file for a model with `vocab` rows: tok's (null: byte_tokenizer()),
 // padded with Unused tokens "[PAD<id>]" up to vocab. Throws retort::Error naming `where` when tok has more
-// tokens than vocab, or two tokens share a spelling (GGUF and tokenizer.json need unique token strings).
+// tokens than vocab, tok is null and vocab is not 256, or two tokens share a spelling (GGUF and
+// tokenizer.json need unique token strings).
 TokenizerSpec export_vocabulary(const Tokenizer* tok, int64_t vocab, const std::string& where);
 
 // Writes model and its tokenizer as a GGUF file at path: architecture llama (qwen2 with q/k/v biases), the

@@ -232,6 +232,11 @@ TEST(Export, WhatTheTargetCannotHoldIsRefusedAndLeavesNothing) {
                {dir.file("s"), std::to_string(tok.vocab_size()) + " tokens"});
   expect_empty();
 
+  // No tokenizer for a model that is not byte-level.
+  expect_error([&] { export_gguf(*small, nullptr, dir.file("n.gguf")); },
+               {dir.file("n.gguf"), "no tokenizer", "vocabulary of " + std::to_string(tok.vocab_size() - 1)});
+  expect_empty();
+
   // Two tokens with one spelling: an ordinary token "<|x|>" and a special one.
   TokenizerSpec spec = Tokenizer::train("abc", {.vocab_size = 256, .special_tokens = {}}).to_spec();
   spec.tokens.push_back("<|x|>");
