@@ -63,20 +63,22 @@ EOF
 fi
 "$WORK/dump_logits" "$MODEL" "$TEXT" "$MAX_TOKENS" "$WORK/llamacpp"
 
-PYTHONPATH="${RETORT_PYTHONPATH:-$ROOT/build/bindings}${PYTHONPATH:+:$PYTHONPATH}" python3 - "${REF_MODEL:-$MODEL}" "$TEXT" "$WORK/llamacpp" <<'EOF'
+PYTHONPATH="${RETORT_PYTHONPATH:-$ROOT/build/bindings}${PYTHONPATH:+:$PYTHONPATH}" python3 - "${REF_MODEL:-$MODEL}" "$TEXT" "$WORK/llamacpp" "$MODEL" <<'EOF'
 import sys
 import retort
 
-model_path, text_path, prefix = sys.argv[1:4]
+model_path, text_path, prefix, gguf_path = sys.argv[1:5]
 # Loaded before NumPy is imported: on one machine (a manylinux-built Python with NumPy 2.5.2, system GCC 13)
 # load_model crashed when NumPy came first (bench/RESULTS.md, "Real teachers", Open).
 m = retort.load_model(model_path)
+# A checkpoint that names its tokenizer instead of embedding it: the GGUF's is the same vocabulary.
+tok = m.tokenizer if m.tokenizer is not None else retort.load_model(gguf_path).tokenizer
 import numpy as np  # noqa: E402
 
 ids = np.fromfile(prefix + ".ids", dtype=np.int32)
 V = m.config.vocab
 ref = np.fromfile(prefix + ".logits", dtype=np.float32).reshape(len(ids), V).astype(np.float64)
-mine = m.tokenizer.encode(open(text_path, "rb").read())[: len(ids)]
+mine = tok.encode(open(text_path, "rb").read())[: len(ids)]
 same = int(np.sum(np.asarray(mine) == ids)) if len(mine) == len(ids) else -1
 print(f"tokenization: retort {'equals' if same == len(ids) else 'DIFFERS from'} llama.cpp on {len(ids)} tokens")
 got = m.logits(ids[None].astype(np.int64))[0].astype(np.float64)

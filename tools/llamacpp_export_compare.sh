@@ -28,9 +28,9 @@ for d in f32 f16 bf16 q8_0; do
   g=$WORK/export/student-$d.gguf
   build/examples/export --checkpoint "$CKPT" --dtype "$d" --out "$g" >/dev/null
   echo "== $d ($(du -k "$g" | cut -f1) kB)"
-  REF_MODEL=$CKPT bash tools/llamacpp_compare.sh "$g" "$TEXT" "$MAX_TOKENS" | grep -E '^(llama.cpp|tokenization|next-token)'
+  REF_MODEL=$CKPT bash tools/llamacpp_compare.sh "$g" "$TEXT" "$MAX_TOKENS" 2>"$WORK/export/compare-$d.log" | grep -E '^(llama.cpp|tokenization|next-token)'
   out=$("$WORK/complete" "$g" "$PROMPT" "$GEN" 2>/dev/null)
-  llama_text=$(sed -n 's/^text: //p' <<<"$out")
+  llama_text=$(sed -n '/^text: /,$p' <<<"$out" | sed '1s/^text: //')
   echo "llama.cpp greedy: $(tr '\n' ' ' <<<"$llama_text")"
   if [ "$llama_text" = "$retort_text" ]; then
     echo "retort greedy (f32 checkpoint): the same text"
