@@ -515,6 +515,53 @@ void bind_transformer(pyb::module_& m) {
           "the parameters, the config, the string metadata given, and the tokenizer: tokenizer= (a "
           "retort.Tokenizer, or 'bytes' for a byte-level model), else the model's own (.tokenizer).")
       .def(
+          "export",
+          [](PyModel& p, const std::string& path, const std::string& format, pyb::handle dtype,
+             pyb::handle tokenizer, const std::string& name) {
+            RT_CHECK(format == "gguf" || format == "hf", "export: format must be 'gguf' or 'hf', got '",
+                     format, "'");
+            std::string d = dtype.is_none() ? (format == "gguf" ? "f16" : "f32") : dtype.cast<std::string>();
+            ExportOptions eo;
+            eo.name = name;
+            if (d == "f32") {
+              eo.dtype = QuantType::F32;
+            } else if (d == "f16") {
+              eo.dtype = QuantType::F16;
+            } else if (d == "bf16") {
+              eo.dtype = QuantType::BF16;
+            } else {
+              RT_CHECK(d == "q8_0", "export: dtype must be 'f32', 'f16', 'bf16' or 'q8_0', got '", d, "'");
+              eo.dtype = QuantType::Q8_0;
+            }
+            std::shared_ptr<const Tokenizer> t = p.tokenizer;
+            if (!tokenizer.is_none()) {
+              if (pyb::isinstance<pyb::str>(tokenizer)) {
+                RT_CHECK(tokenizer.cast<std::string>() == "bytes",
+                         "export: tokenizer must be a retort.Tokenizer, 'bytes' or None, got '",
+                         tokenizer.cast<std::string>(), "'");
+                t = nullptr;
+              } else {
+                t = tokenizer.cast<std::shared_ptr<Tokenizer>>();
+              }
+            }
+            pyb::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(p.mu);
+            if (format == "gguf")
+              export_gguf(*p.model, t.get(), path, eo);
+            else
+              export_hf(*p.model, t.get(), path, eo);
+          },
+          pyb::arg("path"), pyb::kw_only(), pyb::arg("format") = "gguf", pyb::arg("dtype") = pyb::none(),
+          pyb::arg("tokenizer") = pyb::none(), pyb::arg("name") = "retort student",
+          "Writes the model for other programs: format='gguf', a GGUF file llama.cpp runs (dtype 'f16' by "
+          "default, 'bf16', 'f32' or 'q8_0' for the matrices; norms stay f32), or format='hf', a Hugging "
+          "Face "
+          "directory (config.json, model.safetensors, tokenizer.json, tokenizer_config.json, "
+          "generation_config.json; dtype 'f32' by default, 'f16' or 'bf16'). The tokenizer is tokenizer= (a "
+          "retort.Tokenizer, or 'bytes': the 256 bytes as tokens), else the model's own, else bytes. Raises "
+          "retort.Error, leaving nothing at path, for what the format cannot hold (q8_0 rows that are not "
+          "whole blocks of 32, two tokens with one spelling, ...) or a place that cannot be written.")
+      .def(
           "load",
           [](PyModel& p, const std::string& path) {
             pyb::gil_scoped_release nogil;

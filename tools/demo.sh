@@ -34,7 +34,7 @@ else
   setup_build build -Dbuildtype=release -Dcuda=auto -Dexamples=true -Dtests=false -Dbench=false -Dpython=disabled
 fi
 show_summary build
-PROGRAMS="train teacher-cache distill eval generate"
+PROGRAMS="train teacher-cache distill eval generate export"
 ninja -C build $(for p in $PROGRAMS; do echo examples/$p; done) data/austen.txt >"$LOGS"/build.demo.log 2>&1 || {
   grep -v '^\[[0-9]*/[0-9]*\] ' "$LOGS"/build.demo.log | tail -60
   die "build failed (full log: $LOGS/build.demo.log)"
@@ -208,6 +208,12 @@ for m in "distilled student:$OUT/student-distilled.safetensors" "scratch student
     tr '\n' ' ' | fold -s -w 100 | sed 's/^/    | /'
   echo
 done
+echo
+# The student leaves for llama.cpp: one GGUF file with the teacher's tokenizer.
+"$X"/export --checkpoint "$OUT/student-distilled.safetensors" --out "$OUT/student-distilled.gguf" \
+  --name "retort distilled student" --prompt "$PROMPT" >"$OUT/export.log" || die "export failed: $(cat "$OUT/export.log")"
+echo "distilled student as GGUF (f16): $OUT/student-distilled.gguf; run it in llama.cpp:"
+grep -A1 '^run it in llama.cpp' "$OUT/export.log" | tail -1
 echo
 echo "loss picture: $OUT/losses.svg (held-out loss of both students and the teacher; training losses below)"
 echo "checkpoints, logs and each run's curves (distill.svg, *.csv): $OUT/"

@@ -3,7 +3,7 @@
 
 It reads the file with the `gguf` package (llama.cpp's own reader and dequantizer), tokenizes with the HF
 `tokenizers` package built from the file's vocabulary, and runs the decoder in float64 (or float32): RMSNorm,
-RoPE on adjacent pairs (GGUF's q/k layout), grouped-query causal attention, SwiGLU, tied or untied head.
+RoPE as llama.cpp applies it (adjacent pairs for llama, NeoX halves for qwen2), grouped-query causal attention, SwiGLU, tied or untied head.
 Nothing of retort is used, so agreement with retort is evidence for both.
 
   python3 tools/ref_forward.py MODEL.gguf --prompt "The capital of France is"
@@ -64,7 +64,7 @@ def hf_tokenizer(path):
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre == "smollm":
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    elif pre in ("gpt2", "default"):
+    elif pre in ("gpt2", "gpt-2", "default"):
         tok.pre_tokenizer = byte_level
     else:
         raise ValueError(f"{path}: pre-tokenizer {pre!r} not known to this script")
@@ -92,6 +92,16 @@ def _rope(x, theta):
     return out
 
 
+def _rope_neox(x, theta):
+    """x [T, heads, hd]: rotates (x[i], x[i + hd/2]) by pos * theta^(-2i/hd) (llama.cpp's NeoX mode, qwen2's)."""
+    T, _, hd = x.shape
+    inv = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    ang = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]
+    cos, sin = np.cos(ang)[:, None, :].astype(x.dtype), np.sin(ang)[:, None, :].astype(x.dtype)
+    a, b = x[..., : hd // 2], x[..., hd // 2:]
+    return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+
 def forward(cfg, w, ids):
     """Logits [T, vocab] for one sequence of token ids, in the weights' dtype."""
     ids = np.asarray(ids, dtype=np.int64)
@@ -101,6 +111,8 @@ def forward(cfg, w, ids):
     dt = w["token_embd.weight"].dtype
     x = w["token_embd.weight"][ids]
     mask = np.triu(np.full((T, T), -np.inf, dtype=dt), k=1)
+    # llama.cpp rotates adjacent pairs for llama, and the two halves of each head (NeoX) for qwen2.
+    rope = _rope_neox if cfg.get("arch") == "qwen2" else _rope
     for layer in range(cfg["layers"]):
         p = f"blk.{layer}."
 
@@ -110,8 +122,8 @@ def forward(cfg, w, ids):
             return y if b is None else y + b
 
         h = _rms_norm(x, w[p + "attn_norm.weight"], cfg["eps"])
-        q = _rope(lin(h, "attn_q").reshape(T, H, hd), cfg["theta"])
-        k = _rope(lin(h, "attn_k").reshape(T, KV, hd), cfg["theta"])
+        q = rope(lin(h, "attn_q").reshape(T, H, hd), cfg["theta"])
+        k = rope(lin(h, "attn_k").reshape(T, KV, hd), cfg["theta"])
         v = lin(h, "attn_v").reshape(T, KV, hd)
         k = np.repeat(k, H // KV, axis=1)
         v = np.repeat(v, H // KV, axis=1)

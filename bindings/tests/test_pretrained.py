@@ -372,8 +372,17 @@ def test_hf_directory_matches_rotate_half_forward(tmp_path, bpe, arch, dtype, sh
     got = m.logits(np.asarray(ids)[None])[0]
     err = np.abs(got - ref).max() / np.abs(ref).max()
     assert err < 2e-5, err
-    # The same weights through GGUF give the same logits: the two layouts meet.
-    g = write_gguf(tmp_path / "same.gguf", cfg, w, tokens, _, arch="qwen2" if arch == "qwen2" else "llama",
+    # The same weights through GGUF give the same logits: the two layouts meet. llama.cpp's converter keeps
+    # qwen2's q/k in HF's rotate-half order (llama.cpp runs qwen2 with NeoX RoPE) and permutes llama's.
+    gw = dict(w)
+    if arch == "qwen2":
+        for k in w:
+            if k.startswith("blk.") and k.split(".")[2] in ("attn_q", "attn_k"):
+                layer, rest = k.split(".", 2)[1:]
+                hf = {"attn_q.weight": "q_proj.weight", "attn_q.bias": "q_proj.bias", "attn_k.weight": "k_proj.weight",
+                      "attn_k.bias": "k_proj.bias"}[rest]
+                gw[k] = hw[f"model.layers.{layer}.self_attn.{hf}"]
+    g = write_gguf(tmp_path / "same.gguf", cfg, gw, tokens, _, arch="qwen2" if arch == "qwen2" else "llama",
                    types={k: Q.F32 for k in w})
     assert np.abs(retort.load_model(g).logits(np.asarray(ids)[None])[0] - got).max() < 1e-4 * np.abs(ref).max()
 

@@ -8,12 +8,12 @@
 namespace retort {
 
 PreTokenizer parse_pre_tokenizer(std::string_view name) {
-  if (name == "gpt2" || name == "default") return PreTokenizer::Gpt2;
+  if (name == "gpt2" || name == "gpt-2" || name == "default") return PreTokenizer::Gpt2;
   if (name == "smollm") return PreTokenizer::Smollm;
   if (name == "llama3" || name == "llama-bpe") return PreTokenizer::Llama3;
   if (name == "qwen2") return PreTokenizer::Qwen2;
   RT_FAIL("unsupported pre-tokenizer \"", std::string(name),
-          "\" (supported: gpt2, default, smollm, llama3, llama-bpe, qwen2)");
+          "\" (supported: gpt2, gpt-2, default, smollm, llama3, llama-bpe, qwen2)");
 }
 
 const char* pre_tokenizer_name(PreTokenizer pre) {

@@ -18,8 +18,9 @@ namespace retort {
 
 enum class PreTokenizer : uint8_t { Gpt2 = 1, Smollm = 2, Llama3 = 3, Qwen2 = 4 };
 
-// The variant GGUF's `tokenizer.ggml.pre` calls `name`: "gpt2" or "default" (Gpt2), "smollm", "llama3" or
-// "llama-bpe" (Llama3), "qwen2". Throws retort::Error naming the value and the supported names otherwise.
+// The variant GGUF's `tokenizer.ggml.pre` calls `name`: "gpt2", "gpt-2" (llama.cpp's spelling) or "default"
+// (Gpt2), "smollm", "llama3" or "llama-bpe" (Llama3), "qwen2". Throws retort::Error naming the value and the
+// supported names otherwise.
 PreTokenizer parse_pre_tokenizer(std::string_view name);
 // "gpt2", "smollm", "llama3", "qwen2".
 const char* pre_tokenizer_name(PreTokenizer pre);

@@ -53,6 +53,16 @@ struct BpeTrainOptions {
   PreTokenizer pre = PreTokenizer::Gpt2;                        // how the corpus is split into pieces
 };
 
+// Hugging Face's tokenizer.json for a vocabulary: a BPE model of every token (GPT-2's alphabet for the
+// Normal ones) and the merges, the other tokens listed again as added tokens (Control, Unknown and Unused
+// ones special), the pre-tokenizer as the `tokenizers` library spells it, a ByteLevel decoder, and a
+// TemplateProcessing post-processor adding BOS when spec.add_bos. Tokenizer::load_hf reads it back to the
+// same encoding. Throws retort::Error naming spec.source for a vocabulary the format cannot hold (two tokens
+// with one spelling, a merge "a b" without one space).
+std::string hf_tokenizer_json(const TokenizerSpec& spec);
+// tokenizer_config.json for it: bos/eos tokens, add_bos_token, model_max_length, PreTrainedTokenizerFast.
+std::string hf_tokenizer_config_json(const TokenizerSpec& spec, int64_t model_max_length);
+
 class Tokenizer {
  public:
   struct Merge {

@@ -159,6 +159,8 @@ std::string gguf_name(const std::string& retort_name) {
   return "blk." + layer + "." + block.at(retort_name.substr(dot + 1));
 }
 
+void rotate_half_to_pairs(float* w, int64_t heads, int64_t hd, int64_t cols);
+
 void open_gguf(PretrainedModel::Impl& m) {
   auto file = std::make_shared<GgufFile>(m.path);
   const GgufFile& g = *file;
@@ -224,7 +226,23 @@ void open_gguf(PretrainedModel::Impl& m) {
       file_error(m.path,
                  "tensor " + t.name + " has type " + quant_name(t.type) + ", which retort cannot dequantize");
     types.insert(quant_name(t.type));
-    m.params[it->second] = {t.name, t.shape, t.type, file->tensor_bytes(t).data(), nullptr};
+    const std::string& rn = it->second;
+    const uint8_t* raw = file->tensor_bytes(t).data();
+    const bool is_q = rn.ends_with(".wq") || rn.ends_with(".bq"),
+               is_k = rn.ends_with(".wk") || rn.ends_with(".bk");
+    if (m.arch == "qwen2" && (is_q || is_k)) {
+      // llama.cpp runs qwen2 with NeoX RoPE, so its q/k rows are in HF's rotate-half order, not llama's
+      // pairs.
+      const int64_t heads = is_q ? c.heads : c.kv_heads, hd = c.head_dim();
+      const int64_t cols = rn.ends_with(".bq") || rn.ends_with(".bk") ? 1 : c.d_model;
+      const GgufFile::TensorInfo* ti = &t;
+      m.params[rn] = {t.name, t.shape, QuantType::F32, nullptr, [file, ti, heads, hd, cols](float* out) {
+                        file->dequantize(*ti, out);
+                        rotate_half_to_pairs(out, heads, hd, cols);
+                      }};
+      continue;
+    }
+    m.params[rn] = {t.name, t.shape, t.type, raw, nullptr};
   }
   check_tensor_set(m.path, c, m.params);
   m.weights = join_types(types);
@@ -418,6 +436,13 @@ void open_hf(PretrainedModel::Impl& m) {
 }
 
 }  // namespace
+
+std::string gguf_tensor_name(const std::string& retort_name) {
+  return gguf_name(retort_name);
+}
+std::string hf_tensor_name(const std::string& retort_name) {
+  return hf_name(retort_name);
+}
 
 PretrainedModel PretrainedModel::open(const std::string& path) {
   auto m = std::make_shared<Impl>();

@@ -54,6 +54,11 @@ class PretrainedModel {
   std::shared_ptr<const Impl> impl_;
 };
 
+// A parameter's tensor name in GGUF files ("layer3.wq" -> "blk.3.attn_q.weight") and in Hugging Face files
+// ("model.layers.3.self_attn.q_proj.weight"), for a name transformer_parameters() gives.
+std::string gguf_tensor_name(const std::string& retort_name);
+std::string hf_tensor_name(const std::string& retort_name);
+
 // A model ready to run, from any file PretrainedModel::open takes: the one call a C++ app needs.
 struct LoadedModel {
   std::unique_ptr<Transformer> model;          // parameters in the Context given to load_model

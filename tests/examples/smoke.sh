@@ -11,7 +11,7 @@ fail() {
   echo "FAIL: $*" >&2
   exit 1
 }
-for p in train teacher-cache distill eval generate; do
+for p in train teacher-cache distill eval generate export; do
   grep -q "Usage: $p" <<<"$("$X/$p" --help)" || fail "$p --help"
 done
 head -c 40000 "$TEXT" >"$W/t.txt"
@@ -44,6 +44,18 @@ grep -q 'resumed from .* at step 6' "$W/resume.log" || fail "resume step"
 grep -q 'compute: bf16 matmuls, f32 master weights' "$W/b.log" || fail "distill bf16 banner"
 "$X"/eval --ckpt "$W/b.st" --threads 1 --device cpu --compute-dtype bf16 | grep -q '^val_loss=' || fail "eval bf16"
 "$X"/eval --ckpt "$W/b.st" --threads 1 --device cpu | grep -q 'compute f32' || fail "eval f32 by default on cpu"
+# Export: a byte-level and a BPE student to GGUF and HF, each loading back for generate; refusals leave nothing.
+"$X"/export --checkpoint "$W/t.st" --out "$W/t.gguf" >"$W/x.log" || fail "export gguf"
+grep -q "llama-completion -m '$W/t.gguf'" "$W/x.log" || fail "export prints the llama.cpp line"
+"$X"/export --checkpoint "$W/bpe.st" --dtype q8_0 --out "$W/bpe.gguf" >/dev/null || fail "export q8_0"
+"$X"/export --checkpoint "$W/bpe.st" --format hf --dtype bf16 --out "$W/bpe-hf" >/dev/null || fail "export hf"
+for m in "$W/t.gguf" "$W/bpe.gguf" "$W/bpe-hf"; do
+  "$X"/generate --model "$m" --len 5 --threads 1 --device cpu >/dev/null 2>&1 || fail "generate from $m"
+done
+if "$X"/export --checkpoint "$W/t.st" --format hf --dtype q8_0 --out "$W/x" 2>"$W/e3"; then fail "export hf q8_0"; fi
+grep -q "q8_0 is gguf only" "$W/e3" || fail "export dtype message: $(cat "$W/e3")"
+if "$X"/export --checkpoint "$W/t.st" --out "$W/x" 2>"$W/e4"; then fail "export without --format"; fi
+[ ! -e "$W/x" ] || fail "a refused export left $W/x"
 # Refusals: an error naming the fault, exit status 1.
 if "$X"/eval --ckpt "$W/t.st" --device cpu --compute-dtype f8 2>"$W/e0" >/dev/null; then fail "eval --compute-dtype f8"; fi
 grep -q "compute-dtype is auto, f32, bf16 or f16" "$W/e0" || fail "compute-dtype message: $(cat "$W/e0")"

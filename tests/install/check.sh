@@ -5,12 +5,15 @@
 #    from the install rules, include paths that only resolve in the repo, or a library the program cannot find
 #    at run time fail here);
 #  - runs each installed program (bin/retort-<name> --help);
+#  - builds examples/embed/main.cpp the same way and streams a completion from a tiny model that the installed
+#    train writes, as a checkpoint and, through the installed export, as GGUF;
 #  - imports the installed Python module (when built) from the folder the install names, and checks that it
 #    loaded the installed libretort, not the build's.
 # Usage: tests/install/check.sh [BUILD_DIR]   (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 src=$PWD/tests/install/main.cpp
+embed_src=$PWD/examples/embed/main.cpp
 build=$(cd "${1:-build}" && pwd)
 CXX=${CXX:-c++}
 
@@ -47,7 +50,7 @@ expected="11 22 33 44 55 66 "
 echo "pkg-config program: built and ran against the installed retort ($out)"
 
 if meson introspect "$build" --targets | grep -q '"name": "train"'; then
-  for p in train teacher-cache distill eval generate; do
+  for p in train teacher-cache distill eval generate export; do
     [ -x "$root/bin/retort-$p" ] || fail "bin/retort-$p was not installed"
     env -u LD_LIBRARY_PATH "$root/bin/retort-$p" --help >"$tmp/help.txt" 2>&1 || {
       cat "$tmp/help.txt" >&2
@@ -55,7 +58,29 @@ if meson introspect "$build" --targets | grep -q '"name": "train"'; then
     }
     grep -q "Usage: $p" "$tmp/help.txt" || fail "bin/retort-$p --help printed no usage"
   done
-  echo "programs: bin/retort-{train,teacher-cache,distill,eval,generate} --help run"
+  echo "programs: bin/retort-{train,teacher-cache,distill,eval,generate,export} --help run"
+
+  # The embedding example, built as its README says, on a model the installed programs make.
+  # shellcheck disable=SC2086
+  "$CXX" -std=c++20 -Wall -Wextra -o embed "$embed_src" $cflags $libs ||
+    fail "examples/embed does not compile against the installed tree"
+  for _ in $(seq 60); do echo "And God said, Let there be light: and there was light."; done >"$tmp/t.txt"
+  env -u LD_LIBRARY_PATH "$root/bin/retort-train" --data "$tmp/t.txt" --tokenizer bpe --vocab 280 --layers 1 \
+    --d-model 32 --heads 2 --context 32 --batch 4 --steps 3 --eval-windows 1 --sample-len 0 --threads 1 \
+    --device cpu --save "$tmp/s.safetensors" >"$tmp/train.log" 2>&1 || {
+    cat "$tmp/train.log" >&2
+    fail "bin/retort-train failed"
+  }
+  env -u LD_LIBRARY_PATH "$root/bin/retort-export" --checkpoint "$tmp/s.safetensors" --out "$tmp/s.gguf" \
+    >"$tmp/export.log" 2>&1 || {
+    cat "$tmp/export.log" >&2
+    fail "bin/retort-export failed"
+  }
+  for model in s.safetensors s.gguf; do
+    out=$(env -u LD_LIBRARY_PATH ./embed "$tmp/$model" "And God" 12 0) || fail "embed on $model failed"
+    [ "${out#And God}" != "$out" ] && [ ${#out} -gt 8 ] || fail "embed on $model printed '$out'"
+    echo "examples/embed on $model: $out"
+  done
 fi
 
 module=$(find "$root" -name 'retort*.so' -path '*-packages/*' | head -1)
