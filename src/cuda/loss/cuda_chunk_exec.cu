@@ -572,7 +572,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
           o.ignore_index = -1;
         }
         o.K = s.logprobs.cols;
-        o.beta = s.beta;
+        o.div = s.div;
         o.temperature = s.temperature;
         o.w_hard = s.w_hard;
         o.w_soft = s.w_soft;
@@ -594,7 +594,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
         o.teacher_stride = std::max<int64_t>(s.teacher.cols, int64_t(s.teacher.row_stride / tes));
         o.labels = side_vec(s.labels);
         o.ignore_index = s.ignore_index;
-        o.beta = s.beta;
+        o.div = s.div;
         o.temperature = s.temperature;
         o.w_hard = s.w_hard;
         o.w_soft = s.w_soft;
@@ -649,7 +649,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
       if (ce.label_smoothing != 0.0f || ce.softcap != 0.0f || ce.labels.empty()) return false;
     } else if (kind == LossKind::TopK) {
       const loss::TopKSide& t = j.spec.topk;
-      if (t.beta != 0.0f || t.temperature != 1.0f || t.normalize_topk || t.ids.empty() ||
+      if (!t.div.forward_kl() || t.temperature != 1.0f || t.normalize_topk || t.ids.empty() ||
           t.logprobs.cols > kSoftmaxMaxSlots || t.logprobs.cols == 0)
         return false;
     } else {

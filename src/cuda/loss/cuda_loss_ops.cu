@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../../ops/loss/losses.h"
+#include "../../ops/loss/row_loss.h"
 #include "../cuda_common.cuh"
 #include "distill_rows.h"
 #include "row_losses.h"
@@ -25,9 +26,9 @@ namespace retort::cuda {
 
 namespace {
 
-// The loss node's slots: the same numbers as losses.cpp (its header comment lists them).
-constexpr int kIpReduction = 0, kIpGrad = 1, kIpIgnore = 2, kIpNormalize = 3;
-constexpr int kFpTemp = 0, kFpBeta = 1, kFpHard = 2, kFpSoft = 3, kFpSmooth = 4, kFpZLoss = 5, kFpCap = 6;
+using loss::kIpGrad;
+using loss::kIpIgnore;
+using loss::kIpReduction;
 constexpr int kAuxRows = 0, kAuxLse = 1, kAuxParts = 2, kAuxGrad = 3;
 
 // ---- check kernels ----------------------------------------------------------------------------------------
@@ -217,10 +218,11 @@ void cross_entropy_loss_l(CudaExec& ex, Tensor* node) {
   CrossEntropyRows ce;
   ce.labels = lab;
   ce.label_dtype = labels->dtype;
-  ce.ignore_index = node->ip[kIpIgnore];
-  ce.label_smoothing = node->fp[kFpSmooth];
-  ce.z_loss = node->fp[kFpZLoss];
-  ce.softcap = node->fp[kFpCap];
+  const loss::CrossEntropySide opt = loss::spec_from_slots(node, loss::LossKind::CrossEntropy).ce;
+  ce.ignore_index = opt.ignore_index;
+  ce.label_smoothing = opt.label_smoothing;
+  ce.z_loss = opt.z_loss;
+  ce.softcap = opt.softcap;
   cross_entropy_rows(block_of(xr, o, sc), ce, nullptr, ex.stream);
   reduce(s, node, o, sc);
 }
@@ -242,12 +244,13 @@ void topk_l(CudaExec& ex, Tensor* node) {
   RT_CHECK(t.K <= kMaxTopKSlots, "cuda ", op_name(node->op), ": teacher_logprobs ", node->src[2]->describe(),
            " has K = ", t.K, " slots per row; the CUDA kernel keeps at most ", kMaxTopKSlots,
            " in shared memory");
-  t.ignore_index = node->ip[kIpIgnore];
-  t.normalize_topk = node->ip[kIpNormalize] != 0;
-  t.temperature = node->fp[kFpTemp];
-  t.beta = node->fp[kFpBeta];
-  t.w_hard = node->fp[kFpHard];
-  t.w_soft = node->fp[kFpSoft];
+  const loss::TopKSide opt = loss::spec_from_slots(node, loss::LossKind::TopK).topk;
+  t.ignore_index = opt.ignore_index;
+  t.normalize_topk = opt.normalize_topk;
+  t.temperature = opt.temperature;
+  t.div = opt.div;
+  t.w_hard = opt.w_hard;
+  t.w_soft = opt.w_soft;
   t.hard = o.hard;
   t.soft = o.soft;
   // Workspace for the rows that run as cross-entropy rows (distill_rows.h; used only where they qualify).
@@ -269,11 +272,12 @@ void distill_l(CudaExec& ex, Tensor* node) {
   d.teacher_dtype = wr.dtype;
   d.teacher_stride = wr.stride;
   d.labels = side_vec(labels);
-  d.ignore_index = node->ip[kIpIgnore];
-  d.temperature = node->fp[kFpTemp];
-  d.beta = node->fp[kFpBeta];
-  d.w_hard = node->fp[kFpHard];
-  d.w_soft = node->fp[kFpSoft];
+  const loss::DistillSide opt = loss::spec_from_slots(node, loss::LossKind::Distill).distill;
+  d.ignore_index = opt.ignore_index;
+  d.temperature = opt.temperature;
+  d.div = opt.div;
+  d.w_hard = opt.w_hard;
+  d.w_soft = opt.w_soft;
   d.hard = o.hard;
   d.soft = o.soft;
   distill_rows(block_of(xr, o, sc), d, ErrorSink{ex.dev_error, node->op}, ex.stream);
@@ -285,7 +289,9 @@ void entropy_l(CudaExec& ex, Tensor* node) {
   const Rows xr = rows_of(s, node->src[0]);
   const LossOut o = wire(s, node);
   const Scale sc = scale_of(s, node, nullptr, nullptr);
-  entropy_rows(block_of(xr, o, sc), EntropyRows{node->fp[kFpTemp]}, ex.stream);
+  entropy_rows(block_of(xr, o, sc),
+               EntropyRows{loss::spec_from_slots(node, loss::LossKind::Entropy).entropy.temperature},
+               ex.stream);
   reduce(s, node, o, sc);
 }
 
