@@ -84,7 +84,7 @@ TEST(Layers, NoIncludeRunsUpward) {
 // Files over kMaxLines today, with their size then: they may shrink (and leave the list), never grow.
 constexpr int kMaxLines = 700;
 const std::map<std::string, int> kOversized = {
-    {"cuda/loss/cuda_chunk_exec.cu", 959}, {"cuda/loss/cuda_sparse_topk.cu", 830},
+    {"cuda/loss/cuda_chunk_exec.cu", 951}, {"cuda/loss/cuda_sparse_topk.cu", 830},
     {"cuda/loss/distill_full.cu", 787},    {"cuda/loss/row_losses.cu", 849},
     {"cuda/loss/softmax_chunk.cu", 766},
 };

@@ -412,7 +412,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     if (beta == 0.0f && !side_pending_) {
       if (!plan.tuned) {
         tune(plan, a.data, b.data, c.data, alpha);
-      } else if (plan.entry >= 0 && retime_on()) {
+      } else if (plan.entry >= 0) {
         LtTuned& e = (*ex_.lt_tuned)[size_t(plan.entry)];
         if (!e.settled && std::chrono::duration<double>(std::chrono::steady_clock::now() - e.first).count() >=
                               LtTuned::kSettleSeconds) {
@@ -895,14 +895,6 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     }
   }
 
-  // RETORT_GEMM_RETIME=0: no second timing (for comparisons).
-  static bool retime_on() {
-    static const bool on = [] {
-      const char* e = std::getenv("RETORT_GEMM_RETIME");
-      return !(e && e[0] == '0');
-    }();
-    return on;
-  }
   static constexpr int kTuneCandidates = 8;
   static constexpr size_t kMaxTunedShapes = 64;
 

@@ -356,11 +356,7 @@ void topk_distill_rows(const RowBlock& b, const TopKRows& o, const ErrorSink& er
            ", K = ", o.K, "); teacher ids must be i32 or i64");
   if (b.rows == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  static const bool fast_off = [] {  // RETORT_TOPK_FAST=0: always the general kernel (for comparisons)
-    const char* e = std::getenv("RETORT_TOPK_FAST");
-    return e && e[0] == '0';
-  }();
-  if (!fast_off && o.scratch && b.grad && !gathered && o.labels.data && o.temperature == 1.0f &&
+  if (o.scratch && b.grad && !gathered && o.labels.data && o.temperature == 1.0f &&
       (o.div.forward_kl() || o.normalize_topk) && o.K <= kMaxFastSlots) {
     const FastView w(o.scratch, b.rows);
     const bool hard_on = o.w_hard != 0.0f;
