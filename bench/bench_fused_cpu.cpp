@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
     p.spec.topk.normalize_topk = normalize;
     p.spec.topk.labels = lab;
     p.spec.topk.w_hard = w_hard;
-    p.spec.distill.beta = 0.5f;
+    p.spec.distill.div.beta = 0.5f;
     if (kind == loss::LossKind::Distill) {
       p.teacher_hidden = loss::Block::dense(t_hidden.data(), DType::F32, n, ht);
       p.teacher_weight = loss::Block::dense(t_weight.data(), DType::F32, v, ht);

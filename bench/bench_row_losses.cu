@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
   dr.teacher = teacher;
   dr.teacher_dtype = DType::BF16;
   dr.teacher_stride = V;
-  dr.beta = 0.5f;
+  dr.div.beta = 0.5f;
   // Floors: read student and teacher once (and write the gradient once).
   run("distill JSD(0.5) fwd (student+teacher)", 2 * read_floor, [&] { distill_rows(b, dr, sink, nullptr); });
   run("distill JSD(0.5) fwd+bwd", 3 * read_floor, [&] {
@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
     distill_rows(t, dr, sink, nullptr);
   });
   DistillRows dkl = dr;
-  dkl.beta = 0.0f;
+  dkl.div.beta = 0.0f;
   run("distill forward-KL fwd+bwd", 3 * read_floor, [&] {
     RowBlock t = bg;
     t.scale_dev = nullptr;

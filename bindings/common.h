@@ -103,6 +103,8 @@ std::shared_ptr<GraphBox> value_owner(const TensorRef& r, const char* what);
 // A dtype from a retort.DType, a string ("f32", "float32", "bf16", ...), a NumPy dtype or a type object.
 DType parse_dtype(pyb::handle h);
 std::optional<DType> parse_dtype_opt(pyb::handle h);  // None -> nullopt
+// "kl" (the KL family by beta) | "tvd" | "skew_kl" | "skew_reverse_kl"
+Divergence parse_divergence(const std::string& s);
 Reduction parse_reduction(pyb::handle h);             // "mean" | "sum" | "none" or a retort.Reduction
 BackendPtr parse_backend(pyb::handle h);              // None -> nullptr; a Backend; "cpu"; "cuda" / "cuda:N"
 // A shape argument (outermost first): an int or a sequence of ints. Throws retort::Error naming op for

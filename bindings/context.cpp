@@ -211,6 +211,14 @@ Reduction parse_reduction(pyb::handle h) {
   RT_FAIL("reduction: expected 'mean', 'sum' or 'none', got '", s, "'");
 }
 
+Divergence parse_divergence(const std::string& s) {
+  if (s == "kl") return Divergence::Kl;
+  if (s == "tvd") return Divergence::Tvd;
+  if (s == "skew_kl") return Divergence::SkewKl;
+  if (s == "skew_reverse_kl") return Divergence::SkewReverseKl;
+  RT_FAIL("divergence: expected 'kl' (by beta), 'tvd', 'skew_kl' or 'skew_reverse_kl', got '", s, "'");
+}
+
 BackendPtr parse_backend(pyb::handle h) {
   if (h.is_none()) return nullptr;
   if (pyb::isinstance<BackendRef>(h)) return h.cast<BackendPtr>();

@@ -87,11 +87,11 @@ void bind_fused(pyb::module_& m) {
   losses.def(
       "fused_linear_topk_kd",
       [](pyb::handle hidden, pyb::handle weight, pyb::handle ids, pyb::handle logprobs, pyb::handle mask,
-         pyb::handle labels, pyb::handle bias, float beta, float temperature, bool normalize_topk,
-         float w_hard, float w_soft, int64_t ignore_index, pyb::handle reduction, bool return_per_row,
-         bool return_lse, bool return_parts, size_t memory_budget, int64_t chunk_rows,
-         pyb::handle logits_dtype, bool gh, bool gw, bool gb, bool return_grad, pyb::handle grad_dtype,
-         pyb::handle backend) {
+         pyb::handle labels, pyb::handle bias, float beta, const std::string& divergence, float skew_alpha,
+         float temperature, bool normalize_topk, float w_hard, float w_soft, int64_t ignore_index,
+         pyb::handle reduction, bool return_per_row, bool return_lse, bool return_parts, size_t memory_budget,
+         int64_t chunk_rows, pyb::handle logits_dtype, bool gh, bool gw, bool gb, bool return_grad,
+         pyb::handle grad_dtype, pyb::handle backend) {
         LossCall c("fused_linear_topk_kd", {hidden, weight, ids, logprobs, mask, labels, bias}, backend,
                    kSlots);
         c.set_grad_dtype(grad_dtype);
@@ -101,7 +101,9 @@ void bind_fused(pyb::module_& m) {
         Tensor* tl = c.input(logprobs, "teacher_logprobs");
         Tensor* mk = c.input(mask, "mask", true);
         Tensor* y = c.input(labels, "labels", true);
-        TopKDistillOptions o{beta,
+        TopKDistillOptions o{parse_divergence(divergence),
+                             beta,
+                             skew_alpha,
                              temperature,
                              normalize_topk,
                              w_hard,
@@ -116,13 +118,14 @@ void bind_fused(pyb::module_& m) {
       },
       pyb::arg("hidden"), pyb::arg("weight"), pyb::arg("teacher_ids"), pyb::arg("teacher_logprobs"),
       pyb::arg("mask") = pyb::none(), pyb::arg("labels") = pyb::none(), pyb::kw_only(),
-      pyb::arg("bias") = pyb::none(), pyb::arg("beta") = 0.0f, pyb::arg("temperature") = 1.0f,
-      pyb::arg("normalize_topk") = false, pyb::arg("w_hard") = 0.0f, pyb::arg("w_soft") = 1.0f,
-      pyb::arg("ignore_index") = -100, pyb::arg("reduction") = "mean", pyb::arg("return_per_row") = false,
-      pyb::arg("return_lse") = false, pyb::arg("return_parts") = false, pyb::arg("memory_budget") = kBudget,
-      pyb::arg("chunk_rows") = 0, pyb::arg("logits_dtype") = pyb::none(), pyb::arg("grad_hidden") = true,
-      pyb::arg("grad_weight") = true, pyb::arg("grad_bias") = true, pyb::arg("return_grad") = false,
-      pyb::arg("grad_dtype") = pyb::none(), pyb::arg("backend") = pyb::none(),
+      pyb::arg("bias") = pyb::none(), pyb::arg("beta") = 0.0f, pyb::arg("divergence") = "kl",
+      pyb::arg("skew_alpha") = 0.1f, pyb::arg("temperature") = 1.0f, pyb::arg("normalize_topk") = false,
+      pyb::arg("w_hard") = 0.0f, pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100,
+      pyb::arg("reduction") = "mean", pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false,
+      pyb::arg("return_parts") = false, pyb::arg("memory_budget") = kBudget, pyb::arg("chunk_rows") = 0,
+      pyb::arg("logits_dtype") = pyb::none(), pyb::arg("grad_hidden") = true, pyb::arg("grad_weight") = true,
+      pyb::arg("grad_bias") = true, pyb::arg("return_grad") = false, pyb::arg("grad_dtype") = pyb::none(),
+      pyb::arg("backend") = pyb::none(),
       fdoc("Top-K distillation of the student logits hidden @ weight.T (+ bias) against a teacher's top K; "
            "inputs and options as retort.losses.topk_kd. With normalize_topk, w_hard = 0, no lse and no hard "
            "part, only the K logits at the teacher ids are computed (K dot products per row).")
@@ -131,11 +134,11 @@ void bind_fused(pyb::module_& m) {
   losses.def(
       "fused_linear_distill",
       [](pyb::handle hidden, pyb::handle weight, pyb::handle t_hidden, pyb::handle t_weight,
-         pyb::handle labels, pyb::handle bias, pyb::handle t_bias, float beta, float temperature,
-         float w_hard, float w_soft, int64_t ignore_index, pyb::handle reduction, bool return_per_row,
-         bool return_lse, bool return_parts, size_t memory_budget, int64_t chunk_rows,
-         pyb::handle logits_dtype, bool gh, bool gw, bool gb, bool return_grad, pyb::handle grad_dtype,
-         pyb::handle backend) {
+         pyb::handle labels, pyb::handle bias, pyb::handle t_bias, float beta, const std::string& divergence,
+         float skew_alpha, float temperature, float w_hard, float w_soft, int64_t ignore_index,
+         pyb::handle reduction, bool return_per_row, bool return_lse, bool return_parts, size_t memory_budget,
+         int64_t chunk_rows, pyb::handle logits_dtype, bool gh, bool gw, bool gb, bool return_grad,
+         pyb::handle grad_dtype, pyb::handle backend) {
         LossCall c("fused_linear_distill", {hidden, weight, t_hidden, t_weight, labels, bias, t_bias},
                    backend, kSlots);
         c.set_grad_dtype(grad_dtype);
@@ -145,20 +148,29 @@ void bind_fused(pyb::module_& m) {
         Tensor* tw = c.input(t_weight, "teacher_weight");
         Tensor* tb = c.input(t_bias, "teacher_bias", true);
         Tensor* y = c.input(labels, "labels", true);
-        DistillOptions o{beta,           temperature,  w_hard,
-                         w_soft,         ignore_index, parse_reduction(reduction),
-                         return_per_row, return_lse,   return_parts};
+        DistillOptions o{parse_divergence(divergence),
+                         beta,
+                         skew_alpha,
+                         temperature,
+                         w_hard,
+                         w_soft,
+                         ignore_index,
+                         parse_reduction(reduction),
+                         return_per_row,
+                         return_lse,
+                         return_parts};
         LossOutputs out = fused_linear_distill(c.ctx(), s.hidden, s.weight, s.bias, th, tw, tb, y, o, f);
         return c.finish(out.loss, o.reduction, out);
       },
       pyb::arg("hidden"), pyb::arg("weight"), pyb::arg("teacher_hidden"), pyb::arg("teacher_weight"),
       pyb::arg("labels") = pyb::none(), pyb::kw_only(), pyb::arg("bias") = pyb::none(),
-      pyb::arg("teacher_bias") = pyb::none(), pyb::arg("beta") = 0.0f, pyb::arg("temperature") = 1.0f,
-      pyb::arg("w_hard") = 0.0f, pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100,
-      pyb::arg("reduction") = "mean", pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false,
-      pyb::arg("return_parts") = false, pyb::arg("memory_budget") = kBudget, pyb::arg("chunk_rows") = 0,
-      pyb::arg("logits_dtype") = pyb::none(), pyb::arg("grad_hidden") = true, pyb::arg("grad_weight") = true,
-      pyb::arg("grad_bias") = true, pyb::arg("return_grad") = false, pyb::arg("grad_dtype") = pyb::none(),
+      pyb::arg("teacher_bias") = pyb::none(), pyb::arg("beta") = 0.0f, pyb::arg("divergence") = "kl",
+      pyb::arg("skew_alpha") = 0.1f, pyb::arg("temperature") = 1.0f, pyb::arg("w_hard") = 0.0f,
+      pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100, pyb::arg("reduction") = "mean",
+      pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false, pyb::arg("return_parts") = false,
+      pyb::arg("memory_budget") = kBudget, pyb::arg("chunk_rows") = 0, pyb::arg("logits_dtype") = pyb::none(),
+      pyb::arg("grad_hidden") = true, pyb::arg("grad_weight") = true, pyb::arg("grad_bias") = true,
+      pyb::arg("return_grad") = false, pyb::arg("grad_dtype") = pyb::none(),
       pyb::arg("backend") = pyb::none(),
       fdoc("Full-vocabulary distillation against an online teacher: student logits hidden @ weight.T (+ "
            "bias), "
@@ -250,10 +262,10 @@ void bind_fused(pyb::module_& m) {
   ops.def(
       "fused_linear_topk_kd",
       [](pyb::handle hidden, pyb::handle weight, pyb::handle ids, pyb::handle logprobs, pyb::handle mask,
-         pyb::handle labels, pyb::handle bias, float beta, float temperature, bool normalize_topk,
-         float w_hard, float w_soft, int64_t ignore_index, pyb::handle reduction, bool return_per_row,
-         bool return_lse, bool return_parts, size_t memory_budget, int64_t chunk_rows,
-         pyb::handle logits_dtype, bool gh, bool gw, bool gb) {
+         pyb::handle labels, pyb::handle bias, float beta, const std::string& divergence, float skew_alpha,
+         float temperature, bool normalize_topk, float w_hard, float w_soft, int64_t ignore_index,
+         pyb::handle reduction, bool return_per_row, bool return_lse, bool return_parts, size_t memory_budget,
+         int64_t chunk_rows, pyb::handle logits_dtype, bool gh, bool gw, bool gb) {
         OpArgs a("fused_linear_topk_kd", {hidden, weight, ids, logprobs, mask, labels, bias});
         Tensor* h = a.get(hidden, "hidden");
         Tensor* w = a.get(weight, "weight");
@@ -262,7 +274,9 @@ void bind_fused(pyb::module_& m) {
         Tensor* mk = a.get(mask, "mask", true);
         Tensor* y = a.get(labels, "labels", true);
         Tensor* b = a.get(bias, "bias", true);
-        TopKDistillOptions o{beta,
+        TopKDistillOptions o{parse_divergence(divergence),
+                             beta,
+                             skew_alpha,
                              temperature,
                              normalize_topk,
                              w_hard,
@@ -280,20 +294,21 @@ void bind_fused(pyb::module_& m) {
       },
       pyb::arg("hidden"), pyb::arg("weight"), pyb::arg("teacher_ids"), pyb::arg("teacher_logprobs"),
       pyb::arg("mask") = pyb::none(), pyb::arg("labels") = pyb::none(), pyb::kw_only(),
-      pyb::arg("bias") = pyb::none(), pyb::arg("beta") = 0.0f, pyb::arg("temperature") = 1.0f,
-      pyb::arg("normalize_topk") = false, pyb::arg("w_hard") = 0.0f, pyb::arg("w_soft") = 1.0f,
-      pyb::arg("ignore_index") = -100, pyb::arg("reduction") = "mean", pyb::arg("return_per_row") = false,
-      pyb::arg("return_lse") = false, pyb::arg("return_parts") = false, pyb::arg("memory_budget") = kBudget,
-      pyb::arg("chunk_rows") = 0, pyb::arg("logits_dtype") = pyb::none(), pyb::arg("grad_hidden") = true,
-      pyb::arg("grad_weight") = true, pyb::arg("grad_bias") = true,
+      pyb::arg("bias") = pyb::none(), pyb::arg("beta") = 0.0f, pyb::arg("divergence") = "kl",
+      pyb::arg("skew_alpha") = 0.1f, pyb::arg("temperature") = 1.0f, pyb::arg("normalize_topk") = false,
+      pyb::arg("w_hard") = 0.0f, pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100,
+      pyb::arg("reduction") = "mean", pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false,
+      pyb::arg("return_parts") = false, pyb::arg("memory_budget") = kBudget, pyb::arg("chunk_rows") = 0,
+      pyb::arg("logits_dtype") = pyb::none(), pyb::arg("grad_hidden") = true, pyb::arg("grad_weight") = true,
+      pyb::arg("grad_bias") = true,
       "Fused lm-head top-K distillation node (see retort.losses.fused_linear_topk_kd); returns LossOutputs.");
   ops.def(
       "fused_linear_distill",
       [](pyb::handle hidden, pyb::handle weight, pyb::handle t_hidden, pyb::handle t_weight,
-         pyb::handle labels, pyb::handle bias, pyb::handle t_bias, float beta, float temperature,
-         float w_hard, float w_soft, int64_t ignore_index, pyb::handle reduction, bool return_per_row,
-         bool return_lse, bool return_parts, size_t memory_budget, int64_t chunk_rows,
-         pyb::handle logits_dtype, bool gh, bool gw, bool gb) {
+         pyb::handle labels, pyb::handle bias, pyb::handle t_bias, float beta, const std::string& divergence,
+         float skew_alpha, float temperature, float w_hard, float w_soft, int64_t ignore_index,
+         pyb::handle reduction, bool return_per_row, bool return_lse, bool return_parts, size_t memory_budget,
+         int64_t chunk_rows, pyb::handle logits_dtype, bool gh, bool gw, bool gb) {
         OpArgs a("fused_linear_distill", {hidden, weight, t_hidden, t_weight, labels, bias, t_bias});
         Tensor* h = a.get(hidden, "hidden");
         Tensor* w = a.get(weight, "weight");
@@ -302,9 +317,17 @@ void bind_fused(pyb::module_& m) {
         Tensor* y = a.get(labels, "labels", true);
         Tensor* b = a.get(bias, "bias", true);
         Tensor* tb = a.get(t_bias, "teacher_bias", true);
-        DistillOptions o{beta,           temperature,  w_hard,
-                         w_soft,         ignore_index, parse_reduction(reduction),
-                         return_per_row, return_lse,   return_parts};
+        DistillOptions o{parse_divergence(divergence),
+                         beta,
+                         skew_alpha,
+                         temperature,
+                         w_hard,
+                         w_soft,
+                         ignore_index,
+                         parse_reduction(reduction),
+                         return_per_row,
+                         return_lse,
+                         return_parts};
         return loss_tuple(
             a,
             fused_linear_distill(a.ctx(), h, w, b, th, tw, tb, y, o,
@@ -313,12 +336,12 @@ void bind_fused(pyb::module_& m) {
       },
       pyb::arg("hidden"), pyb::arg("weight"), pyb::arg("teacher_hidden"), pyb::arg("teacher_weight"),
       pyb::arg("labels") = pyb::none(), pyb::kw_only(), pyb::arg("bias") = pyb::none(),
-      pyb::arg("teacher_bias") = pyb::none(), pyb::arg("beta") = 0.0f, pyb::arg("temperature") = 1.0f,
-      pyb::arg("w_hard") = 0.0f, pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100,
-      pyb::arg("reduction") = "mean", pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false,
-      pyb::arg("return_parts") = false, pyb::arg("memory_budget") = kBudget, pyb::arg("chunk_rows") = 0,
-      pyb::arg("logits_dtype") = pyb::none(), pyb::arg("grad_hidden") = true, pyb::arg("grad_weight") = true,
-      pyb::arg("grad_bias") = true,
+      pyb::arg("teacher_bias") = pyb::none(), pyb::arg("beta") = 0.0f, pyb::arg("divergence") = "kl",
+      pyb::arg("skew_alpha") = 0.1f, pyb::arg("temperature") = 1.0f, pyb::arg("w_hard") = 0.0f,
+      pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100, pyb::arg("reduction") = "mean",
+      pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false, pyb::arg("return_parts") = false,
+      pyb::arg("memory_budget") = kBudget, pyb::arg("chunk_rows") = 0, pyb::arg("logits_dtype") = pyb::none(),
+      pyb::arg("grad_hidden") = true, pyb::arg("grad_weight") = true, pyb::arg("grad_bias") = true,
       "Fused online-teacher distillation node (see retort.losses.fused_linear_distill); returns "
       "LossOutputs.");
   ops.def(

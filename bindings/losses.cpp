@@ -70,9 +70,10 @@ void bind_losses(pyb::module_& m) {
   losses.def(
       "topk_kd",
       [](pyb::handle logits, pyb::handle ids, pyb::handle logprobs, pyb::handle mask, pyb::handle labels,
-         float beta, float temperature, bool normalize_topk, float w_hard, float w_soft, int64_t ignore_index,
-         pyb::handle reduction, bool return_per_row, bool return_lse, bool return_parts, bool return_grad,
-         pyb::handle grad_dtype, bool inplace_grad, pyb::handle backend) {
+         float beta, const std::string& divergence, float skew_alpha, float temperature, bool normalize_topk,
+         float w_hard, float w_soft, int64_t ignore_index, pyb::handle reduction, bool return_per_row,
+         bool return_lse, bool return_parts, bool return_grad, pyb::handle grad_dtype, bool inplace_grad,
+         pyb::handle backend) {
         LossCall c("topk_kd", {logits, ids, logprobs, mask, labels}, backend);
         c.set_grad_dtype(grad_dtype);
         Tensor* x = c.input(logits, "logits");
@@ -80,7 +81,9 @@ void bind_losses(pyb::module_& m) {
         Tensor* tl = c.input(logprobs, "teacher_logprobs");
         Tensor* mk = c.input(mask, "mask", true);
         Tensor* y = c.input(labels, "labels", true);
-        TopKDistillOptions o{beta,
+        TopKDistillOptions o{parse_divergence(divergence),
+                             beta,
+                             skew_alpha,
                              temperature,
                              normalize_topk,
                              w_hard,
@@ -96,11 +99,12 @@ void bind_losses(pyb::module_& m) {
       },
       pyb::arg("logits"), pyb::arg("teacher_ids"), pyb::arg("teacher_logprobs"),
       pyb::arg("mask") = pyb::none(), pyb::arg("labels") = pyb::none(), pyb::kw_only(),
-      pyb::arg("beta") = 0.0f, pyb::arg("temperature") = 1.0f, pyb::arg("normalize_topk") = false,
-      pyb::arg("w_hard") = 0.0f, pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100,
-      pyb::arg("reduction") = "mean", pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false,
-      pyb::arg("return_parts") = false, pyb::arg("return_grad") = false, pyb::arg("grad_dtype") = pyb::none(),
-      pyb::arg("inplace_grad") = false, pyb::arg("backend") = pyb::none(),
+      pyb::arg("beta") = 0.0f, pyb::arg("divergence") = "kl", pyb::arg("skew_alpha") = 0.1f,
+      pyb::arg("temperature") = 1.0f, pyb::arg("normalize_topk") = false, pyb::arg("w_hard") = 0.0f,
+      pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100, pyb::arg("reduction") = "mean",
+      pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false, pyb::arg("return_parts") = false,
+      pyb::arg("return_grad") = false, pyb::arg("grad_dtype") = pyb::none(), pyb::arg("inplace_grad") = false,
+      pyb::arg("backend") = pyb::none(),
       doc("Top-K distillation of student logits [N, V] against a teacher's top K per row: teacher_ids int "
           "[N, K], teacher_logprobs float [N, K], mask [N, K] (nonzero = valid; optional), labels int [N] "
           "(optional unless w_hard > 0). A slot with mask 0 or logprob -inf is padding. P is the teacher "
@@ -108,8 +112,11 @@ void bind_losses(pyb::module_& m) {
           "its valid slots (renormalized at temperature T != 1), Q = softmax(z / T) read at the slots (or "
           "renormalized over them with normalize_topk). Per row: w_hard * CE(z, label) at T = 1 + w_soft * "
           "T^2 "
-          "* D(P, Q), with D forward KL(P||Q) at beta = 0, reverse KL(Q||P) at beta = 1, the generalized JSD "
-          "between. Rows labelled ignore_index count for nothing; 'mean' divides by the other rows (all N "
+          "* D(P, Q). divergence picks D: 'kl' (the default) is forward KL(P||Q) at beta = 0, reverse "
+          "KL(Q||P) at beta = 1, the generalized JSD between; 'tvd' is 0.5 * sum |p - q|; 'skew_kl' is "
+          "KL(P || a P + (1 - a) Q) and 'skew_reverse_kl' KL(Q || (1 - a) P + a Q), a = skew_alpha "
+          "(DistiLLM). "
+          "Rows labelled ignore_index count for nothing; 'mean' divides by the other rows (all N "
           "without labels). return_parts gives the unweighted hard and soft parts.")
           .c_str());
 
@@ -141,32 +148,41 @@ void bind_losses(pyb::module_& m) {
 
   losses.def(
       "distill",
-      [](pyb::handle student, pyb::handle teacher, pyb::handle labels, float beta, float temperature,
-         float w_hard, float w_soft, int64_t ignore_index, pyb::handle reduction, bool return_per_row,
-         bool return_lse, bool return_parts, bool return_grad, pyb::handle grad_dtype, bool inplace_grad,
-         pyb::handle backend) {
+      [](pyb::handle student, pyb::handle teacher, pyb::handle labels, float beta,
+         const std::string& divergence, float skew_alpha, float temperature, float w_hard, float w_soft,
+         int64_t ignore_index, pyb::handle reduction, bool return_per_row, bool return_lse, bool return_parts,
+         bool return_grad, pyb::handle grad_dtype, bool inplace_grad, pyb::handle backend) {
         LossCall c("distill", {student, teacher, labels}, backend);
         c.set_grad_dtype(grad_dtype);
         Tensor* s = c.input(student, "student");
         Tensor* t = c.input(teacher, "teacher");
         Tensor* y = c.input(labels, "labels", true);
-        DistillOptions o{beta,           temperature,  w_hard,
-                         w_soft,         ignore_index, parse_reduction(reduction),
-                         return_per_row, return_lse,   return_parts};
+        DistillOptions o{parse_divergence(divergence),
+                         beta,
+                         skew_alpha,
+                         temperature,
+                         w_hard,
+                         w_soft,
+                         ignore_index,
+                         parse_reduction(reduction),
+                         return_per_row,
+                         return_lse,
+                         return_parts};
         LossOutputs out = distill(c.ctx(), s, t, y, o);
         if (return_grad || inplace_grad) c.row_grad(out.loss, o.reduction, s, student, inplace_grad);
         return c.finish(out.loss, o.reduction, out);
       },
       pyb::arg("student"), pyb::arg("teacher"), pyb::arg("labels") = pyb::none(), pyb::kw_only(),
-      pyb::arg("beta") = 0.0f, pyb::arg("temperature") = 1.0f, pyb::arg("w_hard") = 0.0f,
-      pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100, pyb::arg("reduction") = "mean",
-      pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false, pyb::arg("return_parts") = false,
-      pyb::arg("return_grad") = false, pyb::arg("grad_dtype") = pyb::none(), pyb::arg("inplace_grad") = false,
+      pyb::arg("beta") = 0.0f, pyb::arg("divergence") = "kl", pyb::arg("skew_alpha") = 0.1f,
+      pyb::arg("temperature") = 1.0f, pyb::arg("w_hard") = 0.0f, pyb::arg("w_soft") = 1.0f,
+      pyb::arg("ignore_index") = -100, pyb::arg("reduction") = "mean", pyb::arg("return_per_row") = false,
+      pyb::arg("return_lse") = false, pyb::arg("return_parts") = false, pyb::arg("return_grad") = false,
+      pyb::arg("grad_dtype") = pyb::none(), pyb::arg("inplace_grad") = false,
       pyb::arg("backend") = pyb::none(),
       doc("Full-vocabulary distillation: P = softmax(teacher / T), Q = softmax(student / T), student and "
           "teacher [N, V], labels int [N] (optional unless w_hard > 0). Per row: w_hard * CE(student, label) "
-          "at T = 1 + w_soft * T^2 * D(P, Q), D as in topk_kd (beta 0 forward KL, 1 reverse KL, between the "
-          "generalized JSD). The gradient is with respect to the student.")
+          "at T = 1 + w_soft * T^2 * D(P, Q), D as in topk_kd (divergence, beta and "
+          "skew_alpha). The gradient is with respect to the student.")
           .c_str());
 
   losses.def(

@@ -301,15 +301,18 @@ void bind_ops(pyb::module_& m) {
   ops.def(
       "topk_kd",
       [](pyb::handle logits, pyb::handle ids, pyb::handle logprobs, pyb::handle mask, pyb::handle labels,
-         float beta, float temperature, bool normalize_topk, float w_hard, float w_soft, int64_t ignore_index,
-         pyb::handle reduction, bool return_per_row, bool return_lse, bool return_parts) {
+         float beta, const std::string& divergence, float skew_alpha, float temperature, bool normalize_topk,
+         float w_hard, float w_soft, int64_t ignore_index, pyb::handle reduction, bool return_per_row,
+         bool return_lse, bool return_parts) {
         OpArgs a("topk_kd", {logits, ids, logprobs, mask, labels});
         Tensor* x = a.get(logits, "logits");
         Tensor* ti = a.get(ids, "teacher_ids");
         Tensor* tl = a.get(logprobs, "teacher_logprobs");
         Tensor* mk = a.get(mask, "mask", true);
         Tensor* y = a.get(labels, "labels", true);
-        TopKDistillOptions o{beta,
+        TopKDistillOptions o{parse_divergence(divergence),
+                             beta,
+                             skew_alpha,
                              temperature,
                              normalize_topk,
                              w_hard,
@@ -323,10 +326,10 @@ void bind_ops(pyb::module_& m) {
       },
       pyb::arg("logits"), pyb::arg("teacher_ids"), pyb::arg("teacher_logprobs"),
       pyb::arg("mask") = pyb::none(), pyb::arg("labels") = pyb::none(), pyb::kw_only(),
-      pyb::arg("beta") = 0.0f, pyb::arg("temperature") = 1.0f, pyb::arg("normalize_topk") = false,
-      pyb::arg("w_hard") = 0.0f, pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100,
-      pyb::arg("reduction") = "mean", pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false,
-      pyb::arg("return_parts") = false,
+      pyb::arg("beta") = 0.0f, pyb::arg("divergence") = "kl", pyb::arg("skew_alpha") = 0.1f,
+      pyb::arg("temperature") = 1.0f, pyb::arg("normalize_topk") = false, pyb::arg("w_hard") = 0.0f,
+      pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100, pyb::arg("reduction") = "mean",
+      pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false, pyb::arg("return_parts") = false,
       "Top-K distillation node (see retort.losses.topk_kd); returns LossOutputs.");
   ops.def(
       "topk_kl_gathered",
@@ -345,22 +348,32 @@ void bind_ops(pyb::module_& m) {
       "Gathered top-K KL node (see retort.losses.topk_kl_gathered).");
   ops.def(
       "distill",
-      [](pyb::handle student, pyb::handle teacher, pyb::handle labels, float beta, float temperature,
-         float w_hard, float w_soft, int64_t ignore_index, pyb::handle reduction, bool return_per_row,
-         bool return_lse, bool return_parts) {
+      [](pyb::handle student, pyb::handle teacher, pyb::handle labels, float beta,
+         const std::string& divergence, float skew_alpha, float temperature, float w_hard, float w_soft,
+         int64_t ignore_index, pyb::handle reduction, bool return_per_row, bool return_lse,
+         bool return_parts) {
         OpArgs a("distill", {student, teacher, labels});
         Tensor* s = a.get(student, "student");
         Tensor* t = a.get(teacher, "teacher");
         Tensor* y = a.get(labels, "labels", true);
-        DistillOptions o{beta,           temperature,  w_hard,
-                         w_soft,         ignore_index, parse_reduction(reduction),
-                         return_per_row, return_lse,   return_parts};
+        DistillOptions o{parse_divergence(divergence),
+                         beta,
+                         skew_alpha,
+                         temperature,
+                         w_hard,
+                         w_soft,
+                         ignore_index,
+                         parse_reduction(reduction),
+                         return_per_row,
+                         return_lse,
+                         return_parts};
         return loss_tuple(a, distill(a.ctx(), s, t, y, o), o.reduction);
       },
       pyb::arg("student"), pyb::arg("teacher"), pyb::arg("labels") = pyb::none(), pyb::kw_only(),
-      pyb::arg("beta") = 0.0f, pyb::arg("temperature") = 1.0f, pyb::arg("w_hard") = 0.0f,
-      pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100, pyb::arg("reduction") = "mean",
-      pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false, pyb::arg("return_parts") = false,
+      pyb::arg("beta") = 0.0f, pyb::arg("divergence") = "kl", pyb::arg("skew_alpha") = 0.1f,
+      pyb::arg("temperature") = 1.0f, pyb::arg("w_hard") = 0.0f, pyb::arg("w_soft") = 1.0f,
+      pyb::arg("ignore_index") = -100, pyb::arg("reduction") = "mean", pyb::arg("return_per_row") = false,
+      pyb::arg("return_lse") = false, pyb::arg("return_parts") = false,
       "Full-vocabulary distillation node (see retort.losses.distill); returns LossOutputs.");
   ops.def(
       "entropy",

@@ -39,7 +39,7 @@ def cross_entropy(z, labels, ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
     return reduce(rows, valid, reduction), rows, row_lse
 
 
-def _divergence(logp, logq, beta, valid=None):
+def _divergence(logp, logq, beta, valid=None, divergence="kl", skew_alpha=0.1):
     """D(P, Q) per row over the last axis; entries where valid is False are left out."""
     if valid is None:
         valid = np.ones(logp.shape, bool)
@@ -47,6 +47,16 @@ def _divergence(logp, logq, beta, valid=None):
     q = np.where(valid, np.exp(np.where(valid, logq, 0.0)), 0.0)
     lp = np.where(valid, logp, 0.0)
     lq = np.where(valid, logq, 0.0)
+    a = skew_alpha
+    if divergence == "tvd":
+        return 0.5 * np.sum(np.abs(p - q), axis=-1)
+    if divergence in ("skew_kl", "skew_reverse_kl"):
+        fwd = divergence == "skew_kl"
+        m = a * p + (1 - a) * q if fwd else (1 - a) * p + a * q
+        w, lw = (p, lp) if fwd else (q, lq)
+        lm = np.log(np.where(valid & (m > 0), m, 1.0))
+        return np.sum(np.where(w > 0, w * (lw - lm), 0.0), axis=-1)
+    assert divergence == "kl", divergence
     if beta == 0:
         return np.sum(p * (lp - lq), axis=-1)
     if beta == 1:
@@ -57,7 +67,7 @@ def _divergence(logp, logq, beta, valid=None):
 
 
 def topk_kd(z, ids, logprobs, mask=None, labels=None, beta=0.0, temperature=1.0, normalize_topk=False,
-            w_hard=0.0, w_soft=1.0, ignore_index=-100, reduction="mean"):
+            w_hard=0.0, w_soft=1.0, ignore_index=-100, reduction="mean", divergence="kl", skew_alpha=0.1):
     z = np.asarray(z, np.float64)
     lp = np.asarray(logprobs, np.float64)
     n, v = z.shape
@@ -79,7 +89,7 @@ def topk_kd(z, ids, logprobs, mask=None, labels=None, beta=0.0, temperature=1.0,
     else:
         logq = xs - lse(x)[:, None]
     any_valid = valid_slot.any(axis=1)
-    d = np.where(any_valid, _divergence(logp, logq, beta, valid_slot), 0.0)
+    d = np.where(any_valid, _divergence(logp, logq, beta, valid_slot, divergence, skew_alpha), 0.0)
     soft = t * t * d
     row_lse = lse(x)
     if labels is not None:
@@ -115,14 +125,14 @@ def topk_kl_gathered(s, logprobs, mask=None, temperature=1.0, reduction="mean"):
 
 
 def distill(student, teacher, labels=None, beta=0.0, temperature=1.0, w_hard=0.0, w_soft=1.0,
-            ignore_index=-100, reduction="mean"):
+            ignore_index=-100, reduction="mean", divergence="kl", skew_alpha=0.1):
     z = np.asarray(student, np.float64)
     tz = np.asarray(teacher, np.float64)
     n = z.shape[0]
     t = temperature
     logq = z / t - lse(z / t)[:, None]
     logp = tz / t - lse(tz / t)[:, None]
-    soft = t * t * _divergence(logp, logq, beta)
+    soft = t * t * _divergence(logp, logq, beta, None, divergence, skew_alpha)
     if labels is not None:
         valid_row = labels != ignore_index
         safe = np.where(valid_row, labels, 0)

@@ -59,7 +59,9 @@ def test_fused_cross_entropy(rng, opts, chunk_rows):
     close(r.loss, plain, 1e-5, "fused vs unfused")
 
 
-@pytest.mark.parametrize("opts", [{}, {"normalize_topk": True}, {"beta": 0.5, "temperature": 2.0, "w_hard": 0.3}],
+@pytest.mark.parametrize("opts", [{}, {"normalize_topk": True}, {"beta": 0.5, "temperature": 2.0, "w_hard": 0.3},
+                                  {"divergence": "tvd"}, {"divergence": "skew_kl", "normalize_topk": True},
+                                  {"divergence": "skew_reverse_kl", "skew_alpha": 0.3, "w_hard": 0.3}],
                          ids=str)
 def test_fused_topk_kd(rng, opts):
     h, w, b, y = inputs(rng)
@@ -74,18 +76,20 @@ def test_fused_topk_kd(rng, opts):
     check_grads(r, lambda zz: refs.topk_kd(zz, ids, logp, mask, y, **opts)[0], h, w, b)
 
 
-def test_fused_distill_with_online_teacher(rng):
+@pytest.mark.parametrize("opts", [{"beta": 0.5}, {"divergence": "tvd"}, {"divergence": "skew_kl"},
+                                  {"divergence": "skew_reverse_kl", "skew_alpha": 0.2}], ids=str)
+def test_fused_distill_with_online_teacher(rng, opts):
     h, w, b, y = inputs(rng)
     th = rng.normal(size=(N, 4)).astype(np.float32)
     tw = rng.normal(size=(V, 4)).astype(np.float32)
-    r = retort.losses.fused_linear_distill(h, w, th, tw, y, bias=b, beta=0.5, temperature=1.5, w_hard=0.2,
-                                           return_grad=True, return_parts=True)
+    o = dict(temperature=1.5, w_hard=0.2, **opts)
+    r = retort.losses.fused_linear_distill(h, w, th, tw, y, bias=b, return_grad=True, return_parts=True, **o)
     tz = th.astype(np.float64) @ tw.T.astype(np.float64)
     z = h.astype(np.float64) @ w.T.astype(np.float64) + b
-    want = refs.distill(z, tz, y, beta=0.5, temperature=1.5, w_hard=0.2)
+    want = refs.distill(z, tz, y, **o)
     close(r.loss, want[0], FWD_TOL, "loss")
     close(r.soft, want[4], FWD_TOL, "soft")
-    check_grads(r, lambda zz: refs.distill(zz, tz, y, beta=0.5, temperature=1.5, w_hard=0.2)[0], h, w, b)
+    check_grads(r, lambda zz: refs.distill(zz, tz, y, **o)[0], h, w, b)
 
 
 def test_fused_entropy_and_selective(rng):

@@ -130,6 +130,10 @@ TOPK_OPTIONS = [
     {"normalize_topk": True},
     {"w_hard": 0.5, "w_soft": 0.7, "temperature": 1.5, "beta": 0.3},
     {"normalize_topk": True, "temperature": 0.7, "reduction": "sum"},
+    {"divergence": "tvd"},
+    {"divergence": "tvd", "normalize_topk": True, "temperature": 2.0},
+    {"divergence": "skew_kl", "skew_alpha": 0.3, "w_hard": 0.5},
+    {"divergence": "skew_reverse_kl", "temperature": 1.5},
 ]
 
 
@@ -146,6 +150,14 @@ def test_topk_kd(rng, opts):
         close(r.hard, hard, FWD_TOL, "hard")  # computed from the labels whatever w_hard is
         close(r.soft, soft, FWD_TOL, "soft")
         grad_check(lambda x: refs.topk_kd(x, ids, logp, mask, y, **opts)[0], z, r.grad)
+
+
+def test_bad_divergence_names_the_choices(rng):
+    z, y = logits_and_labels(rng, n=3, v=5)
+    with pytest.raises(retort.Error, match="tvd"):
+        retort.losses.distill(z, z, y, divergence="js")
+    with pytest.raises(retort.Error, match="skew_alpha"):
+        retort.losses.distill(z, z, y, divergence="skew_kl", skew_alpha=2.0)
 
 
 def test_topk_kd_without_mask_and_labels(rng):
@@ -177,6 +189,9 @@ DISTILL_OPTIONS = [
     {"beta": 0.5, "temperature": 2.0},
     {"w_hard": 0.3, "w_soft": 0.9, "temperature": 1.5},
     {"reduction": "sum", "beta": 0.2},
+    {"divergence": "tvd", "temperature": 2.0},
+    {"divergence": "skew_kl", "w_hard": 0.3},
+    {"divergence": "skew_reverse_kl", "skew_alpha": 0.4, "reduction": "sum"},
 ]
 
 

@@ -5,7 +5,6 @@
 
 #include "error.h"
 #include "op_table.h"
-#include "../ops/ops.h"
 
 namespace retort {
 
@@ -104,6 +103,15 @@ void Graph::backward(Tensor* loss) {
     if (reaches.count(p)) kept.push_back(p);
   params_ = kept;
 
+  // Autodiff makes its two nodes itself (a sum of gradients, the seed), so the graph needs nothing of the
+  // op layer above it.
+  auto sum_grads = [&](Tensor* a, Tensor* b) {
+    RT_ASSERT(is_float(a->dtype) && is_float(b->dtype) && can_broadcast(b, a));
+    Tensor* t = ctx_->node(Op::Add, a->dtype, a->ne);
+    t->src[0] = a;
+    t->src[1] = b;
+    return t;
+  };
   std::unordered_map<const Tensor*, Tensor*> g;
   auto add_grad = [&](Tensor* src, Tensor* gr) {
     RT_ASSERT(gr != nullptr);
@@ -111,14 +119,16 @@ void Graph::backward(Tensor* loss) {
     if (it == g.end()) {
       g[src] = gr;
     } else {
-      it->second = add(*ctx_, it->second, gr);
+      it->second = sum_grads(it->second, gr);
     }
   };
   auto need = [&](const Tensor* t) { return needs.count(t) > 0 && reaches.count(t) > 0; };
   BackwardCtx bc(*ctx_, need, add_grad);
 
   int64_t one[kMaxDims] = {1, 1, 1, 1};
-  g[loss] = fill(*ctx_, DType::F32, one, 1.0f);
+  Tensor* seed = ctx_->node(Op::Fill, DType::F32, one);
+  seed->fp[0] = 1.0f;  // backward rules recognize this constant 1 (the single-pass losses)
+  g[loss] = seed;
   size_t forward_count = nodes_.size();
   for (int i = int(forward_count) - 1; i >= 0; --i) {
     Tensor* n = nodes_[i];

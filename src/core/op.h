@@ -35,7 +35,7 @@ enum class Op : uint16_t {
   GeluBack,
   SiluBack,
   // reductions
-  SumRows,   // over dim 0 (innermost) -> ne[0] = 1
+  SumRows,  // over dim 0 (innermost) -> ne[0] = 1
   MeanRows,
   MaxRows,
   Sum,  // over everything -> one element
@@ -43,7 +43,8 @@ enum class Op : uint16_t {
   Max,
   Repeat,    // broadcast src[0] to this node's shape
   ReduceTo,  // sum src[0] down to this node's (broadcast-compatible) shape
-  MaxBack,   // grad routed to the first arg-max of each reduced group: src = grad, x, y; ip[0] = rows(1)/all(0)
+  MaxBack,   // grad routed to the first arg-max of each reduced group: src = grad, x, y; ip[0] =
+             // rows(1)/all(0)
   // linear algebra
   Matmul,  // batched op(A) op(B); ip[0] = transpose A, ip[1] = transpose B
   // indexing
@@ -53,7 +54,7 @@ enum class Op : uint16_t {
   // softmax family (over dim 0)
   Softmax,
   LogSoftmax,
-  CausalSoftmax,  // softmax(x * fp[0]) with column j > row i + ip[0] masked out; rows are queries
+  CausalSoftmax,   // softmax(x * fp[0]) with column j > row i + ip[0] masked out; rows are queries
   SoftmaxBack,     // src = grad, y
   LogSoftmaxBack,  // src = grad, y
   // attention (src/ops/attention.cpp): src = q [B, T_q, H, D], k, v [B, T_k, KV, D]; ip[0] = causal,
@@ -66,9 +67,6 @@ enum class Op : uint16_t {
   LayerNorm,
   LayerNormBack,
   Rope,  // src = x [.., T, heads, d], positions (i32 [T]); ip[0] = mode, ip[1] = inverse; fp[0] = theta
-  // plain cross-entropy over rows: src = logits [N, V], labels (int [N]); ip[0] = ignore_index
-  CrossEntropy,
-  CrossEntropyBack,  // src = logits, labels, grad (scalar)
   // row losses of the loss backend (src/ops/loss/losses.cpp). ip[0] = reduction, ip[1] = 1 when the forward
   // also writes the logits gradient (set by the backward rule); aux = per-row loss, lse, hard/soft parts,
   // logits gradient (slots fixed, see losses.cpp)
@@ -79,8 +77,8 @@ enum class Op : uint16_t {
   Entropy,                  // src = logits
   SelectiveLogSoftmax,      // src = logits, ids; aux[1] = lse (for the backward)
   SelectiveLogSoftmaxBack,  // src = logits, ids, grad [N, K], lse
-  // fused linear losses (src/ops/loss/fused_linear.cpp): src = hidden, weight, bias?, loss inputs; the lm-head
-  // GEMM and the row loss in chunks; aux = stats, dhidden, dW, dbias (layout in fused_linear.cpp)
+  // fused linear losses (src/ops/loss/fused_linear.cpp): src = hidden, weight, bias?, loss inputs; the
+  // lm-head GEMM and the row loss in chunks; aux = stats, dhidden, dW, dbias (layout in fused_linear.cpp)
   FusedLinearCrossEntropy,         // + labels
   FusedLinearTopKDistill,          // + teacher ids, teacher logprobs, mask?, labels?
   FusedLinearDistill,              // + teacher hidden, teacher weight, teacher bias?, labels?

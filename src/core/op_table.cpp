@@ -15,7 +15,6 @@ OpTable build_table() {
   register_softmax_ops(t);
   register_norm_ops(t);
   register_rope_ops(t);
-  register_cross_entropy_ops(t);
   register_loss_ops(t);
   register_fused_ops(t);
   register_topk_ops(t);

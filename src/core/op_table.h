@@ -65,7 +65,6 @@ void register_set_rows_ops(OpTable& t);
 void register_softmax_ops(OpTable& t);
 void register_norm_ops(OpTable& t);
 void register_rope_ops(OpTable& t);
-void register_cross_entropy_ops(OpTable& t);
 void register_loss_ops(OpTable& t);
 void register_fused_ops(OpTable& t);
 void register_topk_ops(OpTable& t);

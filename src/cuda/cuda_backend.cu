@@ -129,7 +129,6 @@ const CudaOpTable& launcher_table() {
     register_cuda_set_rows_ops(t);
     register_cuda_softmax_ops(t);
     register_cuda_norm_ops(t);
-    register_cuda_loss_ops(t);
     register_cuda_loss_graph_ops(t);
     register_cuda_fused_ops(t);
     register_cuda_topk_ops(t);

@@ -4,6 +4,7 @@
 // case). Without a usable device every test skips with the reason.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -50,7 +51,9 @@ LossCase topk_case(const std::string& name, TopKCfg cfg) {
   }
   c.build = [cfg](Context& ctx, const std::vector<Tensor*>& in) {
     TopKDistillOptions o;
+    o.divergence = cfg.r.div;
     o.beta = float(cfg.r.beta);
+    o.skew_alpha = float(cfg.r.alpha);
     o.temperature = float(cfg.r.t);
     o.normalize_topk = cfg.r.normalize;
     o.w_hard = float(cfg.r.w_hard);
@@ -103,6 +106,38 @@ TEST_F(CudaDistill, TopKGrid) {
     cfg.mask = false;
     cfg.id_dt = DType::I64;
     EXPECT_TRUE(check_cuda(topk_case("cuda_topk_nomask_b" + std::to_string(int(beta * 10)), cfg)));
+  }
+}
+
+// TVD and the skew KLs: every kernel path of the KL family (the general kernel, the cross-entropy rows with
+// a slot fixup at T = 1 with labels and normalize_topk, long rows) against the float64 reference and the CPU.
+TEST_F(CudaDistill, TopKDivergences) {
+  int i = 0;
+  for (const DivCase& d : div_cases())
+    for (double t : {1.0, 2.0})
+      for (bool norm : {false, true})
+        for (double w_hard : {0.0, 0.7}) {
+          TopKCfg cfg;
+          cfg.r.div = d.div;
+          cfg.r.alpha = d.alpha;
+          cfg.r.t = t;
+          cfg.r.normalize = norm;
+          cfg.r.w_hard = w_hard;
+          cfg.r.w_soft = 0.8;
+          cfg.r.red = std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i++ % 3)];
+          cfg.labels = w_hard > 0 || i % 2 == 0;
+          EXPECT_TRUE(check_cuda(topk_case(std::string(d.name) + "_" + topk_name(cfg.r, cfg.labels), cfg)));
+        }
+  for (const DivCase& d : div_cases()) {
+    TopKCfg cfg;
+    cfg.r.div = d.div;
+    cfg.r.alpha = d.alpha;
+    cfg.r.normalize = true;
+    cfg.r.w_hard = 0.3;
+    cfg.n = 3;
+    cfg.v = 3000;
+    cfg.k = 40;
+    EXPECT_TRUE(check_cuda(topk_case(std::string("cuda_topk_long_") + d.name, cfg)));
   }
 }
 
@@ -391,7 +426,9 @@ LossCase distill_case(const std::string& name, DistillCfg cfg) {
               LossInput({cfg.n}, DType::I32, false, -1, double(cfg.v))};
   c.build = [cfg](Context& ctx, const std::vector<Tensor*>& in) {
     DistillOptions o;
+    o.divergence = cfg.r.div;
     o.beta = float(cfg.r.beta);
+    o.skew_alpha = float(cfg.r.alpha);
     o.temperature = float(cfg.r.t);
     o.w_hard = float(cfg.r.w_hard);
     o.w_soft = float(cfg.r.w_soft);
@@ -443,6 +480,27 @@ TEST_F(CudaDistill, DistillGridAndOutputs) {
       EXPECT_TRUE(
           check_cuda(distill_case("cuda_distill_out" + std::to_string(int(what)) + red_name(red), cfg)));
     }
+}
+
+// TVD and the skew KLs over the full vocabulary: the portable kernel (the Hopper cluster kernel is the KL
+// family's), short rows and rows long enough for its 8-wide loads, f32 and bf16.
+TEST_F(CudaDistill, DistillDivergences) {
+  int i = 0;
+  for (const DivCase& d : div_cases())
+    for (double t : {1.0, 2.0})
+      for (int64_t v : {int64_t(9), int64_t(3001)}) {
+        DistillCfg cfg;
+        cfg.r.div = d.div;
+        cfg.r.alpha = d.alpha;
+        cfg.r.t = t;
+        cfg.r.w_hard = i % 2 ? 0.6 : 0.0;
+        cfg.r.red = std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i++ % 3)];
+        cfg.labels = cfg.r.w_hard > 0 || i % 2 == 0;
+        cfg.v = v;
+        cfg.n = v > 100 ? 3 : 5;
+        EXPECT_TRUE(check_cuda(distill_case(
+            std::string(d.name) + "_v" + std::to_string(v) + "_" + distill_name(cfg.r, cfg.labels), cfg)));
+      }
 }
 
 TEST_F(CudaDistill, DistillShapesDtypesAndLayouts) {

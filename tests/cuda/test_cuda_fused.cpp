@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 
 #include <cmath>
 #include <cstdio>
@@ -353,7 +354,9 @@ LossCase topk_case(const std::string& name, TopKCfg cfg) {
   c.inputs[2].param = cfg.bias;
   c.build = [cfg](Context& ctx, const std::vector<Tensor*>& in) {
     TopKDistillOptions o;
+    o.divergence = cfg.r.div;
     o.beta = float(cfg.r.beta);
+    o.skew_alpha = float(cfg.r.alpha);
     o.temperature = float(cfg.r.t);
     o.normalize_topk = cfg.r.normalize;
     o.w_hard = float(cfg.r.w_hard);
@@ -663,7 +666,9 @@ LossCase distill_case(const std::string& name, DistillRef r, DType dt, int64_t c
               LossInput({n}, DType::I32, false, -1, double(v))};
   c.build = [r, chunk, what](Context& ctx, const std::vector<Tensor*>& in) {
     DistillOptions o;
+    o.divergence = r.div;
     o.beta = float(r.beta);
+    o.skew_alpha = float(r.alpha);
     o.temperature = float(r.t);
     o.w_hard = float(r.w_hard);
     o.w_soft = float(r.w_soft);
@@ -703,6 +708,43 @@ TEST_F(CudaFused, OnlineTeacherDistill) {
     r.beta = 0.5;
     r.w_hard = 0.5;
     EXPECT_TRUE(check_cuda(distill_case("cfldist_out" + std::to_string(int(what)), r, DType::F32, 3, what)));
+  }
+}
+
+// TVD and the skew KLs in both fused distillation losses: top-K dense (Q over V, or a hard loss), top-K
+// K-sparse (normalize_topk, no hard loss), and full vocabulary against an online teacher.
+TEST_F(CudaFused, Divergences) {
+  int i = 0;
+  for (const DivCase& d : div_cases()) {
+    for (bool normalize : {false, true})
+      for (double w_hard : {0.0, 0.5}) {
+        TopKCfg cfg;
+        cfg.r.div = d.div;
+        cfg.r.alpha = d.alpha;
+        cfg.r.t = i % 2 ? 2.0 : 1.0;
+        cfg.r.normalize = normalize;
+        cfg.r.w_hard = w_hard;
+        cfg.r.red = std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i++ % 3)];
+        cfg.labels = w_hard > 0 || i % 2 == 0;
+        LossCase c = topk_case(std::string("cfltopk_") + d.name + (normalize ? "_norm" : "") +
+                                   (w_hard > 0 ? "_hard" : "") + red_name(cfg.r.red),
+                               cfg);
+        c.fwd_tol = 1e-8;  // small divergences (see the CPU suite's FusedLinearTopK.Divergences)
+        EXPECT_TRUE(check_cuda(c));
+      }
+    for (DType dt : {DType::F32, DType::BF16}) {
+      DistillRef r;
+      r.div = d.div;
+      r.alpha = d.alpha;
+      r.t = 2.0;
+      r.w_hard = 0.25;
+      r.red = std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i++ % 3)];
+      LossCase c =
+          distill_case(std::string("cfldist_") + d.name + dtype_name(dt) + red_name(r.red), r, dt, 3);
+      CudaTol tol;
+      loosen_for(dt, c, tol);
+      EXPECT_TRUE(check_cuda(c, tol));
+    }
   }
 }
 

@@ -18,7 +18,9 @@ FusedLinearOptions chunked(int64_t rows) {
 
 DistillOptions opts_of(const DistillRef& r) {
   DistillOptions o;
+  o.divergence = r.div;
   o.beta = float(r.beta);
+  o.skew_alpha = float(r.alpha);
   o.temperature = float(r.t);
   o.w_hard = float(r.w_hard);
   o.w_soft = float(r.w_soft);
@@ -88,6 +90,23 @@ TEST(FusedLinearDistill, Grid) {
                                  red_name(cfg.r.red);
         EXPECT_TRUE(run_case(to_op_case(distill_case(name, cfg))));
       }
+}
+
+TEST(FusedLinearDistill, Divergences) {
+  int i = 0;
+  for (const DivCase& d : div_cases())
+    for (double t : {1.0, 2.0}) {
+      Cfg cfg;
+      cfg.r.div = d.div;
+      cfg.r.alpha = d.alpha;
+      cfg.r.t = t;
+      cfg.r.w_hard = t == 1.0 ? 0.3 : 0.0;
+      cfg.r.red = std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i++ % 3)];
+      cfg.labels = cfg.r.w_hard > 0 || i % 2 == 0;
+      EXPECT_TRUE(run_case(to_op_case(distill_case(
+          std::string("fldist_") + d.name + "_t" + std::to_string(int(t)) + "_" + red_name(cfg.r.red),
+          cfg))));
+    }
 }
 
 TEST(FusedLinearDistill, ExtraOutputsDtypesSinglePass) {

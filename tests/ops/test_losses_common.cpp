@@ -17,11 +17,19 @@ double logaddexp(double a, double b) {
 }
 
 // Σ over slots of the divergence between teacher log-probabilities lp and student log-probabilities lq.
-double divergence(double beta, const Vec& lp, const Vec& lq) {
+double divergence(Divergence kind, double beta, double alpha, const Vec& lp, const Vec& lq) {
   double d = 0;
   for (size_t i = 0; i < lp.size(); ++i) {
     double p = std::exp(lp[i]), q = std::exp(lq[i]);
-    if (beta == 0) {
+    if (kind == Divergence::Tvd) {
+      d += 0.5 * std::fabs(p - q);
+    } else if (kind == Divergence::SkewKl) {
+      const double m = alpha * p + (1 - alpha) * q;
+      if (p > 0) d += p * (lp[i] - std::log(m));
+    } else if (kind == Divergence::SkewReverseKl) {
+      const double m = (1 - alpha) * p + alpha * q;
+      if (q > 0) d += q * (lq[i] - std::log(m));
+    } else if (beta == 0) {
       if (p > 0) d += p * (lp[i] - lq[i]);
     } else if (beta == 1) {
       if (q > 0) d += q * (lq[i] - lp[i]);
@@ -184,7 +192,7 @@ Vec topk_ref(const Mat& z, const std::vector<int64_t>& ids, const Mat& logprobs,
       double l = lse_ref(lp.data(), n, o.t);
       for (double& x : lp) x = x / o.t - l;
     }
-    out.soft = o.t * o.t * divergence(o.beta, lp, lq);
+    out.soft = o.t * o.t * divergence(o.div, o.beta, o.alpha, lp, lq);
     if (has_labels) out.hard = lse_ref(z.row(r), z.cols) - z.at(r, labels[size_t(r)]);
     out.loss = o.w_hard * out.hard + o.w_soft * out.soft;
   }
@@ -207,7 +215,7 @@ Vec distill_ref(const Mat& z, const Mat& teacher, const std::vector<int64_t>& la
       lq[size_t(j)] = z.at(r, j) / o.t - lz;
       lp[size_t(j)] = teacher.at(r, j) / o.t - lt;
     }
-    out.soft = o.t * o.t * divergence(o.beta, lp, lq);
+    out.soft = o.t * o.t * divergence(o.div, o.beta, o.alpha, lp, lq);
     if (has_labels) out.hard = lse_ref(z.row(r), z.cols) - z.at(r, labels[size_t(r)]);
     out.loss = o.w_hard * out.hard + o.w_soft * out.soft;
   }

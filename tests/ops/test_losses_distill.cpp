@@ -2,6 +2,7 @@
 // gradients, extra outputs, edge cases, storage dtypes, strided views, the single pass, and bad input.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -22,7 +23,9 @@ struct DistillCfg {
 
 DistillOptions opts_of(const DistillRef& r) {
   DistillOptions o;
+  o.divergence = r.div;
   o.beta = float(r.beta);
+  o.skew_alpha = float(r.alpha);
   o.temperature = float(r.t);
   o.w_hard = float(r.w_hard);
   o.w_soft = float(r.w_soft);
@@ -76,6 +79,35 @@ TEST(Distill, Grid) {
           cfg.labels = w_hard > 0 || (i++ % 2 == 0);
           EXPECT_TRUE(run_case(to_op_case(distill_case(tag(cfg.r, cfg.labels), cfg))));
         }
+}
+
+TEST(Distill, Divergences) {
+  int i = 0;
+  for (const DivCase& d : div_cases())
+    for (double t : {1.0, 2.0})
+      for (double w_hard : {0.0, 0.6}) {
+        DistillCfg cfg;
+        cfg.r.div = d.div;
+        cfg.r.alpha = d.alpha;
+        cfg.r.t = t;
+        cfg.r.w_hard = w_hard;
+        cfg.r.w_soft = 0.9;
+        cfg.r.red = std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i++ % 3)];
+        cfg.labels = w_hard > 0 || i % 2 == 0;
+        EXPECT_TRUE(
+            run_case(to_op_case(distill_case(std::string(d.name) + "_" + tag(cfg.r, cfg.labels), cfg))));
+      }
+  // Long rows cross every vector width and tail of the CPU kernel's loops.
+  for (const DivCase& d : div_cases()) {
+    DistillCfg cfg;
+    cfg.r.div = d.div;
+    cfg.r.alpha = d.alpha;
+    cfg.r.t = 2;
+    cfg.r.w_hard = 0.5;
+    cfg.n = 2;
+    cfg.v = 1000;
+    EXPECT_TRUE(run_case(to_op_case(distill_case(std::string(d.name) + "_v1000", cfg))));
+  }
 }
 
 TEST(Distill, ExtraOutputs) {
@@ -188,6 +220,13 @@ TEST(Distill, AllRowsIgnoredOneValidRowAndSinglePass) {
     cfg.r.w_hard = 0.2;
     check_single_pass(distill_case("distill_single_" + std::to_string(int(beta * 10)), cfg));
   }
+  for (const DivCase& d : div_cases()) {
+    DistillCfg cfg;
+    cfg.r.div = d.div;
+    cfg.r.alpha = d.alpha;
+    cfg.r.w_hard = 0.2;
+    check_single_pass(distill_case(std::string("distill_single_") + d.name, cfg));
+  }
 }
 
 TEST(Distill, BadInputThrows) {
@@ -201,6 +240,13 @@ TEST(Distill, BadInputThrows) {
   o = {};
   o.beta = 2;
   expect_error([&] { distill(ctx, s, t, y, o); }, {"distill", "beta", "[4, 6]"});
+  o = {};
+  o.divergence = Divergence::SkewKl;
+  o.skew_alpha = 1.5f;
+  expect_error([&] { distill(ctx, s, t, y, o); }, {"distill", "skew_alpha", "[0, 1]", "[4, 6]"});
+  o = {};
+  o.divergence = Divergence(7);
+  expect_error([&] { distill(ctx, s, t, y, o); }, {"distill", "unknown divergence", "[4, 6]"});
   o = {};
   o.w_hard = 1;
   expect_error([&] { distill(ctx, s, t, nullptr, o); }, {"distill", "w_hard", "labels"});

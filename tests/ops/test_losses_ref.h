@@ -45,7 +45,8 @@ struct CeRef {
 Vec ce_ref(const Mat& z, const std::vector<int64_t>& labels, const CeRef& o, Out what = Out::Loss);
 
 struct TopKRef {
-  double beta = 0, t = 1, w_hard = 0, w_soft = 1;
+  Divergence div = Divergence::Kl;
+  double beta = 0, alpha = 0.1, t = 1, w_hard = 0, w_soft = 1;
   bool normalize = false;
   int64_t ignore = -100;
   Reduction red = Reduction::Mean;
@@ -56,12 +57,29 @@ Vec topk_ref(const Mat& z, const std::vector<int64_t>& ids, const Mat& logprobs,
              const std::vector<int64_t>& labels, const TopKRef& o, Out what = Out::Loss);
 
 struct DistillRef {
-  double beta = 0, t = 1, w_hard = 0, w_soft = 1;
+  Divergence div = Divergence::Kl;
+  double beta = 0, alpha = 0.1, t = 1, w_hard = 0, w_soft = 1;
   int64_t ignore = -100;
   Reduction red = Reduction::Mean;
 };
 Vec distill_ref(const Mat& z, const Mat& teacher, const std::vector<int64_t>& labels, const DistillRef& o,
                 Out what = Out::Loss);
+
+// The divergences beyond the KL family, with their parameters: every distillation suite (row and fused, CPU
+// and CUDA) runs each of them.
+struct DivCase {
+  const char* name;
+  Divergence div;
+  double alpha;
+};
+inline const std::vector<DivCase>& div_cases() {
+  static const std::vector<DivCase> cases = {{"tvd", Divergence::Tvd, 0.1},
+                                             {"skew_kl_a1", Divergence::SkewKl, 0.1},
+                                             {"skew_kl_a6", Divergence::SkewKl, 0.6},
+                                             {"skew_rkl_a1", Divergence::SkewReverseKl, 0.1},
+                                             {"skew_rkl_a6", Divergence::SkewReverseKl, 0.6}};
+  return cases;
+}
 
 Vec entropy_ref(const Mat& z, double t, Reduction red);
 Vec selective_ref(const Mat& z, const std::vector<int64_t>& ids, int64_t k);

@@ -123,7 +123,7 @@ TEST(RowKernels, TopKContract) {
     side.mask = loss::Block::dense(mask32.data(), DType::I32, d.n, d.k);
     side.labels = {d.labels.data(), DType::I32, d.n, 1, 4, 4};
     side.ignore_index = -1;
-    side.beta = 0.5f;
+    side.div.beta = 0.5f;
     side.temperature = 2;
     side.w_hard = 0.5f;
     side.normalize_topk = norm;
@@ -138,7 +138,7 @@ TEST(RowKernels, DistillContract) {
     side.teacher = loss::Block::dense(d.teacher.data(), DType::F32, d.n, d.v);
     side.labels = {d.labels.data(), DType::I32, d.n, 1, 4, 4};
     side.ignore_index = -1;
-    side.beta = beta;
+    side.div.beta = beta;
     side.temperature = 2;
     side.w_hard = 0.3f;
     check_contract(loss::distill_rows, d, side, d.v);

@@ -3,6 +3,8 @@
 // edge shapes, storage dtypes and strided views, the single pass, and bad input.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <cmath>
 #include <limits>
 
@@ -27,7 +29,9 @@ struct TopKCfg {
 
 TopKDistillOptions opts_of(const TopKRef& r) {
   TopKDistillOptions o;
+  o.divergence = r.div;
   o.beta = float(r.beta);
+  o.skew_alpha = float(r.alpha);
   o.temperature = float(r.t);
   o.normalize_topk = r.normalize;
   o.w_hard = float(r.w_hard);
@@ -92,6 +96,26 @@ TEST(TopKDistill, Grid) {
             cfg.labels = w_hard > 0 || (i++ % 2 == 0);  // without labels every row counts
             EXPECT_TRUE(run_case(to_op_case(topk_case(cfg_name(cfg.r, cfg.labels), cfg))));
           }
+}
+
+TEST(TopKDistill, Divergences) {
+  int i = 0;
+  for (const DivCase& d : div_cases())
+    for (double t : {1.0, 2.0})
+      for (bool norm : {false, true})
+        for (double w_hard : {0.0, 0.7}) {
+          TopKCfg cfg;
+          cfg.r.div = d.div;
+          cfg.r.alpha = d.alpha;
+          cfg.r.t = t;
+          cfg.r.normalize = norm;
+          cfg.r.w_hard = w_hard;
+          cfg.r.w_soft = 0.8;
+          cfg.r.red = std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i++ % 3)];
+          cfg.labels = w_hard > 0 || i % 2 == 0;
+          EXPECT_TRUE(
+              run_case(to_op_case(topk_case(std::string(d.name) + "_" + cfg_name(cfg.r, cfg.labels), cfg))));
+        }
 }
 
 TEST(TopKDistill, NoMask) {
@@ -402,6 +426,10 @@ TEST(TopKDistill, BadInputThrows) {
   expect_error([&] { call(o); }, {"topk_kd", "beta", "[4, 6]"});
   o.beta = 1.5f;
   expect_error([&] { call(o); }, {"topk_kd", "beta", "1.5", "[4, 6]"});
+  o = {};
+  o.divergence = Divergence::SkewReverseKl;
+  o.skew_alpha = -0.2f;
+  expect_error([&] { call(o); }, {"topk_kd", "skew_alpha", "-0.2", "[4, 6]"});
   o = {};
   o.w_soft = -1;
   expect_error([&] { call(o); }, {"topk_kd", "w_soft", "[4, 6]"});

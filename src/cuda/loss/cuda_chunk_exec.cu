@@ -35,6 +35,7 @@
 #include "../cuda_common.cuh"
 #include "cuda_chunk_exec.h"
 #include "cuda_chunk_kernels.h"
+#include "cuda_row_loss.h"
 #include "distill_rows.h"
 #include "row_losses.h"
 #include "softmax_chunk.h"
@@ -121,16 +122,6 @@ struct LtPref {
     if (p) (void)cublasLtMatmulPreferenceDestroy(p);
   }
 };
-
-// Side data in the row kernels' form.
-SideMatrix side(const Block& b) {  // [rows, K]
-  if (b.empty()) return {};
-  return {b.data, b.dtype, int64_t(b.row_stride), int64_t(b.col_stride)};
-}
-SideMatrix side_vec(const Block& b) {  // [rows, 1]
-  if (b.empty()) return {};
-  return {b.data, b.dtype, int64_t(b.row_stride), 0};
-}
 
 // RETORT_CHUNK_PROFILE=1: the fused losses' phases timed in context by CUDA events on the stream (each GEMM
 // by shape, each row loss by kind, and the whole op from the executor's birth to its death), summed per label
@@ -421,7 +412,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     if (beta == 0.0f && !side_pending_) {
       if (!plan.tuned) {
         tune(plan, a.data, b.data, c.data, alpha);
-      } else if (plan.entry >= 0 && retime_on()) {
+      } else if (plan.entry >= 0) {
         LtTuned& e = (*ex_.lt_tuned)[size_t(plan.entry)];
         if (!e.settled && std::chrono::duration<double>(std::chrono::steady_clock::now() - e.first).count() >=
                               LtTuned::kSettleSeconds) {
@@ -534,82 +525,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
       keep.push_back(ex.temp(std::max<size_t>(bytes, 1)));
       return keep.back()->data();
     };
-    void* stream = ex.stream;
-    const ErrorSink sink{ex.dev_error, op_};
-    switch (spec.kind) {
-      case LossKind::CrossEntropy: {
-        const Block& lab = spec.ce.labels;
-        CrossEntropyRows o;
-        if (lab.row_stride == dtype_size(lab.dtype)) {  // the kernel reads labels[r] contiguous
-          o.labels = lab.data;
-          o.label_dtype = lab.dtype;
-        } else {
-          auto* p = static_cast<int64_t*>(temp(size_t(lab.rows) * sizeof(int64_t)));
-          fused::copy_labels(ex, lab, spec.ce.ignore_index, false, p);
-          o.labels = p;
-          o.label_dtype = DType::I64;
-        }
-        o.ignore_index = spec.ce.ignore_index;
-        o.label_smoothing = spec.ce.label_smoothing;
-        o.z_loss = spec.ce.z_loss;
-        o.softcap = spec.ce.softcap;
-        cross_entropy_rows(b, o, nullptr, stream);
-        return;
-      }
-      case LossKind::TopK: {
-        const loss::TopKSide& s = spec.topk;
-        TopKRows o;
-        o.ids = side(s.ids);
-        o.logprobs = side(s.logprobs);
-        o.mask = side(s.mask);
-        o.labels = side_vec(s.labels);
-        o.ignore_index = s.ignore_index;
-        if (gathered && !s.labels.empty()) {
-          // The gathered kernel checks labels against K; here they only say which rows count.
-          auto* p = static_cast<int64_t*>(temp(size_t(s.labels.rows) * sizeof(int64_t)));
-          fused::copy_labels(ex, s.labels, s.ignore_index, true, p);
-          o.labels = {p, DType::I64, int64_t(sizeof(int64_t)), 0};
-          o.ignore_index = -1;
-        }
-        o.K = s.logprobs.cols;
-        o.beta = s.beta;
-        o.temperature = s.temperature;
-        o.w_hard = s.w_hard;
-        o.w_soft = s.w_soft;
-        o.normalize_topk = s.normalize_topk;
-        o.hard = out.hard;
-        o.soft = out.soft;
-        if (b.grad && !gathered && o.K <= kMaxFastSlots) o.scratch = temp(topk_scratch_bytes(b.rows, o.K));
-        topk_distill_rows(b, o, sink, stream);
-        return;
-      }
-      case LossKind::Distill: {
-        const loss::DistillSide& s = spec.distill;
-        const size_t tes = dtype_size(s.teacher.dtype);
-        RT_CHECK(s.teacher.col_stride == tes,
-                 "cuda fused distill: the teacher logits must have contiguous rows");
-        DistillRows o;
-        o.teacher = s.teacher.data;
-        o.teacher_dtype = s.teacher.dtype;
-        o.teacher_stride = std::max<int64_t>(s.teacher.cols, int64_t(s.teacher.row_stride / tes));
-        o.labels = side_vec(s.labels);
-        o.ignore_index = s.ignore_index;
-        o.beta = s.beta;
-        o.temperature = s.temperature;
-        o.w_hard = s.w_hard;
-        o.w_soft = s.w_soft;
-        o.hard = out.hard;
-        o.soft = out.soft;
-        distill_rows(b, o, sink, stream);
-        return;
-      }
-      case LossKind::Entropy:
-        entropy_rows(b, EntropyRows{spec.entropy.temperature}, stream);
-        return;
-      case LossKind::SelectiveLogSoftmax:
-        selective(spec.selective, b, temp);
-        return;
-    }
+    cuda::row_loss(ex, spec, b, out.hard, out.soft, op_, temp);
   }
 
   void reduce(const float* v, int64_t n, float scale, float* out) override {
@@ -649,7 +565,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
       if (ce.label_smoothing != 0.0f || ce.softcap != 0.0f || ce.labels.empty()) return false;
     } else if (kind == LossKind::TopK) {
       const loss::TopKSide& t = j.spec.topk;
-      if (t.beta != 0.0f || t.temperature != 1.0f || t.normalize_topk || t.ids.empty() ||
+      if (!t.div.forward_kl() || t.temperature != 1.0f || t.normalize_topk || t.ids.empty() ||
           t.logprobs.cols > kSoftmaxMaxSlots || t.logprobs.cols == 0)
         return false;
     } else {
@@ -807,43 +723,6 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   }
 
  private:
-  // Selective log-softmax: the kernel wants contiguous ids (and upstream). Its backward recomputes p at an id
-  // from the logits unless given the forward's log-probabilities; when the gradient overwrites the logits in
-  // place those are gathered first (z[id] − lse).
-  template <typename Temp>
-  void selective(const loss::SelectiveSide& s, RowBlock& b, Temp& temp) {
-    const int64_t rows = b.rows, k = s.ids.cols;
-    auto* ids = static_cast<int64_t*>(temp(size_t(rows * k) * sizeof(int64_t)));
-    CudaExec& ex = *cur_;
-    fused::copy_block(ex, s.ids, DType::I64, ids);
-    SelectiveRows o;
-    o.ids = ids;
-    o.id_dtype = DType::I64;
-    o.K = k;
-    const bool dense_f32 = s.values.dtype == DType::F32 && s.values.col_stride == sizeof(float) &&
-                           (rows == 1 || s.values.row_stride == size_t(k) * sizeof(float));
-    if (!b.grad) {
-      RT_CHECK(dense_f32, "cuda fused selective_log_softmax: the output must be contiguous f32");
-      o.out = static_cast<float*>(s.values.data);
-      selective_log_softmax_rows(b, o, nullptr, ex.stream);
-      return;
-    }
-    RT_ASSERT(s.lse);
-    float* up = static_cast<float*>(s.values.data);
-    if (!dense_f32) {
-      up = static_cast<float*>(temp(size_t(rows * k) * sizeof(float)));
-      fused::copy_block(ex, s.values, DType::F32, up);
-    }
-    o.upstream = up;
-    b.lse = const_cast<float*>(s.lse);  // read only on the backward
-    if (b.grad == b.logits) {
-      auto* lp = static_cast<float*>(temp(size_t(rows * k) * sizeof(float)));
-      fused::gather_logprobs(ex, static_cast<const float*>(b.logits), b.stride, rows, ids, k, s.lse, lp);
-      o.out = lp;
-    }
-    selective_log_softmax_rows(b, o, nullptr, ex.stream);
-  }
-
   // The 16-bit gradient buffer for the logits block, which it now stands for.
   void* shadow_for(const Block& logits) {
     RT_ASSERT(cur_ == &ex_);  // no row pieces with a shadow (overlap_pieces)
@@ -1016,14 +895,6 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     }
   }
 
-  // RETORT_GEMM_RETIME=0: no second timing (for comparisons).
-  static bool retime_on() {
-    static const bool on = [] {
-      const char* e = std::getenv("RETORT_GEMM_RETIME");
-      return !(e && e[0] == '0');
-    }();
-    return on;
-  }
   static constexpr int kTuneCandidates = 8;
   static constexpr size_t kMaxTunedShapes = 64;
 

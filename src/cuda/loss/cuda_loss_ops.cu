@@ -1,6 +1,7 @@
 // The loss backend's graph ops (src/ops/loss/losses.cpp) on the CUDA device. Each launcher reads its node's
-// slots exactly as the CPU kernel does, runs the row kernels (row_losses.h, distill_rows.h) over the node's
-// logits, and reduces the per-row values on the device, so nothing waits for the host: the mean's divisor is
+// options with the CPU's loss::spec_from_slots, runs them through the one CUDA row-loss entry
+// (cuda_row_loss.h, shared with the fused executor) over the node's logits, and reduces the per-row values
+// on the device, so nothing waits for the host: the mean's divisor is
 // counted on the device (count_valid_rows) and feeds both the loss and the gradient scale.
 //
 // Single pass: when the backward rule has set ip[kIpGrad], the forward also writes d(loss)/d(logits) into
@@ -13,21 +14,22 @@
 //
 // Layouts: the row kernels want dim-0-contiguous rows; logits (and teacher logits) with another stride are
 // copied to a contiguous temporary first. Side data of the distillation kernels is read through its strides.
+#include <algorithm>
 #include <memory>
 #include <vector>
 
 #include "../../ops/loss/losses.h"
+#include "../../ops/loss/row_loss.h"
 #include "../cuda_common.cuh"
-#include "distill_rows.h"
-#include "row_losses.h"
+#include "cuda_row_loss.h"
 
 namespace retort::cuda {
 
 namespace {
 
-// The loss node's slots: the same numbers as losses.cpp (its header comment lists them).
-constexpr int kIpReduction = 0, kIpGrad = 1, kIpIgnore = 2, kIpNormalize = 3;
-constexpr int kFpTemp = 0, kFpBeta = 1, kFpHard = 2, kFpSoft = 3, kFpSmooth = 4, kFpZLoss = 5, kFpCap = 6;
+using loss::kIpGrad;
+using loss::kIpIgnore;
+using loss::kIpReduction;
 constexpr int kAuxRows = 0, kAuxLse = 1, kAuxParts = 2, kAuxGrad = 3;
 
 // ---- check kernels ----------------------------------------------------------------------------------------
@@ -98,15 +100,6 @@ const void* contiguous_as(Scratch& s, const Tensor* t, DType dt) {
   void* p = s.bytes(dtype_size(dt) * size_t(t->nelements()));
   copy_elements(s.ex, contiguous_desc(p, dt, t->ne), desc(t));
   return p;
-}
-
-SideMatrix side(const Tensor* t) {  // [N, K]
-  if (!t) return {};
-  return {t->data, t->dtype, int64_t(t->nb[1]), int64_t(t->nb[0])};
-}
-SideMatrix side_vec(const Tensor* t) {  // [N]
-  if (!t) return {};
-  return {t->data, t->dtype, int64_t(t->nb[0]), 0};
 }
 
 // ---- outputs, scale and reduction -------------------------------------------------------------------------
@@ -202,6 +195,29 @@ bool is_i64(const Tensor* t) {
 
 // ---- launchers --------------------------------------------------------------------------------------------
 
+loss::Block matrix(const Tensor* t) {  // [rows, cols] through its strides
+  if (!t) return {};
+  return {t->data, t->dtype, t->ne[1], t->ne[0], t->nb[1], t->nb[0]};
+}
+loss::Block column(const Tensor* t) {  // a 1-D [N] tensor as N rows of one element
+  if (!t) return {};
+  return {t->data, t->dtype, t->ne[0], 1, t->nb[0], t->nb[0]};
+}
+loss::Block dense_rows(const Rows& r) {
+  const size_t es = dtype_size(r.dtype);
+  return {const_cast<void*>(r.data), r.dtype, r.rows, r.cols, size_t(r.stride) * es, es};
+}
+
+// The row kernel of the node's spec (options from its slots, side data set by the caller) through the one
+// CUDA row-loss entry, then the reduction.
+void run(Scratch& s, Tensor* node, const loss::LossSpec& spec, const Rows& xr, const LossOut& o,
+         const Scale& sc) {
+  RowBlock b = block_of(xr, o, sc);
+  row_loss(s.ex, spec, b, o.hard, o.soft, node->op,
+           [&s](size_t n) { return s.bytes(std::max<size_t>(n, 1)); });
+  reduce(s, node, o, sc);
+}
+
 void cross_entropy_loss_l(CudaExec& ex, Tensor* node) {
   const Tensor* x = node->src[0];
   const Tensor* labels = node->src[1];
@@ -214,46 +230,28 @@ void cross_entropy_loss_l(CudaExec& ex, Tensor* node) {
   RT_CUDA_LAUNCH_CHECK("check_labels_kernel");
   const LossOut o = wire(s, node);
   const Scale sc = scale_of(s, node, labels, lab);
-  CrossEntropyRows ce;
-  ce.labels = lab;
-  ce.label_dtype = labels->dtype;
-  ce.ignore_index = node->ip[kIpIgnore];
-  ce.label_smoothing = node->fp[kFpSmooth];
-  ce.z_loss = node->fp[kFpZLoss];
-  ce.softcap = node->fp[kFpCap];
-  cross_entropy_rows(block_of(xr, o, sc), ce, nullptr, ex.stream);
-  reduce(s, node, o, sc);
+  loss::LossSpec spec = loss::spec_from_slots(node, loss::LossKind::CrossEntropy);
+  spec.ce.labels = loss::Block::dense(const_cast<void*>(lab), labels->dtype, n, 1);
+  run(s, node, spec, xr, o, sc);
 }
 
-// Top-K distillation and its gathered form (no ids: src[1] is null), like the CPU's cpu_topk.
+// Top-K distillation and its gathered form (no ids: src[1] is null).
 void topk_l(CudaExec& ex, Tensor* node) {
   const Tensor* x = node->src[0];
   const Tensor* labels = node->src[4];
+  RT_CHECK(node->src[2]->ne[0] <= kMaxTopKSlots, "cuda ", op_name(node->op), ": teacher_logprobs ",
+           node->src[2]->describe(), " has K = ", node->src[2]->ne[0],
+           " slots per row; the CUDA kernel keeps at most ", kMaxTopKSlots, " in shared memory");
   Scratch s{ex, {}};
   const Rows xr = rows_of(s, x);
   const LossOut o = wire(s, node);
   const Scale sc = scale_of(s, node, labels, labels ? contiguous_as(s, labels, labels->dtype) : nullptr);
-  TopKRows t;
-  t.ids = side(node->src[1]);
-  t.logprobs = side(node->src[2]);
-  t.mask = side(node->src[3]);
-  t.labels = side_vec(labels);
-  t.K = node->src[2]->ne[0];
-  RT_CHECK(t.K <= kMaxTopKSlots, "cuda ", op_name(node->op), ": teacher_logprobs ", node->src[2]->describe(),
-           " has K = ", t.K, " slots per row; the CUDA kernel keeps at most ", kMaxTopKSlots,
-           " in shared memory");
-  t.ignore_index = node->ip[kIpIgnore];
-  t.normalize_topk = node->ip[kIpNormalize] != 0;
-  t.temperature = node->fp[kFpTemp];
-  t.beta = node->fp[kFpBeta];
-  t.w_hard = node->fp[kFpHard];
-  t.w_soft = node->fp[kFpSoft];
-  t.hard = o.hard;
-  t.soft = o.soft;
-  // Workspace for the rows that run as cross-entropy rows (distill_rows.h; used only where they qualify).
-  if (o.grad && t.ids.data && t.K <= kMaxFastSlots) t.scratch = s.bytes(topk_scratch_bytes(xr.rows, t.K));
-  topk_distill_rows(block_of(xr, o, sc), t, ErrorSink{ex.dev_error, node->op}, ex.stream);
-  reduce(s, node, o, sc);
+  loss::LossSpec spec = loss::spec_from_slots(node, loss::LossKind::TopK);
+  spec.topk.ids = matrix(node->src[1]);
+  spec.topk.logprobs = matrix(node->src[2]);
+  spec.topk.mask = matrix(node->src[3]);
+  spec.topk.labels = column(labels);
+  run(s, node, spec, xr, o, sc);
 }
 
 void distill_l(CudaExec& ex, Tensor* node) {
@@ -264,20 +262,10 @@ void distill_l(CudaExec& ex, Tensor* node) {
   const Rows wr = rows_of(s, node->src[1]);
   const LossOut o = wire(s, node);
   const Scale sc = scale_of(s, node, labels, labels ? contiguous_as(s, labels, labels->dtype) : nullptr);
-  DistillRows d;
-  d.teacher = wr.data;
-  d.teacher_dtype = wr.dtype;
-  d.teacher_stride = wr.stride;
-  d.labels = side_vec(labels);
-  d.ignore_index = node->ip[kIpIgnore];
-  d.temperature = node->fp[kFpTemp];
-  d.beta = node->fp[kFpBeta];
-  d.w_hard = node->fp[kFpHard];
-  d.w_soft = node->fp[kFpSoft];
-  d.hard = o.hard;
-  d.soft = o.soft;
-  distill_rows(block_of(xr, o, sc), d, ErrorSink{ex.dev_error, node->op}, ex.stream);
-  reduce(s, node, o, sc);
+  loss::LossSpec spec = loss::spec_from_slots(node, loss::LossKind::Distill);
+  spec.distill.teacher = dense_rows(wr);
+  spec.distill.labels = column(labels);
+  run(s, node, spec, xr, o, sc);
 }
 
 void entropy_l(CudaExec& ex, Tensor* node) {
@@ -285,8 +273,7 @@ void entropy_l(CudaExec& ex, Tensor* node) {
   const Rows xr = rows_of(s, node->src[0]);
   const LossOut o = wire(s, node);
   const Scale sc = scale_of(s, node, nullptr, nullptr);
-  entropy_rows(block_of(xr, o, sc), EntropyRows{node->fp[kFpTemp]}, ex.stream);
-  reduce(s, node, o, sc);
+  run(s, node, loss::spec_from_slots(node, loss::LossKind::Entropy), xr, o, sc);
 }
 
 void selective_l(CudaExec& ex, Tensor* node) {
@@ -302,17 +289,16 @@ void selective_l(CudaExec& ex, Tensor* node) {
   RT_CUDA_LAUNCH_CHECK("check_ids_kernel");
   LossOut o;
   o.lse = f32(node->aux[kAuxLse]);
-  SelectiveRows so;
-  so.ids = idp;
-  so.id_dtype = ids->dtype;
-  so.K = k;
-  so.out = f32(node);
-  selective_log_softmax_rows(block_of(xr, o, Scale{}), so, nullptr, ex.stream);
+  loss::LossSpec spec = loss::spec_from_slots(node, loss::LossKind::SelectiveLogSoftmax);
+  spec.selective.ids = loss::Block::dense(const_cast<void*>(idp), ids->dtype, xr.rows, k);
+  spec.selective.values = loss::Block::dense(node->data, DType::F32, xr.rows, k);
+  RowBlock b = block_of(xr, o, Scale{});
+  row_loss(ex, spec, b, nullptr, nullptr, node->op,
+           [&s](size_t n) { return s.bytes(std::max<size_t>(n, 1)); });
 }
 
 // src = logits, ids, upstream gradient [N, K], the forward's lse [N]. The forward checked the ids.
 void selective_back_l(CudaExec& ex, Tensor* node) {
-  const Tensor* ids = node->src[1];
   const Tensor* lse = node->src[3];
   Scratch s{ex, {}};
   const Rows xr = rows_of(s, node->src[0]);
@@ -323,14 +309,13 @@ void selective_back_l(CudaExec& ex, Tensor* node) {
   LossOut o;
   o.grad = node->data;
   o.grad_dtype = node->dtype;
-  o.lse = f32(lse);
-  SelectiveRows so;
-  so.ids = contiguous_as(s, ids, ids->dtype);
-  so.id_dtype = ids->dtype;
-  so.K = ids->ne[0];
-  so.upstream = static_cast<const float*>(contiguous_as(s, node->src[2], DType::F32));
-  selective_log_softmax_rows(block_of(xr, o, Scale{}), so, nullptr,
-                             ex.stream);  // p at the ids from the logits
+  loss::LossSpec spec = loss::spec_from_slots(node, loss::LossKind::SelectiveLogSoftmax);
+  spec.selective.ids = matrix(node->src[1]);
+  spec.selective.values = matrix(node->src[2]);
+  spec.selective.lse = f32(lse);
+  RowBlock b = block_of(xr, o, Scale{});
+  row_loss(ex, spec, b, nullptr, nullptr, node->op,
+           [&s](size_t n) { return s.bytes(std::max<size_t>(n, 1)); });
 }
 
 }  // namespace

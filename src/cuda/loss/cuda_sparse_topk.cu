@@ -751,7 +751,7 @@ bool sparse_forward_kl(CudaExec& ex, const Block& hidden, const Block& w, const 
                        const loss::TopKSide& side, const Block& g, const SparseKlOut& out,
                        const Block& dhidden, bool accumulate_dhidden) {
   const int64_t h = hidden.cols, kk = g.cols, es = int64_t(dtype_size(hidden.dtype));
-  const bool ok = side.beta == 0.0f && side.w_hard == 0.0f && side.normalize_topk && !side.ids.empty() &&
+  const bool ok = side.div.forward_kl() && side.w_hard == 0.0f && side.normalize_topk && !side.ids.empty() &&
                   hidden.dtype == w.dtype && h % 8 == 0 && h / 8 <= 512 && kk <= 4096 &&
                   int64_t(hidden.col_stride) == es && int64_t(w.col_stride) == es && aligned16(hidden) &&
                   aligned16(w) && !dhidden.empty() && dhidden.col_stride == sizeof(float) &&

@@ -141,12 +141,31 @@ __device__ __forceinline__ float logaddexp_dev(float a, float b) {
   return hi + log1pf(expf(lo - hi));
 }
 
-// One divergence term between teacher log p and student log q (a slot, or a vocabulary entry): adds it to d
-// and returns dD/d(log q). beta = 0 forward KL(P‖Q), 1 reverse KL(Q‖P), otherwise the generalized JSD with
-// M = beta·P + (1 − beta)·Q. Zero-weight terms are skipped so 0·log 0 never makes a NaN. (row_kernels.cpp's
-// divergence_term, term for term.)
-__device__ __forceinline__ float div_term(float beta, float lp, float lq, double& d) {
+// One divergence term (row_kernels.h's table) between teacher log p and student log q (a slot, or a
+// vocabulary entry): adds it to d and returns dD/d(log q). Zero-weight terms are skipped so 0·log 0 never
+// makes a NaN. (row_kernels.cpp's divergence_term, term for term.)
+__device__ __forceinline__ float div_term(const loss::DivergenceSpec& dv, float lp, float lq, double& d) {
   const float p = expf(lp), q = expf(lq);
+  switch (dv.kind) {
+    case Divergence::Kl:
+      break;
+    case Divergence::Tvd:
+      d += 0.5 * fabs(double(p) - double(q));
+      return q > p ? 0.5f * q : q < p ? -0.5f * q : 0.0f;
+    case Divergence::SkewKl: {
+      if (!(p > 0.0f)) return 0.0f;
+      const float a = dv.alpha, lm = logaddexp_dev(logf(a) + lp, log1pf(-a) + lq);
+      d += double(p) * (lp - lm);
+      return -(1.0f - a) * p * expf(lq - lm);
+    }
+    case Divergence::SkewReverseKl: {
+      if (!(q > 0.0f)) return 0.0f;
+      const float a = dv.alpha, lm = logaddexp_dev(log1pf(-a) + lp, logf(a) + lq);
+      d += double(q) * (lq - lm);
+      return q * (lq - lm + 1.0f - a * expf(lq - lm));
+    }
+  }
+  const float beta = dv.beta;
   if (beta == 0.0f) {
     if (p > 0.0f) d += double(p) * (lp - lq);
     return -p;
@@ -256,14 +275,16 @@ inline int grid_for(int64_t rows) {
   return int(std::min<int64_t>(rows, int64_t(sms) * 2));
 }
 
-inline void check_common(const RowBlock& b, const SideMatrix& labels, float beta, float temp, float w_hard,
-                         float w_soft, const char* op) {
+inline void check_common(const RowBlock& b, const SideMatrix& labels, const loss::DivergenceSpec& dv,
+                         float temp, float w_hard, float w_soft, const char* op) {
+  const float beta = dv.beta;
   RT_CHECK(b.rows >= 0 && b.V >= 1 && b.V < (int64_t(1) << 31) && (b.rows <= 1 || b.stride >= b.V), op,
            ": bad row block (rows ", b.rows, ", V ", b.V, ", stride ", b.stride, ")");
   RT_CHECK(!b.grad || b.rows <= 1 || b.grad_stride >= b.V, op, ": gradient row stride ", b.grad_stride,
            " < V ", b.V);
   RT_CHECK(std::isfinite(temp) && temp > 0.0f, op, ": temperature must be a finite number > 0, got ", temp);
   RT_CHECK(beta >= 0.0f && beta <= 1.0f, op, ": beta must be in [0, 1], got ", beta);
+  RT_CHECK(dv.alpha >= 0.0f && dv.alpha <= 1.0f, op, ": skew_alpha must be in [0, 1], got ", dv.alpha);
   RT_CHECK(std::isfinite(w_hard) && w_hard >= 0.0f && std::isfinite(w_soft) && w_soft >= 0.0f, op,
            ": weights must be finite and >= 0, got w_hard ", w_hard, ", w_soft ", w_soft);
   RT_CHECK(!labels.data || is_int(labels.dtype), op, ": labels must be i32 or i64, got ",

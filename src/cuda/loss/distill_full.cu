@@ -69,7 +69,9 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ Stats2 ssh[32];
   __shared__ double dsh[32];
   const int64_t v = b.V;
-  const float temp = o.temperature, inv_t = 1.0f / temp, kt = inv_t * kLog2e, beta = o.beta;
+  const float temp = o.temperature, inv_t = 1.0f / temp, kt = inv_t * kLog2e;
+  const loss::DivergenceSpec dv = o.div;
+  const bool fkl = dv.forward_kl();
   const bool want_grad = b.grad != nullptr;
   const DType wt = o.teacher_dtype;
   const int64_t wsize = wt == DType::F32 ? 4 : 2;
@@ -128,32 +130,32 @@ __global__ void __launch_bounds__(kThreads)
       }
     };
     double dpart = 0.0, gpart = 0.0;
-    if (beta == 0.0f && want_grad) {
+    if (fkl && want_grad) {
       // Forward KL: dD/dz_j = (q_j − p_j)/T needs no row-wide sum, so loss and gradient share this pass.
       for_pair(zr, wr, wt, wsize, v, f.vec, [&](int64_t j0, const float* z, const float* w, int cnt) {
         float g[8];
         for (int i = 0; i < cnt; ++i) {
           const float lq = lq_at(z[i]), lp = lp_at(w[i]);
-          div_term(0.0f, lp, lq, dpart);
+          div_term(loss::DivergenceSpec{}, lp, lq, dpart);
           g[i] = cs * (expf(lq) - expf(lp)) + hard_grad.at(z[i]);
         }
         store(j0, g, cnt);
       });
     } else {
       for_pair(zr, wr, wt, wsize, v, f.vec, [&](int64_t, const float* z, const float* w, int cnt) {
-        for (int i = 0; i < cnt; ++i) gpart += div_term(beta, lp_at(w[i]), lq_at(z[i]), dpart);
+        for (int i = 0; i < cnt; ++i) gpart += div_term(dv, lp_at(w[i]), lq_at(z[i]), dpart);
       });
     }
     const double dsum = block_reduce(dpart, SumOp{}, 0.0, dsh);
     const double gsum = block_reduce(gpart, SumOp{}, 0.0, dsh);
-    if (beta != 0.0f && want_grad) {
+    if (!fkl && want_grad) {
       const float gs = float(gsum);
       for_pair(zr, wr, wt, wsize, v, f.vec, [&](int64_t j0, const float* z, const float* w, int cnt) {
         float g[8];
         for (int i = 0; i < cnt; ++i) {
           const float lq = lq_at(z[i]);
           double unused = 0.0;
-          const float gj = div_term(beta, lp_at(w[i]), lq, unused);
+          const float gj = div_term(dv, lp_at(w[i]), lq, unused);
           g[i] = cs * (gj - expf(lq) * gs) + hard_grad.at(z[i]);
         }
         store(j0, g, cnt);
@@ -292,7 +294,7 @@ __global__ void __launch_bounds__(kCT, kCT == 512 ? 2 : 1)
                 n = std::max<int64_t>(0, std::min<int64_t>(v, c0 + seg) - c0);
   const uint32_t seg_bytes = uint32_t(n * int64_t(sizeof(T)));
   const int64_t first = blockIdx.x / cs, step = gridDim.x / cs;
-  const float temp = o.temperature, inv_t = 1.0f / temp, kt = inv_t * kLog2e, beta = o.beta;
+  const float temp = o.temperature, inv_t = 1.0f / temp, kt = inv_t * kLog2e, beta = o.div.beta;
   const bool want_grad = b.grad != nullptr;
   const int nt = int(blockDim.x), nw = nt / 32;  // at most kCT threads (cluster_plan's count)
   const int lane = int(threadIdx.x & 31), wid = int(threadIdx.x >> 5);
@@ -708,7 +710,7 @@ ClusterPlan cluster_plan(const RowBlock& b, const DistillRows& o, size_t elsize)
 
 void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err, void* stream) {
   const char* op = "distill_rows";
-  check_common(b, o.labels, o.beta, o.temperature, o.w_hard, o.w_soft, op);
+  check_common(b, o.labels, o.div, o.temperature, o.w_hard, o.w_soft, op);
   RT_CHECK(o.teacher && is_float(o.teacher_dtype) && (b.rows <= 1 || o.teacher_stride >= b.V), op,
            ": need f32 / bf16 / f16 teacher rows of stride >= V = ", b.V, ", got stride ", o.teacher_stride);
   if (b.rows == 0) return;
@@ -721,7 +723,9 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
     // f32 logits (the fused path's chunks, whose gradient may go to a 16-bit buffer); others take the
     // portable kernel.
     constexpr bool kClusterG = std::is_same_v<G, float> || std::is_same_v<G, T> || std::is_same_v<T, float>;
-    const ClusterPlan cp = kClusterG ? cluster_plan(b, o, sizeof(T)) : ClusterPlan{};
+    // The cluster kernel is specialized for the KL family; the other divergences take the portable kernel.
+    const ClusterPlan cp =
+        kClusterG && o.div.kind == Divergence::Kl ? cluster_plan(b, o, sizeof(T)) : ClusterPlan{};
     auto portable = [&] {
       // The portable kernel: 8-wide on row pairs that line up (contiguous [N, 50257] student and teacher rows
       // of one dtype: each row pair shares its misalignment), one by one otherwise.
@@ -741,9 +745,9 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
     else {
       const bool half = cp.threads == 512;
       auto kernel =
-          o.beta == 0.0f
+          o.div.beta == 0.0f
               ? (half ? distill_cluster_kernel<T, G, 0, 512> : distill_cluster_kernel<T, G, 0, 1024>)
-          : o.beta == 1.0f
+          : o.div.beta == 1.0f
               ? (half ? distill_cluster_kernel<T, G, 1, 512> : distill_cluster_kernel<T, G, 1, 1024>)
               : (half ? distill_cluster_kernel<T, G, 2, 512> : distill_cluster_kernel<T, G, 2, 1024>);
       const size_t smem = size_t(cp.nbuf) * 2 * size_t(cp.seg) * sizeof(T);

@@ -76,7 +76,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ double dsh[32];
 
   const int64_t v = b.V, kk = o.K;
-  const float temp = o.temperature, inv_t = 1.0f / temp, kt = inv_t * kLog2e, beta = o.beta;
+  const float temp = o.temperature, inv_t = 1.0f / temp, kt = inv_t * kLog2e;
+  const loss::DivergenceSpec dv = o.div;
   const bool want_grad = b.grad != nullptr;
   for (int64_t r = blockIdx.x; r < b.rows; r += gridDim.x) {
     const T* row = static_cast<const T*>(b.logits) + r * b.stride;
@@ -145,7 +146,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     double dpart = 0.0, gpart = 0.0;
     for (int64_t k = threadIdx.x; k < kk; k += blockDim.x)
-      if (sid[k] >= 0) gpart += div_term(beta, lp[k], lq[k], dpart);
+      if (sid[k] >= 0) gpart += div_term(dv, lp[k], lq[k], dpart);
     const double dsum = block_reduce(dpart, SumOp{}, 0.0, dsh);
     const double gsum = block_reduce(gpart, SumOp{}, 0.0, dsh);  // its barriers also publish lq and lp
 
@@ -175,7 +176,7 @@ __global__ void __launch_bounds__(kThreads)
     if (cs != 0.0f && n > 0.0f) {
       auto term = [&](int64_t k) {  // slot k's share of its column
         double unused = 0.0;
-        float g = cs * div_term(beta, lp[k], lq[k], unused);
+        float g = cs * div_term(dv, lp[k], lq[k], unused);
         if (f.normalize) g -= cs * expf(lq[k]) * gs;
         return g;
       };
@@ -214,7 +215,7 @@ __global__ void __launch_bounds__(kThreads)
 // ---- top-K rows as cross-entropy rows
 // ----------------------------------------------------------------------
 //
-// At T = 1 with beta = 0 (forward KL over the teacher's slots) or normalize_topk, the dense part of the
+// At T = 1 with forward KL (beta = 0 over the teacher's slots) or normalize_topk, the dense part of the
 // gradient is one softmax term: scale·(w_hard·[labels] + w_soft·Σ_k p_k [not normalize_topk])·q_j, minus
 // scale·w_hard at the label; only the K slot columns differ. So the row runs as a cross-entropy row with a
 // per-row coefficient (row_losses.cu: one read of the row, the cluster kernel on Hopper), between
@@ -272,7 +273,8 @@ __global__ void __launch_bounds__(kFastWarps * 32)
   int* sid = sid_all[wi];
   float *lq = lq_all[wi], *lpv = lp_all[wi];
   const int64_t v = b.V, kk = o.K, nw = int64_t(gridDim.x) * kFastWarps;
-  const float beta = o.beta, scale = grad_scale(b);
+  const loss::DivergenceSpec dv = o.div;
+  const float scale = grad_scale(b);
   for (int64_t r = int64_t(blockIdx.x) * kFastWarps + wi; r < b.rows; r += nw) {
     const long long y = w.lab[r];
     if (y < 0) {  // ignored: the cross-entropy kernel wrote a zero gradient row
@@ -309,7 +311,7 @@ __global__ void __launch_bounds__(kFastWarps * 32)
     for (int64_t k = lane; k < kk; k += 32)
       if (sid[k] >= 0) {
         lq[k] = o.normalize_topk ? (xs[k] - ms) - ls : xs[k] - lse;
-        gpart += div_term(beta, lpv[k], lq[k], dpart);
+        gpart += div_term(dv, lpv[k], lq[k], dpart);
       }
     const float soft = float(warp_reduce(dpart, SumOp{})), gs = warp_reduce(gpart, SumOp{});
     const float hard = w.hard[r];
@@ -336,7 +338,7 @@ __global__ void __launch_bounds__(kFastWarps * 32)
         for (int64_t q = k; q < kk; ++q) {
           if (sid[q] != id) continue;
           double unused = 0.0;
-          float t = cs * div_term(beta, lpv[q], lq[q], unused);
+          float t = cs * div_term(dv, lpv[q], lq[q], unused);
           if (o.normalize_topk) t -= cs * expf(lq[q]) * gs;
           g += t;
         }
@@ -351,7 +353,7 @@ __global__ void __launch_bounds__(kFastWarps * 32)
 
 void topk_distill_rows(const RowBlock& b, const TopKRows& o, const ErrorSink& err, void* stream) {
   const char* op = "topk_distill_rows";
-  check_common(b, o.labels, o.beta, o.temperature, o.w_hard, o.w_soft, op);
+  check_common(b, o.labels, o.div, o.temperature, o.w_hard, o.w_soft, op);
   const bool gathered = o.ids.data == nullptr;
   RT_CHECK(o.K >= 1 && o.logprobs.data && is_float(o.logprobs.dtype), op,
            ": need K >= 1 and f32 / bf16 / f16 teacher logprobs, got K = ", o.K);
@@ -361,12 +363,8 @@ void topk_distill_rows(const RowBlock& b, const TopKRows& o, const ErrorSink& er
            ", K = ", o.K, "); teacher ids must be i32 or i64");
   if (b.rows == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  static const bool fast_off = [] {  // RETORT_TOPK_FAST=0: always the general kernel (for comparisons)
-    const char* e = std::getenv("RETORT_TOPK_FAST");
-    return e && e[0] == '0';
-  }();
-  if (!fast_off && o.scratch && b.grad && !gathered && o.labels.data && o.temperature == 1.0f &&
-      (o.beta == 0.0f || o.normalize_topk) && o.K <= kMaxFastSlots) {
+  if (o.scratch && b.grad && !gathered && o.labels.data && o.temperature == 1.0f &&
+      (o.div.forward_kl() || o.normalize_topk) && o.K <= kMaxFastSlots) {
     const FastView w(o.scratch, b.rows);
     const bool hard_on = o.w_hard != 0.0f;
     const int grid = int(std::min<int64_t>((b.rows + kFastWarps - 1) / kFastWarps, 4096));

@@ -16,6 +16,7 @@
 
 #include "../../core/dtype.h"
 #include "../../core/op.h"
+#include "../../ops/loss/row_kernels.h"
 #include "row_losses.h"
 
 namespace retort::cuda {
@@ -46,12 +47,13 @@ struct TopKRows {
   SideMatrix labels;    // [rows] i32 / i64; absent: every row counts, no hard loss
   int64_t K = 0;
   int64_t ignore_index = -100;
-  float beta = 0.0f, temperature = 1.0f, w_hard = 0.0f, w_soft = 1.0f;
+  loss::DivergenceSpec div;
+  float temperature = 1.0f, w_hard = 0.0f, w_soft = 1.0f;
   bool normalize_topk = false;  // always on when gathered
   float* hard = nullptr;        // [rows] unweighted cross-entropy part (may be nullptr)
   float* soft = nullptr;        // [rows] unweighted divergence × T² part (may be nullptr)
   // Device workspace of topk_scratch_bytes(rows, K) bytes (16-byte aligned), or nullptr. With it, rows whose
-  // gradient's dense part is a plain softmax term (T = 1, beta = 0 or normalize_topk; labels given; K <=
+  // gradient's dense part is a plain softmax term (T = 1, forward KL or normalize_topk; labels given; K <=
   // kMaxFastSlots) run as cross-entropy rows (one read of each row; the cluster kernel on Hopper) between a
   // slot-gathering kernel and a slot-fixup kernel.
   void* scratch = nullptr;
@@ -68,7 +70,8 @@ struct DistillRows {
   int64_t teacher_stride = 0;  // elements between consecutive teacher rows
   SideMatrix labels;           // [rows] i32 / i64; absent: every row counts, no hard loss
   int64_t ignore_index = -100;
-  float beta = 0.0f, temperature = 1.0f, w_hard = 0.0f, w_soft = 1.0f;
+  loss::DivergenceSpec div;
+  float temperature = 1.0f, w_hard = 0.0f, w_soft = 1.0f;
   float* hard = nullptr;
   float* soft = nullptr;
 };

@@ -9,51 +9,6 @@
 
 namespace retort::loss {
 
-const char* loss_kind_name(LossKind k) {
-  switch (k) {
-    case LossKind::CrossEntropy:
-      return "cross_entropy";
-    case LossKind::TopK:
-      return "topk_kd";
-    case LossKind::Distill:
-      return "distill";
-    case LossKind::Entropy:
-      return "entropy";
-    case LossKind::SelectiveLogSoftmax:
-      return "selective_log_softmax";
-  }
-  return "?";
-}
-
-SelectiveSide SelectiveSide::sub_rows(int64_t r0, int64_t n) const {
-  SelectiveSide s = *this;
-  s.ids = ids.sub_rows(r0, n);
-  s.values = values.sub_rows(r0, n);
-  if (lse) s.lse = lse + r0;
-  return s;
-}
-
-LossSpec LossSpec::sub_rows(int64_t r0, int64_t n) const {
-  LossSpec s = *this;
-  switch (kind) {
-    case LossKind::CrossEntropy:
-      s.ce = ce.sub_rows(r0, n);
-      break;
-    case LossKind::TopK:
-      s.topk = topk.sub_rows(r0, n);
-      break;
-    case LossKind::Distill:
-      s.distill = distill.sub_rows(r0, n);
-      break;
-    case LossKind::Entropy:
-      break;
-    case LossKind::SelectiveLogSoftmax:
-      s.selective = selective.sub_rows(r0, n);
-      break;
-  }
-  return s;
-}
-
 namespace {
 
 constexpr size_t kAlign = 256;

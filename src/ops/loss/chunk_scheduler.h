@@ -34,6 +34,7 @@
 #include "fused_linear.h"
 #include "losses.h"
 #include "row_kernels.h"
+#include "row_loss.h"
 
 namespace retort {
 class ThreadPool;
@@ -47,31 +48,6 @@ namespace retort::loss {
 inline constexpr int64_t kVocabPad = 128;
 // Chunk rows from the memory budget are rounded to a multiple of this when the budget allows (GEMM tiles).
 inline constexpr int64_t kRowAlign = 128;
-
-enum class LossKind { CrossEntropy, TopK, Distill, Entropy, SelectiveLogSoftmax };
-const char* loss_kind_name(LossKind k);
-
-// Selective log-softmax's side data. Forward: values receives log softmax(z)[ids] [rows, K] (f32) and out.lse
-// the row LSE. Backward (the executor's row_loss is given out.grad): values is the upstream gradient
-// [rows, K] and lse the forward's row LSE.
-struct SelectiveSide {
-  Block ids;                   // [rows, K] i32 / i64
-  Block values;                // [rows, K]
-  const float* lse = nullptr;  // [rows] (backward)
-  SelectiveSide sub_rows(int64_t r0, int64_t n) const;
-};
-
-// The loss and its per-row side data (only the member of `kind` is used). For distillation, distill.teacher
-// is the teacher's logits block; with an online teacher the scheduler fills it per chunk.
-struct LossSpec {
-  LossKind kind = LossKind::CrossEntropy;
-  CrossEntropySide ce;
-  TopKSide topk;
-  DistillSide distill;
-  EntropySide entropy;
-  SelectiveSide selective;
-  LossSpec sub_rows(int64_t r0, int64_t n) const;
-};
 
 // Where the K-sparse top-K path's gradients go (ChunkExecutor::scatter_grads): f32 dhidden [rows, H],
 // dweight [V, H], dbias [1, V]; an empty block is not wanted. accumulate_*: add into it; otherwise overwrite.

@@ -159,20 +159,7 @@ class CpuChunkExecutor final : public ChunkExecutor {
 
   int64_t validate(const LossSpec& spec, int64_t rows, int64_t v, Reduction,
                    const std::string& what) override {
-    switch (spec.kind) {
-      case LossKind::CrossEntropy:
-        return check_cross_entropy(spec.ce, v, what);
-      case LossKind::TopK:
-        return check_topk(spec.topk, rows, v, what);
-      case LossKind::Distill:
-        return check_distill(spec.distill, rows, v, what);
-      case LossKind::Entropy:
-        return rows;
-      case LossKind::SelectiveLogSoftmax:
-        check_ids(spec.selective.ids, v, what);
-        return rows;
-    }
-    return rows;
+    return check_side(spec, rows, v, what);
   }
 
   void* scratch(size_t bytes) override {
@@ -262,27 +249,7 @@ class CpuChunkExecutor final : public ChunkExecutor {
   }
 
   void row_loss(const LossSpec& spec, const Block& logits, const RowOut& out) override {
-    switch (spec.kind) {
-      case LossKind::CrossEntropy:
-        cross_entropy_rows(logits, spec.ce, out, pool_);
-        return;
-      case LossKind::TopK:
-        topk_rows(logits, spec.topk, out, pool_);
-        return;
-      case LossKind::Distill:
-        distill_rows(logits, spec.distill, out, pool_);
-        return;
-      case LossKind::Entropy:
-        entropy_rows(logits, spec.entropy, out, pool_);
-        return;
-      case LossKind::SelectiveLogSoftmax:
-        if (out.grad.empty())
-          selective_log_softmax_rows(logits, spec.selective.ids, spec.selective.values, out.lse, pool_);
-        else
-          selective_log_softmax_back_rows(logits, spec.selective.ids, spec.selective.values,
-                                          spec.selective.lse, out.grad, pool_);
-        return;
-    }
+    loss::row_loss(spec, logits, out, pool_);
   }
 
   void reduce(const float* v, int64_t n, float scale, float* out) override {

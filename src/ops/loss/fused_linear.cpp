@@ -8,10 +8,10 @@
 //     top-K:         src[3] = teacher ids, src[4] = teacher logprobs, src[5] = mask, src[6] = labels
 //     distill:       src[3] = teacher hidden, src[4] = teacher weight, src[5] = teacher bias, src[6] = labels
 //     selective:     src[3] = ids
-//   ip: reduction, gradient bits (which of dhidden / dW / dbias the node writes), ignore_index,
-//     normalize_topk, memory budget, chunk rows, the forward op (FusedLinearBack), stats bits (which extra
-//     outputs are wanted), allowed-gradient bits (FusedLinearOptions), accumulate bits, the logits dtype;
-//     fp: as in losses.cpp.
+//   ip and fp: the loss options in the slots every loss node shares (row_loss.h; ip[kIpGrad] holds the
+//     gradient bits: which of dhidden / dW / dbias the node writes), then memory budget, chunk rows, the
+//     forward op (FusedLinearBack), stats bits (which extra outputs are wanted), allowed-gradient bits
+//     (FusedLinearOptions), accumulate bits, the logits dtype.
 //   aux[0] = stats f32 [6, N]: row 0 per-row loss, 1 lse, 2 / 3 per-row hard / soft (Reduction::None),
 //     element 0 of rows 4 / 5 the reduced hard / soft. One tensor, because a node has four extra outputs and
 //     the other three are the gradients: aux[1] = dhidden [N, H], aux[2] = dW [V, H], aux[3] = dbias [V].
@@ -30,15 +30,19 @@
 #include "../../core/thread_pool.h"
 #include "../ops.h"
 #include "chunk_scheduler.h"
+#include "row_loss.h"
 
 namespace retort {
 
 namespace {
 
-constexpr int kIpReduction = 0, kIpGrad = 1, kIpIgnore = 2, kIpNormalize = 3, kIpBudget = 4, kIpChunk = 5,
-              kIpKind = 6, kIpStats = 7, kIpAllow = 8, kIpAccum = 9, kIpLogits = 10;
+using loss::kIpGrad;
+using loss::kIpReduction;
+constexpr int kIpBudget = loss::kIpFirstFree, kIpChunk = kIpBudget + 1, kIpKind = kIpBudget + 2,
+              kIpStats = kIpBudget + 3, kIpAllow = kIpBudget + 4, kIpAccum = kIpBudget + 5,
+              kIpLogits = kIpBudget + 6;
+static_assert(kIpLogits < kMaxParams);
 constexpr int64_t kLogitsAuto = -1;  // ip[kIpLogits] when FusedLinearOptions::logits_dtype is unset
-constexpr int kFpTemp = 0, kFpBeta = 1, kFpHard = 2, kFpSoft = 3, kFpSmooth = 4, kFpZLoss = 5, kFpCap = 6;
 constexpr int kAuxStats = 0;
 constexpr int kSrcUpstream = 7, kSrcStats = 8, kSrcLossInputs = 7;
 constexpr int64_t kStatPerRow = 1, kStatLse = 2, kStatParts = 4;
@@ -125,22 +129,6 @@ struct Checker {
   void same_slots(const char* role, const Tensor* t, const Tensor* like) const {
     RT_CHECK(t->ne[2] == 1 && t->ne[3] == 1 && t->ne[0] == like->ne[0] && t->ne[1] == like->ne[1], op, ": ",
              role, " ", t->describe(), " must be [N, K] like ", like->describe());
-  }
-  void reduction(Reduction r) const {
-    RT_CHECK(r == Reduction::Mean || r == Reduction::Sum || r == Reduction::None, op, ": unknown reduction ",
-             int64_t(r), shapes());
-  }
-  void temperature(float t) const {
-    RT_CHECK(std::isfinite(t) && t > 0.0f, op, ": temperature must be a finite number > 0, got ", t,
-             shapes());
-  }
-  void beta(float b) const {
-    RT_CHECK(b >= 0.0f && b <= 1.0f, op, ": beta must be in [0, 1] (0 forward KL, 1 reverse KL), got ", b,
-             shapes());
-  }
-  void weight_opt(const char* name, float w) const {
-    RT_CHECK(std::isfinite(w) && w >= 0.0f, op, ": ", name, " must be a finite number >= 0, got ", w,
-             shapes());
   }
 };
 
@@ -257,49 +245,31 @@ loss::FusedLinearProblem inputs_of(const Tensor* node) {
   p.chunk_rows = node->ip[kIpChunk];
   p.what = what(node);
   loss::LossSpec& s = p.spec;
-  const int64_t ignore = node->ip[kIpIgnore];
-  const float t = node->fp[kFpTemp], beta = node->fp[kFpBeta], wh = node->fp[kFpHard], ws = node->fp[kFpSoft];
   switch (op) {
     case Op::FusedLinearCrossEntropy:
-      s.kind = loss::LossKind::CrossEntropy;
+      s = loss::spec_from_slots(node, loss::LossKind::CrossEntropy);
       s.ce.labels = column(node->src[3]);
-      s.ce.ignore_index = ignore;
-      s.ce.label_smoothing = node->fp[kFpSmooth];
-      s.ce.z_loss = node->fp[kFpZLoss];
-      s.ce.softcap = node->fp[kFpCap];
       break;
     case Op::FusedLinearTopKDistill:
-      s.kind = loss::LossKind::TopK;
+      s = loss::spec_from_slots(node, loss::LossKind::TopK);
       s.topk.ids = matrix(node->src[3]);
       s.topk.logprobs = matrix(node->src[4]);
       s.topk.mask = matrix(node->src[5]);
       s.topk.labels = column(node->src[6]);
-      s.topk.ignore_index = ignore;
-      s.topk.normalize_topk = node->ip[kIpNormalize] != 0;
-      s.topk.temperature = t;
-      s.topk.beta = beta;
-      s.topk.w_hard = wh;
-      s.topk.w_soft = ws;
       break;
     case Op::FusedLinearDistill:
-      s.kind = loss::LossKind::Distill;
+      s = loss::spec_from_slots(node, loss::LossKind::Distill);
       p.teacher_hidden = matrix(node->src[3]);
       p.teacher_weight = matrix(node->src[4]);
       p.teacher_bias = row_vector(node->src[5]);
       s.distill.labels = column(node->src[6]);
-      s.distill.ignore_index = ignore;
-      s.distill.temperature = t;
-      s.distill.beta = beta;
-      s.distill.w_hard = wh;
-      s.distill.w_soft = ws;
       break;
     case Op::FusedLinearEntropy:
-      s.kind = loss::LossKind::Entropy;
-      s.entropy.temperature = t;
+      s = loss::spec_from_slots(node, loss::LossKind::Entropy);
       break;
     default:
       RT_ASSERT(op == Op::FusedLinearSelectiveLogSoftmax);
-      s.kind = loss::LossKind::SelectiveLogSoftmax;
+      s = loss::spec_from_slots(node, loss::LossKind::SelectiveLogSoftmax);
       s.selective.ids = matrix(node->src[3]);
       break;
   }
@@ -447,17 +417,10 @@ LossOutputs fused_linear_cross_entropy(Context& ctx, Tensor* hidden, Tensor* wei
   const Checker ck = check_head("fused_linear_cross_entropy", hidden, weight, bias);
   RT_CHECK(labels != nullptr, ck.op, ": labels are null");
   ck.labels(labels);
-  ck.reduction(o.reduction);
-  RT_CHECK(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f, ck.op,
-           ": label_smoothing must be in [0, 1], got ", o.label_smoothing, ck.shapes());
-  ck.weight_opt("z_loss", o.z_loss);
-  ck.weight_opt("softcap", o.softcap);
+  loss::check_options(ck.op, o, ck.shapes());
   Tensor* t = loss_node(ctx, Op::FusedLinearCrossEntropy, ck, bias, o.reduction, f);
   t->src[3] = labels;
-  t->ip[kIpIgnore] = o.ignore_index;
-  t->fp[kFpSmooth] = o.label_smoothing;
-  t->fp[kFpZLoss] = o.z_loss;
-  t->fp[kFpCap] = o.softcap;
+  loss::set_options(t, o);
   return make_outputs(ctx, t, o.return_per_row, o.return_lse, false);
 }
 
@@ -474,24 +437,13 @@ LossOutputs fused_linear_topk_kd(Context& ctx, Tensor* hidden, Tensor* weight, T
            " entries (K must be <= V)", ck.shapes());
   if (mask) ck.same_slots("mask", mask, teacher_ids);
   if (labels) ck.labels(labels);
-  ck.reduction(o.reduction);
-  ck.temperature(o.temperature);
-  ck.beta(o.beta);
-  ck.weight_opt("w_hard", o.w_hard);
-  ck.weight_opt("w_soft", o.w_soft);
-  RT_CHECK(o.w_hard == 0.0f || labels, ck.op, ": w_hard = ", o.w_hard, " needs labels, got none",
-           ck.shapes());
+  loss::check_options(ck.op, o, labels != nullptr, ck.shapes());
   Tensor* t = loss_node(ctx, Op::FusedLinearTopKDistill, ck, bias, o.reduction, f);
   t->src[3] = teacher_ids;
   t->src[4] = teacher_logprobs;
   t->src[5] = mask;
   t->src[6] = labels;
-  t->ip[kIpIgnore] = o.ignore_index;
-  t->ip[kIpNormalize] = o.normalize_topk ? 1 : 0;
-  t->fp[kFpTemp] = o.temperature;
-  t->fp[kFpBeta] = o.beta;
-  t->fp[kFpHard] = o.w_hard;
-  t->fp[kFpSoft] = o.w_soft;
+  loss::set_options(t, o);
   return make_outputs(ctx, t, o.return_per_row, o.return_lse, o.return_parts);
 }
 
@@ -508,33 +460,23 @@ LossOutputs fused_linear_distill(Context& ctx, Tensor* hidden, Tensor* weight, T
            teacher_hidden->describe(), ck.shapes());
   if (teacher_bias) ck.vector("teacher_bias", teacher_bias, weight->ne[1], "V");
   if (labels) ck.labels(labels);
-  ck.reduction(o.reduction);
-  ck.temperature(o.temperature);
-  ck.beta(o.beta);
-  ck.weight_opt("w_hard", o.w_hard);
-  ck.weight_opt("w_soft", o.w_soft);
-  RT_CHECK(o.w_hard == 0.0f || labels, ck.op, ": w_hard = ", o.w_hard, " needs labels, got none",
-           ck.shapes());
+  loss::check_options(ck.op, o, labels != nullptr, ck.shapes());
   Tensor* t = loss_node(ctx, Op::FusedLinearDistill, ck, bias, o.reduction, f);
   t->src[3] = teacher_hidden;
   t->src[4] = teacher_weight;
   t->src[5] = teacher_bias;
   t->src[6] = labels;
-  t->ip[kIpIgnore] = o.ignore_index;
-  t->fp[kFpTemp] = o.temperature;
-  t->fp[kFpBeta] = o.beta;
-  t->fp[kFpHard] = o.w_hard;
-  t->fp[kFpSoft] = o.w_soft;
+  loss::set_options(t, o);
   return make_outputs(ctx, t, o.return_per_row, o.return_lse, o.return_parts);
 }
 
 Tensor* fused_linear_entropy(Context& ctx, Tensor* hidden, Tensor* weight, Tensor* bias, float temperature,
                              Reduction reduction, const FusedLinearOptions& f) {
   const Checker ck = check_head("fused_linear_entropy", hidden, weight, bias);
-  ck.reduction(reduction);
-  ck.temperature(temperature);
+  loss::check_reduction(ck.op, reduction, ck.shapes());
+  loss::check_temperature(ck.op, temperature, ck.shapes());
   Tensor* t = loss_node(ctx, Op::FusedLinearEntropy, ck, bias, reduction, f);
-  t->fp[kFpTemp] = temperature;
+  loss::set_entropy_options(t, temperature);
   return t;
 }
 

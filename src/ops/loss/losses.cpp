@@ -5,11 +5,10 @@
 // ip[kIpGrad] on the forward node and hangs an f32 [N, V] AuxOutput on it (aux[kAuxGrad]); the forward kernel
 // then writes d(loss)/d(logits) there, already scaled by the reduction, while it computes the loss. The rule
 // passes that tensor on, multiplied by the upstream gradient unless the upstream is the constant 1 the graph
-// seeds its loss with. Every loss node uses the same slots:
-//   src[0] = student logits; ip[0] = Reduction, ip[1] = write the gradient, ip[2] = ignore_index,
-//   ip[3] = normalize_topk; fp[0] = T, fp[1] = beta, fp[2] = w_hard, fp[3] = w_soft, fp[4] = label smoothing,
-//   fp[5] = z_loss, fp[6] = softcap; aux[0] = per-row loss [N], aux[1] = lse [N],
-//   aux[2] = hard/soft parts ([2] or [2, N]), aux[3] = logits gradient [N, V].
+// seeds its loss with. Every loss node uses the same slots: src[0] = student logits; the options in the
+// slots of row_loss.h (loss::kIp*, loss::kFp*); aux[0] = per-row loss [N], aux[1] = lse [N],
+// aux[2] = hard/soft parts ([2] or [2, N]), aux[3] = logits gradient [N, V]. The CPU kernel of every loss is
+// one: the node's spec (row_loss.h) run by loss::row_loss.
 #include "losses.h"
 
 #include <cmath>
@@ -20,14 +19,14 @@
 #include "../../core/op_table.h"
 #include "../../core/thread_pool.h"
 #include "../ops.h"
-#include "row_kernels.h"
+#include "row_loss.h"
 
 namespace retort {
 
 namespace {
 
-constexpr int kIpReduction = 0, kIpGrad = 1, kIpIgnore = 2, kIpNormalize = 3;
-constexpr int kFpTemp = 0, kFpBeta = 1, kFpHard = 2, kFpSoft = 3, kFpSmooth = 4, kFpZLoss = 5, kFpCap = 6;
+using loss::kIpGrad;
+using loss::kIpReduction;
 constexpr int kAuxRows = 0, kAuxLse = 1, kAuxParts = 2, kAuxGrad = 3;
 
 // Role names of each op's sources, for messages.
@@ -94,26 +93,10 @@ void check_same_slots(const char* op, const char* role, const Tensor* t, const T
            role, " ", t->describe(), " must be [N, K] like ", like->describe());
 }
 
-// Option checks name the op and the student's shape: "topk_kd: beta must be in [0, 1] ..., got 1.5 (logits
+// Option errors name the op and the student's shape: "topk_kd: beta must be in [0, 1] ..., got 1.5 (logits
 // f32[4, 6])".
-void check_temperature(const char* op, float t, const Tensor* x) {
-  RT_CHECK(std::isfinite(t) && t > 0.0f, op, ": temperature must be a finite number > 0, got ", t,
-           " (logits ", x->describe(), ")");
-}
-
-void check_beta(const char* op, float beta, const Tensor* x) {
-  RT_CHECK(beta >= 0.0f && beta <= 1.0f, op, ": beta must be in [0, 1] (0 forward KL, 1 reverse KL), got ",
-           beta, " (logits ", x->describe(), ")");
-}
-
-void check_weight(const char* op, const char* name, float w, const Tensor* x) {
-  RT_CHECK(std::isfinite(w) && w >= 0.0f, op, ": ", name, " must be a finite number >= 0, got ", w,
-           " (logits ", x->describe(), ")");
-}
-
-void check_reduction(const char* op, Reduction r, const Tensor* x) {
-  RT_CHECK(r == Reduction::Mean || r == Reduction::Sum || r == Reduction::None, op, ": unknown reduction ",
-           int64_t(r), " (logits ", x->describe(), ")");
+std::string context(const Tensor* x) {
+  return " (logits " + x->describe() + ")";
 }
 
 // ---- node and outputs ---------------------------------------------------------------------------------
@@ -219,72 +202,74 @@ void run_loss(Tensor* node, int64_t valid, Run&& run) {
   }
 }
 
-void cpu_cross_entropy_loss(Tensor* node, ThreadPool& pool) {
-  const Tensor* x = node->src[0];
-  loss::CrossEntropySide side;
-  side.labels = column(node->src[1]);
-  side.ignore_index = node->ip[kIpIgnore];
-  side.label_smoothing = node->fp[kFpSmooth];
-  side.z_loss = node->fp[kFpZLoss];
-  side.softcap = node->fp[kFpCap];
-  const int64_t valid = loss::check_cross_entropy(side, x->ne[0], what(node));
-  run_loss(node, valid,
-           [&](const loss::RowOut& out) { loss::cross_entropy_rows(matrix(x), side, out, pool); });
+loss::LossKind kind_of(Op op) {
+  switch (op) {
+    case Op::CrossEntropyLoss:
+      return loss::LossKind::CrossEntropy;
+    case Op::TopKDistill:
+    case Op::TopKKLGathered:
+      return loss::LossKind::TopK;
+    case Op::Distill:
+      return loss::LossKind::Distill;
+    case Op::Entropy:
+      return loss::LossKind::Entropy;
+    default:
+      return loss::LossKind::SelectiveLogSoftmax;
+  }
 }
 
-// Top-K distillation and its gathered form share the kernel: the gathered node has no ids (src[1] is null).
-void cpu_topk(Tensor* node, ThreadPool& pool) {
-  const Tensor* x = node->src[0];
-  loss::TopKSide side;
-  side.ids = matrix(node->src[1]);
-  side.logprobs = matrix(node->src[2]);
-  side.mask = matrix(node->src[3]);
-  side.labels = column(node->src[4]);
-  side.ignore_index = node->ip[kIpIgnore];
-  side.normalize_topk = node->ip[kIpNormalize] != 0;
-  side.temperature = node->fp[kFpTemp];
-  side.beta = node->fp[kFpBeta];
-  side.w_hard = node->fp[kFpHard];
-  side.w_soft = node->fp[kFpSoft];
-  const int64_t valid = loss::check_topk(side, x->ne[1], x->ne[0], what(node));
-  run_loss(node, valid, [&](const loss::RowOut& out) { loss::topk_rows(matrix(x), side, out, pool); });
+// The node's options and side data (the gathered top-K node has no ids: src[1] is null).
+loss::LossSpec spec_of(const Tensor* node) {
+  loss::LossSpec s = loss::spec_from_slots(node, kind_of(node->op));
+  switch (s.kind) {
+    case loss::LossKind::CrossEntropy:
+      s.ce.labels = column(node->src[1]);
+      break;
+    case loss::LossKind::TopK:
+      s.topk.ids = matrix(node->src[1]);
+      s.topk.logprobs = matrix(node->src[2]);
+      s.topk.mask = matrix(node->src[3]);
+      s.topk.labels = column(node->src[4]);
+      break;
+    case loss::LossKind::Distill:
+      s.distill.teacher = matrix(node->src[1]);
+      s.distill.labels = column(node->src[2]);
+      break;
+    case loss::LossKind::Entropy:
+      break;
+    case loss::LossKind::SelectiveLogSoftmax:
+      s.selective.ids = matrix(node->src[1]);
+      break;
+  }
+  return s;
 }
 
-void cpu_distill(Tensor* node, ThreadPool& pool) {
+void cpu_row_loss(Tensor* node, ThreadPool& pool) {
   const Tensor* x = node->src[0];
-  loss::DistillSide side;
-  side.teacher = matrix(node->src[1]);
-  side.labels = column(node->src[2]);
-  side.ignore_index = node->ip[kIpIgnore];
-  side.temperature = node->fp[kFpTemp];
-  side.beta = node->fp[kFpBeta];
-  side.w_hard = node->fp[kFpHard];
-  side.w_soft = node->fp[kFpSoft];
-  const int64_t valid = loss::check_distill(side, x->ne[1], x->ne[0], what(node));
-  run_loss(node, valid, [&](const loss::RowOut& out) { loss::distill_rows(matrix(x), side, out, pool); });
-}
-
-void cpu_entropy(Tensor* node, ThreadPool& pool) {
-  const Tensor* x = node->src[0];
-  loss::EntropySide side{node->fp[kFpTemp]};
-  run_loss(node, x->ne[1], [&](const loss::RowOut& out) { loss::entropy_rows(matrix(x), side, out, pool); });
+  const loss::LossSpec spec = spec_of(node);
+  const int64_t valid = loss::check_side(spec, x->ne[1], x->ne[0], what(node));
+  run_loss(node, valid, [&](const loss::RowOut& out) { loss::row_loss(spec, matrix(x), out, pool); });
 }
 
 void cpu_selective(Tensor* node, ThreadPool& pool) {
   const Tensor* x = node->src[0];
-  const loss::Block ids = matrix(node->src[1]);
-  loss::check_ids(ids, x->ne[0], what(node));
-  loss::selective_log_softmax_rows(matrix(x), ids,
-                                   loss::Block::dense(node->data, DType::F32, ids.rows, ids.cols),
-                                   f32(node->aux[kAuxLse]), pool);
+  loss::LossSpec spec = spec_of(node);
+  loss::check_side(spec, x->ne[1], x->ne[0], what(node));
+  spec.selective.values = loss::Block::dense(node->data, DType::F32, x->ne[1], node->ne[0]);
+  loss::RowOut out;
+  out.lse = f32(node->aux[kAuxLse]);
+  loss::row_loss(spec, matrix(x), out, pool);
 }
 
+// src = logits, ids, upstream gradient [N, K], the forward's lse [N]. The forward checked the ids.
 void cpu_selective_back(Tensor* node, ThreadPool& pool) {
   const Tensor* x = node->src[0];
-  // The ids were checked by the forward node, which ran first.
-  loss::selective_log_softmax_back_rows(
-      matrix(x), matrix(node->src[1]), matrix(node->src[2]), f32(node->src[3]),
-      loss::Block::dense(node->data, node->dtype, x->ne[1], x->ne[0]), pool);
+  loss::LossSpec spec = spec_of(node);
+  spec.selective.values = matrix(node->src[2]);
+  spec.selective.lse = f32(node->src[3]);
+  loss::RowOut out;
+  out.grad = loss::Block::dense(node->data, node->dtype, x->ne[1], x->ne[0]);
+  loss::row_loss(spec, matrix(x), out, pool);
 }
 
 // ---- backward -----------------------------------------------------------------------------------------
@@ -355,18 +340,10 @@ LossOutputs cross_entropy_loss(Context& ctx, Tensor* logits, Tensor* labels, con
   check_matrix(op, "logits", logits, true);
   RT_CHECK(labels != nullptr, op, ": labels are null");
   check_labels(op, labels, logits);
-  check_reduction(op, o.reduction, logits);
-  RT_CHECK(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f, op,
-           ": label_smoothing must be in [0, 1], got ", o.label_smoothing, " (logits ", logits->describe(),
-           ")");
-  check_weight(op, "z_loss", o.z_loss, logits);
-  check_weight(op, "softcap", o.softcap, logits);
+  loss::check_options(op, o, context(logits));
   Tensor* t = loss_node(ctx, Op::CrossEntropyLoss, logits, o.reduction);
   t->src[1] = labels;
-  t->ip[kIpIgnore] = o.ignore_index;
-  t->fp[kFpSmooth] = o.label_smoothing;
-  t->fp[kFpZLoss] = o.z_loss;
-  t->fp[kFpCap] = o.softcap;
+  loss::set_options(t, o);
   return make_outputs(ctx, t, o.return_per_row, o.return_lse, false);
 }
 
@@ -383,24 +360,13 @@ LossOutputs topk_kd(Context& ctx, Tensor* logits, Tensor* teacher_ids, Tensor* t
            " has only V = ", logits->ne[0], " entries (K must be <= V)");
   if (mask) check_same_slots(op, "mask", mask, teacher_ids);
   if (labels) check_labels(op, labels, logits);
-  check_reduction(op, o.reduction, logits);
-  check_temperature(op, o.temperature, logits);
-  check_beta(op, o.beta, logits);
-  check_weight(op, "w_hard", o.w_hard, logits);
-  check_weight(op, "w_soft", o.w_soft, logits);
-  RT_CHECK(o.w_hard == 0.0f || labels, op, ": w_hard = ", o.w_hard, " needs labels, got none (logits ",
-           logits->describe(), ")");
+  loss::check_options(op, o, labels != nullptr, context(logits));
   Tensor* t = loss_node(ctx, Op::TopKDistill, logits, o.reduction);
   t->src[1] = teacher_ids;
   t->src[2] = teacher_logprobs;
   t->src[3] = mask;
   t->src[4] = labels;
-  t->ip[kIpIgnore] = o.ignore_index;
-  t->ip[kIpNormalize] = o.normalize_topk ? 1 : 0;
-  t->fp[kFpTemp] = o.temperature;
-  t->fp[kFpBeta] = o.beta;
-  t->fp[kFpHard] = o.w_hard;
-  t->fp[kFpSoft] = o.w_soft;
+  loss::set_options(t, o);
   return make_outputs(ctx, t, o.return_per_row, o.return_lse, o.return_parts);
 }
 
@@ -411,16 +377,15 @@ LossOutputs topk_kl_gathered(Context& ctx, Tensor* student_gathered, Tensor* tea
   check_matrix(op, "teacher_logprobs", teacher_logprobs, true);
   check_same_slots(op, "teacher_logprobs", teacher_logprobs, student_gathered);
   if (mask) check_same_slots(op, "mask", mask, student_gathered);
-  check_reduction(op, o.reduction, student_gathered);
-  check_temperature(op, o.temperature, student_gathered);
+  loss::check_reduction(op, o.reduction, context(student_gathered));
+  loss::check_temperature(op, o.temperature, context(student_gathered));
   Tensor* t = loss_node(ctx, Op::TopKKLGathered, student_gathered, o.reduction);
   t->src[2] = teacher_logprobs;
   t->src[3] = mask;
-  t->ip[kIpNormalize] = 1;
-  t->fp[kFpTemp] = o.temperature;
-  t->fp[kFpBeta] = 0.0f;
-  t->fp[kFpHard] = 0.0f;
-  t->fp[kFpSoft] = 1.0f;
+  TopKDistillOptions kl;  // forward KL over the slots
+  kl.temperature = o.temperature;
+  kl.normalize_topk = true;
+  loss::set_options(t, kl);
   return make_outputs(ctx, t, o.return_per_row, o.return_lse, false);
 }
 
@@ -431,31 +396,21 @@ LossOutputs distill(Context& ctx, Tensor* student, Tensor* teacher, Tensor* labe
   RT_CHECK(same_shape(student, teacher), op, ": teacher ", teacher->describe(),
            " must have the shape of student ", student->describe());
   if (labels) check_labels(op, labels, student);
-  check_reduction(op, o.reduction, student);
-  check_temperature(op, o.temperature, student);
-  check_beta(op, o.beta, student);
-  check_weight(op, "w_hard", o.w_hard, student);
-  check_weight(op, "w_soft", o.w_soft, student);
-  RT_CHECK(o.w_hard == 0.0f || labels, op, ": w_hard = ", o.w_hard, " needs labels, got none (student ",
-           student->describe(), ")");
+  loss::check_options(op, o, labels != nullptr, context(student));
   Tensor* t = loss_node(ctx, Op::Distill, student, o.reduction);
   t->src[1] = teacher;
   t->src[2] = labels;
-  t->ip[kIpIgnore] = o.ignore_index;
-  t->fp[kFpTemp] = o.temperature;
-  t->fp[kFpBeta] = o.beta;
-  t->fp[kFpHard] = o.w_hard;
-  t->fp[kFpSoft] = o.w_soft;
+  loss::set_options(t, o);
   return make_outputs(ctx, t, o.return_per_row, o.return_lse, o.return_parts);
 }
 
 Tensor* entropy(Context& ctx, Tensor* logits, float temperature, Reduction reduction) {
   const char* op = "entropy";
   check_matrix(op, "logits", logits, true);
-  check_reduction(op, reduction, logits);
-  check_temperature(op, temperature, logits);
+  loss::check_reduction(op, reduction, context(logits));
+  loss::check_temperature(op, temperature, context(logits));
   Tensor* t = loss_node(ctx, Op::Entropy, logits, reduction);
-  t->fp[kFpTemp] = temperature;
+  loss::set_entropy_options(t, temperature);
   return t;
 }
 
@@ -509,11 +464,11 @@ Tensor* selective_log_softmax_grad(Context& ctx, Tensor* values, Tensor* grad_ou
 }
 
 void register_loss_ops(OpTable& t) {
-  t[size_t(Op::CrossEntropyLoss)] = {"cross_entropy_loss", cpu_cross_entropy_loss, back_loss, true};
-  t[size_t(Op::TopKDistill)] = {"topk_kd", cpu_topk, back_loss, true};
-  t[size_t(Op::TopKKLGathered)] = {"topk_kl_gathered", cpu_topk, back_loss, true};
-  t[size_t(Op::Distill)] = {"distill", cpu_distill, back_loss, true};
-  t[size_t(Op::Entropy)] = {"entropy", cpu_entropy, back_loss, true};
+  t[size_t(Op::CrossEntropyLoss)] = {"cross_entropy_loss", cpu_row_loss, back_loss, true};
+  t[size_t(Op::TopKDistill)] = {"topk_kd", cpu_row_loss, back_loss, true};
+  t[size_t(Op::TopKKLGathered)] = {"topk_kl_gathered", cpu_row_loss, back_loss, true};
+  t[size_t(Op::Distill)] = {"distill", cpu_row_loss, back_loss, true};
+  t[size_t(Op::Entropy)] = {"entropy", cpu_row_loss, back_loss, true};
   t[size_t(Op::SelectiveLogSoftmax)] = {"selective_log_softmax", cpu_selective, back_selective, true};
   t[size_t(Op::SelectiveLogSoftmaxBack)] = {"selective_log_softmax_back", cpu_selective_back, nullptr, false};
 }

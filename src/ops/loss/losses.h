@@ -48,10 +48,20 @@ struct CrossEntropyOptions {
 LossOutputs cross_entropy_loss(Context& ctx, Tensor* logits, Tensor* labels,
                                const CrossEntropyOptions& opts = {});
 
+// The divergence D(P, Q) between teacher P and student Q that a distillation loss takes.
+enum class Divergence : int64_t {
+  Kl,             // by beta: 0 forward KL(P‖Q), 1 reverse KL(Q‖P), between the generalized JSD (TRL/GKD)
+  Tvd,            // total variation distance ½·Σ |p − q|
+  SkewKl,         // skew forward KL(P ‖ α·P + (1 − α)·Q) (DistiLLM), α = skew_alpha
+  SkewReverseKl,  // skew reverse KL(Q ‖ (1 − α)·P + α·Q) (DistiLLM), α = skew_alpha
+};
+
 struct TopKDistillOptions {
-  float beta = 0.0f;         // 0: forward KL(P‖Q); 1: reverse KL(Q‖P); between: generalized JSD (TRL/GKD)
-  float temperature = 1.0f;  // > 0: student z/T; teacher renormalized over its valid slots at T ≠ 1;
-                             // the soft loss and its gradient are multiplied by T²
+  Divergence divergence = Divergence::Kl;
+  float beta = 0.0f;  // Divergence::Kl: 0 forward KL(P‖Q); 1 reverse KL(Q‖P); between: generalized JSD
+  float skew_alpha = 0.1f;      // the skew divergences' α in [0, 1] (0: plain KL)
+  float temperature = 1.0f;     // > 0: student z/T; teacher renormalized over its valid slots at T ≠ 1;
+                                // the soft loss and its gradient are multiplied by T²
   bool normalize_topk = false;  // Q = softmax over the valid teacher slots instead of over V
   float w_hard = 0.0f;          // weight of CE(z, label) at T = 1 (needs labels)
   float w_soft = 1.0f;          // weight of the divergence
@@ -66,8 +76,8 @@ struct TopKDistillOptions {
 // K], mask [N, K] (any dtype, nonzero = valid; may be null), labels int [N] (may be null unless w_hard > 0).
 // A slot with mask 0 or logprob −inf is padding; a row without valid slots has no divergence. Mean divides by
 // the rows whose label != ignore_index (all N without labels). Throws retort::Error at build time on bad
-// shapes, K > V, T <= 0, beta outside [0, 1], negative weights; at run time on a label or a valid slot's id
-// outside [0, V).
+// shapes, K > V, T <= 0, beta or skew_alpha outside [0, 1], an unknown divergence, negative weights; at run
+// time on a label or a valid slot's id outside [0, V).
 LossOutputs topk_kd(Context& ctx, Tensor* logits, Tensor* teacher_ids, Tensor* teacher_logprobs, Tensor* mask,
                     Tensor* labels, const TopKDistillOptions& opts = {});
 
@@ -85,7 +95,9 @@ LossOutputs topk_kl_gathered(Context& ctx, Tensor* student_gathered, Tensor* tea
                              const TopKKLOptions& opts = {});
 
 struct DistillOptions {
-  float beta = 0.0f;  // as in topk_kd
+  Divergence divergence = Divergence::Kl;  // as in topk_kd
+  float beta = 0.0f;                       // as in topk_kd
+  float skew_alpha = 0.1f;                 // as in topk_kd
   float temperature = 1.0f;
   float w_hard = 0.0f;
   float w_soft = 1.0f;

@@ -129,12 +129,30 @@ float logaddexp(float a, float b) {
   return hi + std::log1p(std::exp(lo - hi));
 }
 
-// One term of a divergence between a teacher log-probability lp and a student log-probability lq (one slot of
-// top-K or one vocabulary entry): adds the term of D and returns dD/d(lq) (G in the header's derivation).
-// The TRL/GKD convention: beta = 0 forward KL(P‖Q), beta = 1 reverse KL(Q‖P), otherwise the generalized JSD
-// with M = beta·P + (1 − beta)·Q. Terms whose weight is 0 are skipped so 0·log 0 never makes a NaN.
-float divergence_term(float beta, float lp, float lq, double& d) {
+// One term of the divergence (row_kernels.h) between a teacher log-probability lp and a student
+// log-probability lq (one slot of top-K or one vocabulary entry): adds the term of D and returns dD/d(lq).
+float divergence_term(const DivergenceSpec& dv, float lp, float lq, double& d) {
   const float p = std::exp(lp), q = std::exp(lq);
+  switch (dv.kind) {
+    case Divergence::Kl:
+      break;
+    case Divergence::Tvd:
+      d += 0.5 * std::fabs(double(p) - double(q));
+      return q > p ? 0.5f * q : q < p ? -0.5f * q : 0.0f;
+    case Divergence::SkewKl: {
+      if (!(p > 0)) return 0.0f;
+      const float a = dv.alpha, lm = logaddexp(std::log(a) + lp, std::log1p(-a) + lq);
+      d += double(p) * (lp - lm);
+      return -(1.0f - a) * p * std::exp(lq - lm);
+    }
+    case Divergence::SkewReverseKl: {
+      if (!(q > 0)) return 0.0f;
+      const float a = dv.alpha, lm = logaddexp(std::log1p(-a) + lp, std::log(a) + lq);
+      d += double(q) * (lq - lm);
+      return q * (lq - lm + 1.0f - a * std::exp(lq - lm));
+    }
+  }
+  const float beta = dv.beta;
   if (beta == 0.0f) {
     if (p > 0) d += double(p) * (lp - lq);
     return -p;
@@ -370,7 +388,7 @@ void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, Thr
       }
       double d = 0, sum_g = 0;
       for (int64_t i = 0; i < n; ++i) {
-        gs[i] = divergence_term(side.beta, lp[i], lq[i], d);
+        gs[i] = divergence_term(side.div, lp[i], lq[i], d);
         sum_g += gs[i];
       }
       const float soft = t * t * float(d);
@@ -434,13 +452,44 @@ void log_probs(const float* __restrict z, float* __restrict lp, float* __restric
   }
 }
 
-// The terms of D (into term) and dD/d(log q) (into g; forward KL's is −p, not written). beta = 0 forward
-// KL(P‖Q), 1 reverse KL(Q‖P), else the generalized JSD with M = βP + (1 − β)Q, log m from m itself (m is
-// below the smallest normal float only where p and q are too, and their terms then vanish). A term whose
-// weight is 0 is 0, so 0·log 0 never makes a NaN.
-void divergence_terms(float beta, const float* __restrict lp, const float* __restrict lq,
+// The terms of D (into term) and dD/d(log q) (into g; forward KL's is −p, not written), by row_kernels.h's
+// table. log m comes from m itself (m is below the smallest normal float only where p and q are too, and
+// their terms then vanish). A term whose weight is 0 is 0, so 0·log 0 never makes a NaN.
+void divergence_terms(const DivergenceSpec& dv, const float* __restrict lp, const float* __restrict lq,
                       const float* __restrict p, const float* __restrict q, float* __restrict term,
                       float* __restrict g, int64_t v) {
+  constexpr float kTiny = 1.17549435e-38f;
+  const float beta = dv.beta, a = dv.alpha, oma = 1.0f - a;
+  switch (dv.kind) {
+    case Divergence::Kl:
+      break;
+    case Divergence::Tvd:
+      for (int64_t j = 0; j < v; ++j) {
+        term[j] = 0.5f * std::fabs(p[j] - q[j]);
+        g[j] = q[j] > p[j] ? 0.5f * q[j] : q[j] < p[j] ? -0.5f * q[j] : 0.0f;
+      }
+      return;
+    case Divergence::SkewKl:  // m = α·p + (1 − α)·q
+      for (int64_t j = 0; j < v; ++j) g[j] = std::max(a * p[j] + oma * q[j], kTiny);
+      vmath::log(g, v);
+      for (int64_t j = 0; j < v; ++j) {
+        const float lm = g[j];
+        const float tp = p[j] * (lp[j] - lm), gj = -oma * p[j] * std::exp(lq[j] - lm);
+        term[j] = p[j] > 0.0f ? tp : 0.0f;
+        g[j] = p[j] > 0.0f ? gj : 0.0f;
+      }
+      return;
+    case Divergence::SkewReverseKl:  // m = (1 − α)·p + α·q
+      for (int64_t j = 0; j < v; ++j) g[j] = std::max(oma * p[j] + a * q[j], kTiny);
+      vmath::log(g, v);
+      for (int64_t j = 0; j < v; ++j) {
+        const float lm = g[j];
+        const float tq = q[j] * (lq[j] - lm), gj = q[j] * (lq[j] - lm + 1.0f - a * std::exp(lq[j] - lm));
+        term[j] = q[j] > 0.0f ? tq : 0.0f;
+        g[j] = q[j] > 0.0f ? gj : 0.0f;
+      }
+      return;
+  }
   if (beta == 0.0f) {
     for (int64_t j = 0; j < v; ++j) {
       const float tp = p[j] * (lp[j] - lq[j]);
@@ -460,7 +509,7 @@ void divergence_terms(float beta, const float* __restrict lp, const float* __res
     return;
   }
   const float omb = 1.0f - beta;
-  for (int64_t j = 0; j < v; ++j) g[j] = std::max(beta * p[j] + omb * q[j], 1.17549435e-38f);
+  for (int64_t j = 0; j < v; ++j) g[j] = std::max(beta * p[j] + omb * q[j], kTiny);
   vmath::log(g, v);
   for (int64_t j = 0; j < v; ++j) {
     const float lm = g[j];
@@ -483,7 +532,7 @@ void distill_grad(const float* __restrict g, float sign, const float* __restrict
 
 void distill_rows(const Block& logits, const DistillSide& side, const RowOut& out, ThreadPool& pool) {
   const int64_t v = logits.cols;
-  const float t = side.temperature, inv_t = 1.0f / t, beta = side.beta;
+  const float t = side.temperature, inv_t = 1.0f / t;
   const bool has_labels = !side.labels.empty();
   const bool hard_on = has_labels && side.w_hard != 0.0f;
   const bool want_hard = has_labels && (hard_on || out.hard);
@@ -527,7 +576,7 @@ void distill_rows(const Block& logits, const DistillSide& side, const RowOut& ou
 
       const float hard = want_hard ? (sz.m - z[y]) + log_s1 : 0.0f;
       log_probs(z, lp, q, p, lq, v, inv_t, sz, log_sz, sw, log_sw);
-      divergence_terms(beta, lp, lq, p, q, term, gq, v);
+      divergence_terms(side.div, lp, lq, p, q, term, gq, v);
       const double d = vmath::sum(term, v);
       if (want_grad) {
         // dD/dz_j = (g_j − q_j·Σg)/T (forward KL: (q_j − p_j)/T), times T² in cs; plus the hard loss's
@@ -536,7 +585,7 @@ void distill_rows(const Block& logits, const DistillSide& side, const RowOut& ou
         const float ch = hard_on ? out.grad_scale * side.w_hard : 0.0f;
         const float ch1 = t == 1.0f ? ch : 0.0f;
         float* dz = term;
-        if (beta == 0.0f)
+        if (side.div.forward_kl())
           distill_grad(p, -1.0f, q, dz, v, cs, -1.0f, ch1);
         else
           distill_grad(gq, 1.0f, q, dz, v, cs, float(vmath::sum(gq, v)), ch1);

@@ -28,6 +28,7 @@
 #include <string>
 
 #include "../../core/dtype.h"
+#include "losses.h"
 
 namespace retort {
 class ThreadPool;
@@ -78,13 +79,30 @@ int64_t check_cross_entropy(const CrossEntropySide& side, int64_t v, const std::
 void cross_entropy_rows(const Block& logits, const CrossEntropySide& side, const RowOut& out,
                         ThreadPool& pool);
 
+// ---- divergences ----------------------------------------------------------------------------------------
+// D(P, Q) over a row's slots (top-K) or its vocabulary (full), as a sum of per-entry terms of the teacher
+// log p and the student log q; each kernel also needs dD/d(log q) per entry (the chain rule through the
+// softmax does the rest, the same for every divergence):
+//   Kl, beta = 0: Σ p (log p − log q);  beta = 1: Σ q (log q − log p);  otherwise, m = beta·p + (1 − beta)·q:
+//       beta·Σ p (log p − log m) + (1 − beta)·Σ q (log q − log m)
+//   Tvd: ½·Σ |p − q|;  dD/d(log q) = ½·sign(q − p)·q
+//   SkewKl: Σ p (log p − log m), m = α·p + (1 − α)·q;  dD/d(log q) = −(1 − α)·p·q / m
+//   SkewReverseKl: Σ q (log q − log m), m = (1 − α)·p + α·q;  dD/d(log q) = q·(log q − log m + 1 − α·q / m)
+// A term whose weight (p or q) is 0 is 0, so 0·log 0 never makes a NaN.
+struct DivergenceSpec {
+  Divergence kind = Divergence::Kl;
+  float beta = 0.0f;   // Kl
+  float alpha = 0.1f;  // SkewKl, SkewReverseKl
+  // Forward KL, whose gradient needs no row-wide sum: the kernels' fast paths take only it.
+  constexpr bool forward_kl() const { return kind == Divergence::Kl && beta == 0.0f; }
+};
+
 // ---- top-K distillation -------------------------------------------------------------------------------
 // Slot k of a row is valid when mask[k] != 0 (or no mask) and logprob[k] != −inf; other slots are padding and
 // are never read beyond that. With S the valid slots and x = z/T:
 //   teacher log p_k = logprob_k (T = 1), or logprob_k/T − LSE_{S}(logprob/T) (T ≠ 1: renormalized over S)
 //   student log q_k = x_{id_k} − LSE_S(x_id) (normalize_topk) or x_{id_k} − LSE_V(x) (full-vocabulary Q)
-//   D = Σ_S p (log p − log q) for beta = 0, Σ_S q (log q − log p) for beta = 1, otherwise with
-//       m = beta·p + (1 − beta)·q:  beta·Σ_S p (log p − log m) + (1 − beta)·Σ_S q (log q − log m)
+//   D = the divergence above over the valid slots S
 //   soft = T²·D (0 when S is empty); hard = LSE(z) − z_label (T = 1); loss = w_hard·hard + w_soft·soft.
 // With normalize_topk on, no labels needed and no lse asked for, only the K gathered logits are read.
 struct TopKSide {
@@ -93,7 +111,8 @@ struct TopKSide {
   Block mask;      // [rows, K] any dtype, nonzero = valid; empty: all slots valid
   Block labels;    // [rows, 1] int; empty: every row counts and there is no hard loss
   int64_t ignore_index = -100;
-  float beta = 0.0f, temperature = 1.0f, w_hard = 0.0f, w_soft = 1.0f;
+  DivergenceSpec div;
+  float temperature = 1.0f, w_hard = 0.0f, w_soft = 1.0f;
   bool normalize_topk = false;  // always on when ids is empty
   TopKSide sub_rows(int64_t r0, int64_t n) const;
 };
@@ -107,7 +126,8 @@ struct DistillSide {
   Block teacher;  // [rows, V] float
   Block labels;   // [rows, 1] int; empty: every row counts, no hard loss
   int64_t ignore_index = -100;
-  float beta = 0.0f, temperature = 1.0f, w_hard = 0.0f, w_soft = 1.0f;
+  DivergenceSpec div;
+  float temperature = 1.0f, w_hard = 0.0f, w_soft = 1.0f;
   DistillSide sub_rows(int64_t r0, int64_t n) const;
 };
 int64_t check_distill(const DistillSide& side, int64_t rows, int64_t v, const std::string& what);
