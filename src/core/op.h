@@ -85,9 +85,9 @@ enum class Op : uint16_t {
   FusedLinearBack,  // recomputing backward for a per-row (per-element) upstream gradient; ip[6] = forward op
   // selection (src/ops/topk.cpp)
   TopKLogprobs,  // src = logits [N, V]; ip[0] = K; the K best log-softmax values [N, K]; aux[0] = ids [N, K]
-  // the optimizer (src/ops/optim.cpp): multi-tensor ops over a chunk table src[1]; each writes into (or reads)
-  // the stats leaf src[0] and aliases it
-  GradNorm,   // src = stats, table, scratch, loss?; ip[0] = scale the gradients in place, ip[1] = max_norm bits
+  // the optimizer (src/ops/optim.cpp): multi-tensor ops over a chunk table src[1]; each writes into (or
+  // reads) the stats leaf src[0] and aliases it
+  GradNorm,   // src = stats, table, scratch, loss?; ip[0] = scale the gradients too, ip[1] = max_norm's bits
   AdamWStep,  // src = stats, table, hparams; fp = beta1, beta2, eps
   SgdStep,    // src = stats, table, hparams; fp = momentum, weight_decay
   Count

@@ -109,14 +109,12 @@ void Optimizer::step(const Graph& graph, float lr) {
   std::vector<OptSlot> slots = slots_of(graph);
   std::vector<const void*> grads;
   for (const OptSlot& s : slots) grads.push_back(s.grad->data);
-  // The table holds the gradients' addresses: rebuilt when the graph (its accumulators) is another one.
-  if (!slots.empty() && grads != eager_grads_) {
-    Tensor* table = optimizer_table(*state_, slots, who_);
-    eager_update_ = update_op(optimizer_stats(*state_), table);
-    eager_grads_ = grads;
-  }
+  // The table holds the gradients' addresses: one per set of accumulators.
+  Tensor*& update = eager_[grads];
+  if (!slots.empty() && !update)
+    update = update_op(optimizer_stats(*state_), optimizer_table(*state_, slots, who_));
   begin_step(lr);
-  if (!slots.empty()) state_->backend().run(eager_update_);
+  if (update) state_->backend().run(update);
   end_step(true);
 }
 

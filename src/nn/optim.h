@@ -1,6 +1,7 @@
 // Optimizers (SGD with momentum, AdamW), global-norm gradient clipping and the cosine learning-rate schedule.
 // Updates run on the backend that holds the parameters, as multi-tensor ops (src/ops/optim_ops.h).
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,9 +69,9 @@ class Optimizer {
   Tensor* hparams_ = nullptr;
   int64_t step_ = 0;
   bool begun_ = false;
-  // step()'s update for the last graph it saw, and the gradient addresses it was built for.
-  std::vector<const void*> eager_grads_;
-  Tensor* eager_update_ = nullptr;
+  // step()'s update per graph it has seen, by the gradient addresses its table holds (a graph made later at
+  // the same addresses finds the table it can use).
+  std::map<std::vector<const void*>, Tensor*> eager_;
 };
 
 struct AdamWConfig {

@@ -17,7 +17,8 @@ namespace retort {
 namespace {
 
 int64_t address(const Tensor* t, int64_t element) {
-  return t ? int64_t(reinterpret_cast<intptr_t>(static_cast<const char*>(t->data) + element * t->elsize())) : 0;
+  return t ? int64_t(reinterpret_cast<intptr_t>(static_cast<const char*>(t->data) + element * t->elsize()))
+           : 0;
 }
 
 // A leaf the op may keep an address of: its storage is its own and never moves (a graph node's is replanned).
@@ -235,8 +236,8 @@ Tensor* optimizer_scratch(Context& ctx, const Tensor* table) {
   return ctx.tensor(DType::I64, {table->ne[1] + 1}, "optimizer_scratch");
 }
 
-Tensor* grad_norm_op(Context& ctx, Tensor* stats, Tensor* table, Tensor* scratch, Tensor* loss, double max_norm,
-                     bool apply) {
+Tensor* grad_norm_op(Context& ctx, Tensor* stats, Tensor* table, Tensor* scratch, Tensor* loss,
+                     double max_norm, bool apply) {
   RT_CHECK(stats && stats->is_leaf(), "grad_norm: stats must be the stats leaf (optimizer_stats)");
   check_stats(stats, "grad_norm");
   check_table(table, stats, "grad_norm");

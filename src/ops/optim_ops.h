@@ -50,8 +50,8 @@ Tensor* optimizer_scratch(Context& ctx, const Tensor* table);
 // max_norm is kept as a double (in ip[1]'s bits), so the scale is float(max_norm / norm) exactly as a caller
 // computing it in double would. Throws retort::Error on bad operands or a max_norm that is negative or not
 // finite.
-Tensor* grad_norm_op(Context& ctx, Tensor* stats, Tensor* table, Tensor* scratch, Tensor* loss, double max_norm,
-                     bool apply);
+Tensor* grad_norm_op(Context& ctx, Tensor* stats, Tensor* table, Tensor* scratch, Tensor* loss,
+                     double max_norm, bool apply);
 
 // AdamW over table (m = state1, v = state2) with the gradient scaled by stats' scale, skipped entirely when
 // stats' ok is 0. hparams (F32 [kAdamWHparams]) holds what changes every step, written by the host before

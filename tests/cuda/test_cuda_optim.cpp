@@ -105,19 +105,25 @@ TEST_F(CudaOptimTest, UpdatesMatchTheCpu) {
   for (DType dt : {DType::F32, DType::BF16})
     for (int kind = 0; kind < 3; ++kind)
       for (double clip : {-1.0, 0.0, 0.5}) {
-        SCOPED_TRACE(testing::Message() << dtype_name(dt) << (kind == 0 ? " adamw" : kind == 1 ? " sgd" : " sgd+momentum")
+        SCOPED_TRACE(testing::Message() << dtype_name(dt)
+                                        << (kind == 0   ? " adamw"
+                                            : kind == 1 ? " sgd"
+                                                        : " sgd+momentum")
                                         << " clip " << clip);
         const Run cpu = run_steps(default_cpu_backend(), dt, kind, clip);
         const Run gpu = run_steps(cuda_backend(), dt, kind, clip);
         const double tol = dt == DType::F32 ? 1e-12 : 1e-5;
-        for (size_t i = 0; i < cpu.params.size(); ++i) EXPECT_LE(nmse(gpu.params[i], cpu.params[i]), tol) << "p" << i;
-        for (size_t i = 0; i < cpu.state.size(); ++i) EXPECT_LE(nmse(gpu.state[i], cpu.state[i]), tol) << "state " << i;
+        for (size_t i = 0; i < cpu.params.size(); ++i)
+          EXPECT_LE(nmse(gpu.params[i], cpu.params[i]), tol) << "p" << i;
+        for (size_t i = 0; i < cpu.state.size(); ++i)
+          EXPECT_LE(nmse(gpu.state[i], cpu.state[i]), tol) << "state " << i;
         ASSERT_EQ(cpu.stats.size(), gpu.stats.size());
         for (size_t t = 0; t < cpu.stats.size(); ++t) {
           EXPECT_NEAR(gpu.stats[t][kStatNorm], cpu.stats[t][kStatNorm], 1e-6 * cpu.stats[t][kStatNorm]);
           EXPECT_NEAR(gpu.stats[t][kStatScale], cpu.stats[t][kStatScale], 1e-6);
           EXPECT_EQ(gpu.stats[t][kStatOk], 1.0f);
-          EXPECT_NEAR(gpu.stats[t][kStatLoss], cpu.stats[t][kStatLoss], 1e-4 * std::abs(cpu.stats[t][kStatLoss]) + 1e-4);
+          EXPECT_NEAR(gpu.stats[t][kStatLoss], cpu.stats[t][kStatLoss],
+                      1e-4 * std::abs(cpu.stats[t][kStatLoss]) + 1e-4);
           if (clip == 0.5) EXPECT_LT(cpu.stats[t][kStatScale], 1.0f) << "the clip case must clip";
         }
       }

@@ -355,14 +355,28 @@ TEST(FusedOptimizer, BadUseThrows) {
   Tensor* small = ctx.tensor(DType::F32, {1}, "small");
   expect_error([&] { adamw_step_op(ctx, small, bare, hp, 0.9f, 0.99f, 1e-8f); }, {"adamw_step", "stats"});
   Tensor* doubled = scale(ctx, p, 2.0f);
-  expect_error([&] { optimizer_table(ctx, {{p, doubled, nullptr, nullptr}}, "t"); }, {"t", "gradient", "leaf"});
-  expect_error([&] { optimizer_table(ctx, {{p, small, nullptr, nullptr}}, "t"); }, {"t", "gradient", "small"});
-  expect_error([&] { optimizer_table(ctx, {{p, h.grad(p), small, nullptr}}, "t"); },
-               {"t", "optimizer state", "small"});
+  expect_error(
+      [&] {
+        optimizer_table(ctx, {{p, doubled, nullptr, nullptr}}, "t");
+      },
+      {"t", "gradient", "leaf"});
+  expect_error(
+      [&] {
+        optimizer_table(ctx, {{p, small, nullptr, nullptr}}, "t");
+      },
+      {"t", "gradient", "small"});
+  expect_error(
+      [&] {
+        optimizer_table(ctx, {{p, h.grad(p), small, nullptr}}, "t");
+      },
+      {"t", "optimizer state", "small"});
   CpuBackend be2(1);
   Context elsewhere(be2);
-  expect_error([&] { optimizer_table(elsewhere, {{p, h.grad(p), nullptr, nullptr}}, "t"); },
-               {"t", "another"});
+  expect_error(
+      [&] {
+        optimizer_table(elsewhere, {{p, h.grad(p), nullptr, nullptr}}, "t");
+      },
+      {"t", "another"});
 }
 
 }  // namespace
