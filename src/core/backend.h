@@ -32,6 +32,9 @@ class Backend {
   virtual std::shared_ptr<Buffer> alloc(size_t bytes) = 0;
   virtual void write(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void read(void* host_dst, const void* src, size_t bytes) = 0;
+  // Copies bytes between two addresses of this backend, queued after earlier work (the host does not wait
+  // on a device). The default goes through the host.
+  virtual void copy(void* dst, const void* src, size_t bytes);
   // Sets every byte of [dst, dst + bytes) to value.
   virtual void fill_bytes(void* dst, uint8_t value, size_t bytes) = 0;
   void fill_zero(void* dst, size_t bytes) { fill_bytes(dst, 0, bytes); }

@@ -39,6 +39,9 @@ void CpuBackend::read(void* dst, const void* src, size_t bytes) {
   count_host_wait();  // nothing to wait for here, but counted like a device's, so CPU tests pin the count
   std::memcpy(dst, src, bytes);
 }
+void CpuBackend::copy(void* dst, const void* src, size_t bytes) {
+  std::memmove(dst, src, bytes);
+}
 void CpuBackend::fill_bytes(void* dst, uint8_t value, size_t bytes) {
   std::memset(dst, value, bytes);
 }

@@ -14,6 +14,7 @@ class CpuBackend : public Backend {
   std::shared_ptr<Buffer> alloc(size_t bytes) override;
   void write(void* dst, const void* host_src, size_t bytes) override;
   void read(void* host_dst, const void* src, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
   void fill_bytes(void* dst, uint8_t value, size_t bytes) override;
   void run(Tensor* node) override;
   void synchronize() override { count_host_wait(); }

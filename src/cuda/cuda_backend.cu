@@ -178,6 +178,12 @@ class CudaBackend final : public Backend {
     finish();
   }
 
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    DeviceScope scope(ex_.device);
+    RT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ex_.stream));
+  }
+
   void fill_bytes(void* dst, uint8_t value, size_t bytes) override {
     if (bytes == 0) return;
     DeviceScope scope(ex_.device);

@@ -7,8 +7,8 @@
 // a CUDA Graph and replayed.
 #include <cstring>
 
-#include "../ops/optim_ops.h"
 #include "cuda_common.cuh"
+#include "../ops/optim_ops.h"
 
 namespace retort::cuda {
 

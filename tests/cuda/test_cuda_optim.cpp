@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <random>
 
-#include "../io/io_test_util.h"
+#include <unistd.h>
+
 #include "cuda_test_util.h"
 #include "io/shards.h"
 #include "nn/lm.h"
@@ -54,13 +56,13 @@ struct Multi {
 // Sizes that cut into several chunks (kOptChunk = 65,536 elements) and a remainder, and small ones.
 const std::vector<int64_t> kSizes = {3 * kOptChunk + 77, 1000, 7, 2 * kOptChunk};
 
-struct Run {
+struct StepsRun {
   std::vector<Vec> params, state;  // state: m, v (AdamW) or momentum (SGD) per parameter
   std::vector<std::vector<float>> stats;
 };
 
 // kind 0: AdamW, 1: SGD, 2: SGD with momentum; clip < 0: Optimizer::step, else append_step with that clip.
-Run run_steps(Backend& be, DType dt, int kind, double clip) {
+StepsRun run_steps(Backend& be, DType dt, int kind, double clip) {
   Multi pb(be, kSizes, dt);
   AdamWConfig ac;
   ac.lr = 0.02f;
@@ -76,7 +78,7 @@ Run run_steps(Backend& be, DType dt, int kind, double clip) {
     opt = sgd.get();
   }
   Tensor* stats = clip >= 0 ? opt->append_step(pb.g, pb.loss, clip) : nullptr;
-  Run r;
+  StepsRun r;
   for (int t = 1; t <= 3; ++t) {
     if (stats) {
       opt->begin_step(-1.0f);
@@ -110,8 +112,8 @@ TEST_F(CudaOptimTest, UpdatesMatchTheCpu) {
                                             : kind == 1 ? " sgd"
                                                         : " sgd+momentum")
                                         << " clip " << clip);
-        const Run cpu = run_steps(default_cpu_backend(), dt, kind, clip);
-        const Run gpu = run_steps(cuda_backend(), dt, kind, clip);
+        const StepsRun cpu = run_steps(default_cpu_backend(), dt, kind, clip);
+        const StepsRun gpu = run_steps(cuda_backend(), dt, kind, clip);
         const double tol = dt == DType::F32 ? 1e-12 : 1e-5;
         for (size_t i = 0; i < cpu.params.size(); ++i)
           EXPECT_LE(nmse(gpu.params[i], cpu.params[i]), tol) << "p" << i;
@@ -184,6 +186,21 @@ TEST_F(CudaOptimTest, NonFiniteGradientSkipsTheStepOnTheDevice) {
   opt.end_step(true);
   EXPECT_NE(get_bytes(p), before);
 }
+
+// A directory for the token shards, removed at the end of the test.
+struct ScratchDir {
+  ScratchDir() {
+    path = std::filesystem::temp_directory_path() /
+           ("retort_cuda_optim_" + std::to_string(std::random_device{}()) + std::to_string(::getpid()));
+    std::filesystem::create_directories(path);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+  std::filesystem::path path;
+};
 
 ShardSet make_shards(const ScratchDir& dir, int64_t vocab) {
   std::mt19937 rng(3);

@@ -313,6 +313,18 @@ TEST(Checkpoint, TeacherStudentVocabularyAndCacheK) {
   // K within the cache: a distillation step runs and gives a finite loss.
   LmTrainer ok(ctx, model, set.train, tiny_train(), head);
   EXPECT_TRUE(std::isfinite(ok.step().loss));
+  // With a hard loss the step reports both parts, still from its one read.
+  head.opts.w_hard = 0.5f;
+  head.opts.w_soft = 0.7f;
+  LmTrainer parts(ctx, model, set.train, tiny_train(), head);
+  for (int i = 0; i < 2; ++i) {
+    const uint64_t w0 = be.host_waits();
+    const LmTrainer::StepResult r = parts.step();
+    EXPECT_EQ(be.host_waits() - w0, 1u);
+    EXPECT_GT(r.hard, 0);
+    EXPECT_GT(r.soft, 0);
+    EXPECT_NEAR(r.loss, 0.5 * r.hard + 0.7 * r.soft, 1e-5 * r.loss);
+  }
 }
 
 // A child process writes checkpoints in a loop, alternating two models; the parent kills it with SIGKILL at
