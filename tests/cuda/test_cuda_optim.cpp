@@ -20,6 +20,13 @@ namespace {
 
 class CudaOptimTest : public CudaTest {};
 
+// "p3": built by appending (GCC 12 warns falsely on "p" + std::string).
+std::string name(const char* prefix, size_t i) {
+  std::string s = prefix;
+  s += std::to_string(i);
+  return s;
+}
+
 std::vector<float> to_f32(const Vec& v) {
   return std::vector<float>(v.begin(), v.end());
 }
@@ -30,8 +37,8 @@ struct Multi {
   Multi(Backend& be, const std::vector<int64_t>& sizes, DType dt) : ctx(be), g(ctx) {
     reseed("cuda_optim");
     for (size_t i = 0; i < sizes.size(); ++i) {
-      Tensor* p = ctx.param(dt, {sizes[i]}, "p" + std::to_string(i));
-      Tensor* c = ctx.input(DType::F32, {sizes[i]}, "c" + std::to_string(i));
+      Tensor* p = ctx.param(dt, {sizes[i]}, name("p", i));
+      Tensor* c = ctx.input(DType::F32, {sizes[i]}, name("c", i));
       set_data(p, to_f32(random_vec(sizes[i], -1, 1)));
       Tensor* term = sum(ctx, mul(ctx, p, c));
       loss = loss ? add(ctx, loss, term) : term;
@@ -126,7 +133,9 @@ TEST_F(CudaOptimTest, UpdatesMatchTheCpu) {
           EXPECT_EQ(gpu.stats[t][kStatOk], 1.0f);
           EXPECT_NEAR(gpu.stats[t][kStatLoss], cpu.stats[t][kStatLoss],
                       1e-4 * std::abs(cpu.stats[t][kStatLoss]) + 1e-4);
-          if (clip == 0.5) EXPECT_LT(cpu.stats[t][kStatScale], 1.0f) << "the clip case must clip";
+          if (clip == 0.5) {
+            EXPECT_LT(cpu.stats[t][kStatScale], 1.0f) << "the clip case must clip";
+          }
         }
       }
   // The rules differ, or the comparison above could not fail.
@@ -244,7 +253,9 @@ TEST_F(CudaOptimTest, TrainerStepWaitsForTheDeviceOnce) {
       const uint64_t w0 = be->host_waits();
       gpu.push_back(tr.step().loss);
       // The first step may wait more (the fused loss sizes its chunks from the free memory once).
-      if (i > 0) EXPECT_EQ(be->host_waits() - w0, 1u) << "step " << i + 1;
+      if (i > 0) {
+        EXPECT_EQ(be->host_waits() - w0, 1u) << "step " << i + 1;
+      }
     }
   }
   CpuBackend cb(2);

@@ -15,6 +15,13 @@
 namespace retort::test {
 namespace {
 
+// "p3": built by appending (GCC 12 warns falsely on "p" + std::string).
+std::string name(const char* prefix, size_t i) {
+  std::string s = prefix;
+  s += std::to_string(i);
+  return s;
+}
+
 std::vector<float> to_f32(const Vec& v) {
   return std::vector<float>(v.begin(), v.end());
 }
@@ -26,8 +33,8 @@ struct Multi {
     Tensor* loss = nullptr;
     for (size_t i = 0; i < sizes.size(); ++i) {
       const auto [n, dt] = sizes[i];
-      Tensor* p = ctx.param(dt, {n}, "p" + std::to_string(i));
-      Tensor* c = ctx.input(DType::F32, {n}, "c" + std::to_string(i));
+      Tensor* p = ctx.param(dt, {n}, name("p", i));
+      Tensor* c = ctx.input(DType::F32, {n}, name("c", i));
       set_data(p, to_f32(random_vec(n, -1, 1)));
       Tensor* term = sum(ctx, mul(ctx, p, c));
       loss = loss ? add(ctx, loss, term) : term;
