@@ -110,6 +110,12 @@ if [ -n "$gguf" ] && [ -f "$gguf" ] && [ -x build-gpu/examples/teacher-cache ]; 
   row "teacher-cache SmolLM2" "$st" "$(($(date +%s) - t0))s" "$(grep -m1 '^summary' "$log" | cut -c1-90)"
 fi
 
+# PyTorch's flash SDPA at bench_attention's shapes, in the same session (where PyTorch is installed).
+if [ -x build-gpu/bench/bench_attention ] && python3 -c 'import torch' 2>/dev/null; then
+  t0=$(date +%s)
+  bench_one "attention_sdpa (torch)" "$logs/attention-sdpa.log" python3 bench/peers/attention_sdpa.py
+fi
+
 # The fused losses over a grid, through the Python module, against the floor and torch.compile.
 if [ "${SWEEP:-1}" != 0 ] && [ -d build-gpu/bindings ] && python3 -c 'import torch' 2>/dev/null; then
   t0=$(date +%s)
@@ -132,6 +138,8 @@ done
 # bench_topk (topk_logprobs against reading its logits once): its table, one row per dtype, V and K.
 f="$logs/bench-bench_topk.log"
 [ -f "$f" ] && grep -E '^(topk_logprobs|bf16 V=|f32 V=|check vs)' "$f"
+# flash_attention against PyTorch's flash SDPA, same shapes.
+for f in "$logs/bench-bench_attention.log" "$logs/attention-sdpa.log"; do [ -f "$f" ] && cat "$f"; done
 f="$logs/sweep-fused.log"
 [ -f "$f" ] && sed -n '/^retort \/ floor/,$p' "$f"
 echo "logs: $logs"

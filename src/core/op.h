@@ -56,6 +56,10 @@ enum class Op : uint16_t {
   CausalSoftmax,  // softmax(x * fp[0]) with column j > row i + ip[0] masked out; rows are queries
   SoftmaxBack,     // src = grad, y
   LogSoftmaxBack,  // src = grad, y
+  // attention (src/ops/attention.cpp): src = q [B, T_q, H, D], k, v [B, T_k, KV, D]; ip[0] = causal,
+  // ip[1] = n_past; fp[0] = scale; aux[0] = log-sum-exp [B, H, T_q] (f32)
+  FlashAttention,
+  FlashAttentionBack,  // src = q, k, v, o, do, lse; the node is dq, aux = dk, dv
   // normalization (over dim 0, no affine: multiply by a weight with Mul)
   RmsNorm,  // fp[0] = eps
   RmsNormBack,

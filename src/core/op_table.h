@@ -69,6 +69,7 @@ void register_cross_entropy_ops(OpTable& t);
 void register_loss_ops(OpTable& t);
 void register_fused_ops(OpTable& t);
 void register_topk_ops(OpTable& t);
+void register_attention_ops(OpTable& t);
 void register_optim_ops(OpTable& t);
 
 }  // namespace retort

@@ -8,8 +8,13 @@
 // first such value in a DeviceError in device memory and carry on (skipping the bad row). synchronize() and
 // read() copy that record back after the stream drains and, if it is set, clear it and throw retort::Error
 // naming the op and the value. So a bad id surfaces at the first synchronize()/read() after the graph ran.
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "../core/op_table.h"
 #include "cuda_backend.h"
@@ -29,6 +34,90 @@ __global__ void probe_kernel(int* out) {
   if (out) *out = 1;
 }
 
+// RETORT_OP_PROFILE=1: each node's kernels timed with a pair of events, summed per op (and per op and shape),
+// and printed to stderr as a table when the backend goes away: where a training step's time goes.
+class OpProfile {
+ public:
+  ~OpProfile() {
+    for (cudaEvent_t e : pool_) (void)cudaEventDestroy(e);
+  }
+  void begin(cudaStream_t s) {
+    a_ = take();
+    RT_CUDA_CHECK(cudaEventRecord(a_, s));
+  }
+  void end(cudaStream_t s, const Tensor* node) {
+    cudaEvent_t b = take();
+    RT_CUDA_CHECK(cudaEventRecord(b, s));
+    const std::string op = op_name(node->op);
+    std::string shape = op + " " + dtype_name(node->dtype) + shape_str(node->ne);
+    for (int i = 0; i < 3 && node->src[size_t(i)]; ++i)
+      shape += (i ? ", " : " <- ") + std::string(dtype_name(node->src[size_t(i)]->dtype)) +
+               shape_str(node->src[size_t(i)]->ne);
+    marks_.push_back({op, shape, a_, b});
+  }
+  // Drops what was counted so far (pairs still in flight are dropped at their collect).
+  void restart() { by_op_.clear(), by_shape_.clear(), drop_ = marks_.size(); }
+  // After a stream synchronize: the recorded pairs are complete.
+  void collect() {
+    for (size_t i = 0; i < marks_.size(); ++i) {
+      Mark& m = marks_[i];
+      float ms = 0;
+      if (i >= drop_ && cudaEventElapsedTime(&ms, m.a, m.b) == cudaSuccess) {
+        by_op_[m.op].add(ms);
+        by_shape_[m.shape].add(ms);
+      }
+      pool_.push_back(m.a);
+      pool_.push_back(m.b);
+    }
+    marks_.clear();
+    drop_ = 0;
+  }
+  void print() const {
+    double total = 0;
+    for (const auto& [k, v] : by_op_) total += v.ms;
+    auto table = [&](const std::map<std::string, Sum>& m, const char* title, size_t rows) {
+      std::vector<std::pair<std::string, Sum>> v(m.begin(), m.end());
+      std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
+      std::fprintf(stderr, "%-90s %8s %10s %6s\n", title, "calls", "ms", "%");
+      for (size_t i = 0; i < v.size() && i < rows; ++i)
+        std::fprintf(stderr, "%-90.90s %8lld %10.3f %6.1f\n", v[i].first.c_str(), v[i].second.calls, v[i].second.ms,
+                     total > 0 ? 100.0 * v[i].second.ms / total : 0.0);
+    };
+    std::fprintf(stderr, "RETORT_OP_PROFILE: %.3f ms in node launches\n", total);
+    table(by_op_, "op", 40);
+    table(by_shape_, "op and shape", 40);
+  }
+
+ private:
+  struct Mark {
+    std::string op, shape;
+    cudaEvent_t a, b;
+  };
+  struct Sum {
+    long long calls = 0;
+    double ms = 0;
+    void add(float t) {
+      ++calls;
+      ms += t;
+    }
+  };
+  cudaEvent_t take() {
+    if (!pool_.empty()) {
+      cudaEvent_t e = pool_.back();
+      pool_.pop_back();
+      return e;
+    }
+    cudaEvent_t e;
+    RT_CUDA_CHECK(cudaEventCreate(&e));
+    return e;
+  }
+  cudaEvent_t a_ = nullptr;
+  size_t drop_ = 0;
+  std::vector<Mark> marks_;
+  std::vector<cudaEvent_t> pool_;
+  std::map<std::string, Sum> by_op_, by_shape_;
+};
+
 const CudaOpTable& launcher_table() {
   static const CudaOpTable table = [] {
     CudaOpTable t{};
@@ -44,6 +133,7 @@ const CudaOpTable& launcher_table() {
     register_cuda_loss_graph_ops(t);
     register_cuda_fused_ops(t);
     register_cuda_topk_ops(t);
+    register_cuda_attention_ops(t);
     register_cuda_optim_ops(t);
     return t;
   }();
@@ -125,6 +215,8 @@ class CudaBackend final : public Backend {
                " must be 0 (off) or 1 (on)");
       ex_.opts.softmax_pingpong = e[0] - '0';
     }
+    if (const char* e = std::getenv("RETORT_OP_PROFILE"); e && *e && std::string(e) != "0")
+      profile_ = std::make_unique<OpProfile>();
     DeviceScope scope(device);
     try {
       RT_CUDA_CHECK(cudaDeviceGetAttribute(&ex_.sm_count, cudaDevAttrMultiProcessorCount, device));
@@ -154,6 +246,11 @@ class CudaBackend final : public Backend {
     try {
       DeviceScope scope(ex_.device);
       if (ex_.stream) (void)cudaStreamSynchronize(ex_.stream);
+      if (profile_) {
+        profile_->collect();
+        profile_->print();
+        profile_.reset();
+      }
       release();
     } catch (...) {  // a destructor must not throw
     }
@@ -198,7 +295,10 @@ class CudaBackend final : public Backend {
     RT_CHECK(f != nullptr, "cuda backend: op ", op_name(node->op), " (node ", node->describe(),
              ") has no CUDA kernel");
     DeviceScope scope(ex_.device);
+    if (!profile_) return f(ex_, node);
+    profile_->begin(ex_.stream);
     f(ex_, node);
+    profile_->end(ex_.stream, node);
   }
 
   void synchronize() override {
@@ -232,13 +332,19 @@ class CudaBackend final : public Backend {
   size_t softmax_chunks() const { return *ex_.softmax_chunks; }
   bool softmax_supported() const { return softmax_epilogue_supported(ex_.device); }
 
+  void restart_profile() {
+    if (profile_) profile_->restart();
+  }
+
  private:
+  std::unique_ptr<OpProfile> profile_;
   // Waits for the stream, then reports a device-side error if a kernel recorded one.
   void finish() {
     count_host_wait();
     RT_CUDA_CHECK(
         cudaMemcpyAsync(host_error_, ex_.dev_error, sizeof(DeviceError), cudaMemcpyDeviceToHost, ex_.stream));
     RT_CUDA_CHECK(cudaStreamSynchronize(ex_.stream));
+    if (profile_) profile_->collect();
     if (host_error_->flag == 0) return;
     DeviceError e = *host_error_;
     *host_error_ = DeviceError{};
@@ -295,7 +401,9 @@ CudaMemoryStats cuda_memory_stats(Backend& backend) {
 }
 
 void cuda_reset_peak(Backend& backend) {
-  cuda::as_cuda(backend, "cuda_reset_peak").allocator().reset_peak();
+  cuda::CudaBackend& be = cuda::as_cuda(backend, "cuda_reset_peak");
+  be.allocator().reset_peak();
+  be.restart_profile();
 }
 
 void cuda_empty_cache(Backend& backend) {

@@ -92,7 +92,8 @@ struct CudaMemoryStats {
 
 // Allocator statistics of a CUDA backend. Throws retort::Error if backend is not a CUDA backend.
 CudaMemoryStats cuda_memory_stats(Backend& backend);
-// Sets peak_bytes to the current bytes_in_use. Throws retort::Error if backend is not a CUDA backend.
+// Sets peak_bytes to the current bytes_in_use (and restarts the RETORT_OP_PROFILE table when it is on).
+// Throws retort::Error if backend is not a CUDA backend.
 void cuda_reset_peak(Backend& backend);
 // Returns cached (free) blocks to the device. Throws retort::Error if backend is not a CUDA backend.
 void cuda_empty_cache(Backend& backend);

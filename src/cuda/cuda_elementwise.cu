@@ -94,6 +94,24 @@ __global__ void binary_kernel(TDesc out, TDesc a, TDesc b, int64_t n, F f) {
   }
 }
 
+// Contiguous operands (the common case in a model's graph): flat indices, no per-element unravel. b is read
+// at i % bmod: bmod = n (same shape), ne0 (a row broadcast over the rows) or 1 (a scalar).
+template <typename F>
+__global__ void binary_flat_kernel(char* out, DType ot, const char* a, DType at_, const char* b, DType bt, int64_t n,
+                                   int64_t bmod, F f) {
+  const int os = dtype_size_dev(ot), as = dtype_size_dev(at_), bs = dtype_size_dev(bt);
+  RT_GRID_LOOP(i, n) {
+    const float x = load_f(a + i * as, at_), y = load_f(b + (bmod == n ? i : i % bmod) * bs, bt);
+    store_f(out + i * os, ot, f(x, y));
+  }
+}
+
+template <typename F>
+__global__ void unary_flat_kernel(char* out, DType ot, const char* a, DType at_, int64_t n, F f) {
+  const int os = dtype_size_dev(ot), as = dtype_size_dev(at_);
+  RT_GRID_LOOP(i, n) { store_f(out + i * os, ot, f(load_f(a + i * as, at_))); }
+}
+
 template <typename F>
 __global__ void unary_kernel(TDesc out, TDesc a, int64_t n, F f) {
   RT_GRID_LOOP(i, n) {
@@ -111,6 +129,18 @@ void launch_binary(CudaExec& ex, Tensor* t, F f) {
            op_name(t->op), ": unexpected operands ", a->describe(), " and ", b->describe(), " for ",
            t->describe());
   int64_t n = t->nelements();
+  if (t->is_contiguous() && a->is_contiguous() && b->is_contiguous()) {
+    const int64_t nb = b->nelements();
+    // b's elements line up with out's flat index modulo nb when b is all of out, one row of it, or one value.
+    const bool flat = nb == n || nb == 1 || (nb == t->ne[0] && b->ne[0] == t->ne[0]);
+    if (flat) {
+      binary_flat_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(
+          static_cast<char*>(t->data), t->dtype, static_cast<const char*>(a->data), a->dtype,
+          static_cast<const char*>(b->data), b->dtype, n, nb, f);
+      RT_CUDA_LAUNCH_CHECK("binary_flat_kernel");
+      return;
+    }
+  }
   binary_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(desc(t), desc(a), desc(b), n, f);
   RT_CUDA_LAUNCH_CHECK("binary_kernel");
 }
@@ -121,6 +151,12 @@ void launch_unary(CudaExec& ex, Tensor* t, F f) {
   RT_CHECK(is_float(a->dtype) && same_shape(a, t), "cuda ", op_name(t->op), ": unexpected operand ",
            a->describe(), " for ", t->describe());
   int64_t n = t->nelements();
+  if (t->is_contiguous() && a->is_contiguous()) {
+    unary_flat_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(
+        static_cast<char*>(t->data), t->dtype, static_cast<const char*>(a->data), a->dtype, n, f);
+    RT_CUDA_LAUNCH_CHECK("unary_flat_kernel");
+    return;
+  }
   unary_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(desc(t), desc(a), n, f);
   RT_CUDA_LAUNCH_CHECK("unary_kernel");
 }

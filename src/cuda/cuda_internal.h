@@ -214,6 +214,7 @@ void register_cuda_loss_ops(CudaOpTable& t);
 void register_cuda_loss_graph_ops(CudaOpTable& t);  // loss/cuda_loss_ops.cu: the loss backend's ops
 void register_cuda_fused_ops(CudaOpTable& t);       // loss/cuda_fused_ops.cu: the fused linear losses
 void register_cuda_topk_ops(CudaOpTable& t);        // cuda_topk.cu: topk_logprobs
+void register_cuda_attention_ops(CudaOpTable& t);   // cuda_attention.cu: flash_attention
 void register_cuda_optim_ops(CudaOpTable& t);       // cuda_optim.cu: grad_norm, adamw_step, sgd_step
 
 }  // namespace retort::cuda

@@ -140,6 +140,33 @@ __global__ void rope_kernel(TDesc out, TDesc x, TDesc pos, bool neox, bool inver
   }
 }
 
+// The same for contiguous x and out: one block per (step, batch) row of [heads, d], whose d/2 angles are
+// computed once (in double, as above) and shared by its heads.
+__global__ void rope_rows_kernel(char* out, DType ot, const char* x, DType xt, TDesc pos, int64_t heads, int64_t d,
+                                 int64_t T, bool neox, bool inverse, double theta) {
+  extern __shared__ float cs[];  // cos [d/2], then sin [d/2]
+  const int64_t half = d / 2, row = blockIdx.x, step = row % T;
+  const double p = double(load_i(pos.data + step * pos.nb[0], pos.dtype));
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const double a = (inverse ? -p : p) * pow(theta, -2.0 * double(i) / double(d));
+    double sd, cd;
+    sincos(a, &sd, &cd);
+    cs[i] = float(cd);
+    cs[half + i] = float(sd);
+  }
+  __syncthreads();
+  const int xs = dtype_size_dev(xt), os = dtype_size_dev(ot);
+  const int64_t base = row * heads * d;
+  for (int64_t k = threadIdx.x; k < heads * half; k += blockDim.x) {
+    const int64_t head = k / half, i = k % half;
+    const int64_t j0 = base + head * d + (neox ? i : 2 * i), j1 = j0 + (neox ? half : 1);
+    const float c = cs[i], s = cs[half + i];
+    const float v0 = load_f(x + j0 * xs, xt), v1 = load_f(x + j1 * xs, xt);
+    store_f(out + j0 * os, ot, v0 * c - v1 * s);
+    store_f(out + j1 * os, ot, v0 * s + v1 * c);
+  }
+}
+
 void check_norm(const Tensor* t, const Tensor* x) {
   RT_CHECK(is_float(x->dtype) && same_shape(x, t), "cuda ", op_name(t->op), ": unexpected input ",
            x->describe(), " for ", t->describe());
@@ -181,6 +208,15 @@ void rope_l(CudaExec& ex, Tensor* t) {
   check_norm(t, x);
   RT_CHECK(x->ne[0] % 2 == 0 && is_int(pos->dtype) && pos->ne[0] == x->ne[2], "cuda rope: positions ",
            pos->describe(), " do not fit x ", x->describe());
+  const bool neox = RopeMode(t->ip[0]) == RopeMode::Neox, inverse = t->ip[1] != 0;
+  if (x->is_contiguous() && t->is_contiguous() && x->ne[0] <= 8192 && x->ne[2] * x->ne[3] < (int64_t(1) << 31)) {
+    const int64_t rows = x->ne[2] * x->ne[3], half = x->ne[0] / 2;
+    rope_rows_kernel<<<unsigned(rows), 128, sizeof(float) * 2 * size_t(half), ex.stream>>>(
+        static_cast<char*>(t->data), t->dtype, static_cast<const char*>(x->data), x->dtype, desc(pos), x->ne[1],
+        x->ne[0], x->ne[2], neox, inverse, double(t->fp[0]));
+    RT_CUDA_LAUNCH_CHECK("rope_rows_kernel");
+    return;
+  }
   const int64_t n = x->nelements() / 2;
   rope_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(
       desc(t), desc(x), desc(pos), RopeMode(t->ip[0]) == RopeMode::Neox, t->ip[1] != 0, double(t->fp[0]), n);

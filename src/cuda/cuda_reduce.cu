@@ -207,6 +207,34 @@ void repeat_l(CudaExec& ex, Tensor* t) {
   RT_CUDA_LAUNCH_CHECK("repeat_kernel");
 }
 
+// reduce_to of a contiguous x seen as [m rows, n columns] down to its n columns (a bias's or a norm weight's
+// gradient): blocks of 32 columns × kColRows rows sum with coalesced reads into a [chunks, n] scratch, then one
+// thread per column adds its chunks in order (a fixed tree: the same bits every run).
+constexpr int kColRows = 256;
+__global__ void column_partial_kernel(const char* x, DType xt, int64_t m, int64_t n, float* part) {
+  __shared__ float sh[8][33];
+  const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t r0 = int64_t(blockIdx.y) * kColRows;
+  const int es = dtype_size_dev(xt);
+  float acc = 0.0f;
+  if (col < n)
+    for (int64_t r = r0 + threadIdx.y; r < min(m, r0 + kColRows); r += 8) acc += load_f(x + (r * n + col) * es, xt);
+  sh[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < n) {
+    float s = 0.0f;
+    for (int y = 0; y < 8; ++y) s += sh[y][threadIdx.x];
+    part[int64_t(blockIdx.y) * n + col] = s;
+  }
+}
+__global__ void column_final_kernel(const float* part, int64_t chunks, int64_t n, char* out, DType ot) {
+  RT_GRID_LOOP(col, n) {
+    float s = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) s += part[c * n + col];
+    store_f(out + col * dtype_size_dev(ot), ot, s);
+  }
+}
+
 void reduce_to_l(CudaExec& ex, Tensor* t) {
   check_float_src(t);
   const Tensor* x = t->src[0];
@@ -218,6 +246,19 @@ void reduce_to_l(CudaExec& ex, Tensor* t) {
     s.m *= s.rs[d];
   }
   const int64_t n = t->nelements();
+  if (x->is_contiguous() && t->is_contiguous() && t->ne[0] == x->ne[0] && n == t->ne[0] && s.m > 1) {
+    const int64_t m = s.m, chunks = (m + kColRows - 1) / kColRows;
+    RT_CHECK(chunks < 65536, "cuda reduce_to: ", x->describe(), " has too many rows for the column reduction");
+    auto part = ex.temp(sizeof(float) * size_t(chunks) * size_t(n));
+    float* p = static_cast<float*>(part->data());
+    column_partial_kernel<<<dim3(unsigned((n + 31) / 32), unsigned(chunks)), dim3(32, 8), 0, ex.stream>>>(
+        static_cast<const char*>(x->data), x->dtype, m, n, p);
+    RT_CUDA_LAUNCH_CHECK("column_partial_kernel");
+    column_final_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(p, chunks, n, static_cast<char*>(t->data),
+                                                                          t->dtype);
+    RT_CUDA_LAUNCH_CHECK("column_final_kernel");
+    return;
+  }
   if (s.rs[0] == 1 && n >= 2048) {
     reduce_to_thread_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(desc(t), desc(x), s, n);
     RT_CUDA_LAUNCH_CHECK("reduce_to_thread_kernel");

@@ -140,6 +140,12 @@ Tensor* Transformer::mm(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bo
   return matmul_lowp(ctx, lowp(ctx, a), lowp(ctx, b), transpose_a, transpose_b);
 }
 
+bool uses_flash_attention(const TransformerConfig& config) {
+  const TransformerConfig c = config.resolved();
+  const int64_t hd = c.head_dim();
+  return c.compute_dtype != DType::F32 && (hd == 16 || hd == 32 || hd == 64 || hd == 96 || hd == 128);
+}
+
 // h [B*T, d_model] -> [B*T, d_model]. Shapes in comments are outermost first.
 Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor* h, Tensor* positions,
                                int64_t B, int64_t T) {
@@ -156,6 +162,13 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
   q = rope(ctx, reshape(ctx, q, {B, T, H, hd}), positions, RopeMode::Normal, c.rope_theta);
   k = rope(ctx, reshape(ctx, k, {B, T, KV, hd}), positions, RopeMode::Normal, c.rope_theta);
   v = reshape(ctx, v, {B, T, KV, hd});
+  const DType cd = c.compute_dtype;
+  if (uses_flash_attention(c)) {
+    // Fused: reads q, k, v where the projections put them, no [T, T] scores, no repeated kv heads.
+    auto in_dtype = [&](Tensor* x) { return x->dtype == cd && x->is_contiguous() ? x : cast(ctx, x, cd); };
+    Tensor* out = flash_attention(ctx, in_dtype(q), in_dtype(k), in_dtype(v), 1.0f / std::sqrt(float(hd)));
+    return mm(ctx, reshape(ctx, out, {B * T, H * hd}), blk.wo, false, true);
+  }
   if (KV != H) {
     // Grouped-query attention: query head h reads kv head h / (H/KV). Repeating each kv head H/KV times in
     // place ([B*T, KV, 1, hd] -> [B*T, KV, H/KV, hd]) lines the heads up for a plain batched matmul; the
@@ -170,7 +183,6 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
   }
   // [B, T, H, hd] -> [B, H, T, hd]: heads become a batch dim of the matmuls (ggml dims 1 and 2 swap). The
   // copy that makes them contiguous is also the cast to the compute dtype (one pass, not two).
-  const DType cd = c.compute_dtype;
   auto heads_major = [&](Tensor* x) { return cast(ctx, permute(ctx, x, 0, 2, 1, 3), cd); };
   Tensor* qh = heads_major(q);
   Tensor* kh = heads_major(k);

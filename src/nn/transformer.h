@@ -58,6 +58,9 @@ struct TransformerBlock {
 
 // True when two configs describe the same parameters (compute dtype and context aside: neither is a weight).
 bool same_architecture(const TransformerConfig& a, const TransformerConfig& b);
+// Whether the blocks' attention is the fused flash_attention op: in 16-bit compute with a head dim the CUDA
+// kernels take (16, 32, 64, 96, 128); f32 models keep the unfused composition (exact f32 scores).
+bool uses_flash_attention(const TransformerConfig& config);
 
 // One parameter as a config implies it: its name, shape (outermost first) and initialization.
 struct ParamSpec {

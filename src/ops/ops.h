@@ -86,6 +86,19 @@ Tensor* log_softmax(Context& ctx, Tensor* x);
 // query i when j > i + n_past.
 Tensor* causal_softmax(Context& ctx, Tensor* x, float scale, int64_t n_past = 0);
 
+// ---- attention --------------------------------------------------------------------------------------------
+// softmax(q kᵀ · scale) v per head without storing the [T_q, T_k] scores (flash-style: the backward recomputes
+// them from a saved per-row log-sum-exp). q is [B, T_q, H, D] and k, v are [B, T_k, KV, D] (ggml: ne0 = D,
+// ne1 = heads, ne2 = T), contiguous, one float dtype; KV divides H and query head h reads kv head h / (H/KV).
+// Causal: key j is visible to query i when j <= i + n_past (n_past = T_k − T_q after a KV cache; a negative
+// n_past leaves early rows without keys: their output is 0). Returns [B, T_q, H, D] in q's dtype; the gradients
+// of q, k and v come in their dtype. CUDA: bf16 and f16 with D in {16, 32, 64, 96, 128}.
+Tensor* flash_attention(Context& ctx, Tensor* q, Tensor* k, Tensor* v, float scale, bool causal = true,
+                        int64_t n_past = 0);
+// The log-sum-exp [B, H, T_q] (f32, of the scaled scores; -inf for a row without keys) that a flash_attention
+// node saves for its backward.
+Tensor* flash_attention_lse(Tensor* attention);
+
 // ---- top-K selection (over dim 0) -----------------------------------------------------------------------
 struct TopKLogprobs {
   Tensor* logprobs = nullptr;  // f32 [N, K]: log softmax(row) at the K largest entries, best first

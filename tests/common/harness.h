@@ -56,6 +56,9 @@ struct OpCase {
   double grad_tol = 1e-6;     // on nmse of analytic vs numeric gradients
   double fd_step = 1e-6;      // central-difference step
   bool check_grad = true;
+  // Elements of each gradient checked by central differences: all when 0, else this many picked at random
+  // (for inputs whose reference is too costly to difference element by element).
+  int64_t grad_samples = 0;
 };
 
 // Runs a case on the CPU backend (or the given one); EXPECTs inside. Returns false if anything failed.

@@ -471,5 +471,37 @@ TEST(FusedLinearCE, BadInputThrows) {
   expect_error([&] { g.compute(); }, {"fused_linear_cross_entropy", "label 10", "row 2", "hidden f32[4, 6]"});
 }
 
+// An unaligned vocabulary gets zero-padded W copies whenever they leave room for a chunk of kRowAlign rows
+// (or of every row), since its unaligned GEMMs are several times slower; they never push the chunk below it.
+TEST(FusedLinearCE, UnalignedVocabularyIsPaddedWhenAChunkStillFits) {
+  float dummy = 0;
+  loss::FusedLinearProblem p;
+  const int64_t v = 50257, vp = (v + loss::kVocabPad - 1) / loss::kVocabPad * loss::kVocabPad, hs = 2048,
+                ht = 4000;
+  p.hidden = loss::Block::dense(&dummy, DType::BF16, 16384, hs);
+  p.weight = loss::Block::dense(&dummy, DType::BF16, v, hs);
+  p.teacher_hidden = loss::Block::dense(&dummy, DType::BF16, 16384, ht);
+  p.teacher_weight = loss::Block::dense(&dummy, DType::BF16, v, ht);
+  p.logits_dtype = DType::BF16;
+  const size_t copies = loss::padded_bytes(p.weight, vp) + loss::padded_bytes(p.teacher_weight, vp);
+  const size_t row = size_t(vp) * 2 * 2;  // student and teacher bf16 logits
+  auto plan = [&](size_t budget) {
+    p.memory_budget = budget;
+    return loss::plan_chunks(p, true, 2, true);
+  };
+  // The copies take more than half of 1 GiB (they once stayed unpadded for that) and are padded.
+  ASSERT_GT(copies, size_t(1) << 29);
+  loss::ChunkPlan a = plan(size_t(1) << 30);
+  EXPECT_TRUE(a.pad_weights);
+  EXPECT_GE(a.chunk_rows, loss::kRowAlign);
+  EXPECT_EQ(a.padded_vocab, vp);
+  // Exactly room for the copies and 128 rows: padded; one byte less: not.
+  EXPECT_TRUE(plan(copies + loss::kRowAlign * row).pad_weights);
+  EXPECT_FALSE(plan(copies + loss::kRowAlign * row - 1).pad_weights);
+  // Without the executor asking for padding, never.
+  p.memory_budget = size_t(1) << 30;
+  EXPECT_FALSE(loss::plan_chunks(p, false, 2, true).pad_weights);
+}
+
 }  // namespace
 }  // namespace retort::test

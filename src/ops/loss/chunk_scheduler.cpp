@@ -142,7 +142,10 @@ ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shad
   if (pad_weights && !plan.sparse && plan.padded_vocab > v) {
     const size_t ws = padded_bytes(p.weight, plan.padded_vocab);
     const size_t ts = p.online_teacher() ? padded_bytes(p.teacher_weight, plan.padded_vocab) : 0;
-    if (ws > 0 && (!p.online_teacher() || ts > 0) && ws + ts <= total / 2) {
+    // Unaligned GEMMs run several times slower than aligned ones (bench/RESULTS.md, "Fast by default"), so
+    // the copies are worth most of the budget: pad whenever a chunk of kRowAlign rows (or all rows) still fits.
+    const size_t keep = size_t(std::min<int64_t>(n, kRowAlign)) * budget_per_row;
+    if (ws > 0 && (!p.online_teacher() || ts > 0) && ws + ts + keep <= total) {
       plan.pad_weights = true;
       pad_bytes = ws + ts;
     }

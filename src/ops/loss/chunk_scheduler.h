@@ -297,12 +297,15 @@ struct ChunkPlan {
   DType logits_dtype = DType::F32;  // of the logits blocks (student and online teacher)
 };
 // pad_weights: the executor's pads_vocab() (only honoured when Vp > V, the padded rows can be zeroed as whole
-// floats, and the padded copies take at most half the memory budget, which they are then counted in);
+// floats, and the padded copies leave room in the memory budget for a chunk of kRowAlign rows or of all
+// rows; the copies are then counted in it);
 // shadow: the executor's shadow_bytes_per_logit() (not counted with 16-bit logits); logits16: the executor
 // supports the problem's 16-bit logits_dtype (supports_16bit_logits for the student's and the teacher's
 // operands).
 ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights = false, size_t shadow = 0,
                       bool logits16 = false);
+// Bytes of a zero-padded [vp, cols] copy of w (aligned), or 0 when w cannot be padded.
+size_t padded_bytes(const Block& w, int64_t vp);
 
 // Runs the problem on ex. Throws retort::Error (from validation) before anything is written.
 void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& p);
