@@ -20,7 +20,7 @@ const char* const kEnumNames[] = {
     "Div", "Scale", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Tanh", "Relu", "Gelu", "Silu", "ReluBack",
     "GeluBack", "SiluBack", "SumRows", "MeanRows", "MaxRows", "Sum", "Mean", "Max", "Repeat", "ReduceTo",
     "MaxBack", "Matmul", "GetRows", "GetRowsBack", "SetRows", "Softmax", "LogSoftmax", "CausalSoftmax",
-    "SoftmaxBack", "LogSoftmaxBack", "RmsNorm", "RmsNormBack", "LayerNorm", "LayerNormBack", "Rope",
+    "SoftmaxBack", "LogSoftmaxBack", "FlashAttention", "FlashAttentionBack", "RmsNorm", "RmsNormBack", "LayerNorm", "LayerNormBack", "Rope",
     "CrossEntropy", "CrossEntropyBack"};
 // clang-format on
 
