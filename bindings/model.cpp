@@ -138,6 +138,7 @@ struct PyTrainer {
     Tensor* tokens = nullptr;
     Tensor* targets = nullptr;
     Tensor* loss = nullptr;
+    Tensor* stats = nullptr;  // the optimizer's {loss, norm, clip scale, applied}, read once per step
     std::unique_ptr<Graph> graph;
   };
   std::map<std::tuple<int64_t, int64_t>, Train> graphs;
@@ -154,24 +155,30 @@ struct PyTrainer {
       t.loss = lm_loss(ctx, model.forward(ctx, t.tokens), t.targets, ignore_index);
       t.graph = std::make_unique<Graph>(ctx);
       t.graph->backward(t.loss);
+      // The clip, the update and the non-finite check run on the device as the graph's last ops.
+      t.stats = opt->append_step(*t.graph, t.loss, clip);
     }
     set_data_int(t.tokens, x.ids);
     set_data_int(t.targets, y.ids);
-    t.graph->zero_grad();
-    run_graph(*m, *t.graph);
-    const double l = get_data(t.loss)[0];
     const int64_t step = opt->steps() + 1;
+    const float rate = cosine_lr(step, warmup, total, lr, lr_min);
+    opt->begin_step(rate);
+    t.graph->zero_grad();
+    t.graph->compute();
+    // The step's one wait for the device; it also reports a fault a kernel found (a token id out of range).
+    const std::vector<float> s = get_data(t.stats);
+    const bool applied = s[kStatOk] != 0.0f;
+    opt->end_step(applied);
+    const double l = s[kStatLoss];
+    last_grad_norm = s[kStatNorm];
     RT_CHECK(std::isfinite(l), "Trainer.step: the loss became ", l, " at step ", step,
              " (try a lower lr or a smaller model)");
-    // A finite loss can come with non-finite gradients: stop naming the parameter before the update spreads
-    // them.
-    last_grad_norm = clip > 0 ? clip_grad_norm(*t.graph, clip) : grad_norm(*t.graph);
-    if (!std::isfinite(last_grad_norm)) {
+    // A finite loss can come with non-finite gradients: the device skipped the update; name the parameter.
+    if (!applied) {
       check_finite_gradients(*t.graph, detail::concat("Trainer.step: step ", step, " (loss ", l, ")"));
       RT_FAIL("Trainer.step: the gradient norm became ", last_grad_norm, " at step ", step);
     }
-    last_lr = cosine_lr(step, warmup, total, lr, lr_min);
-    opt->step(*t.graph, last_lr);
+    last_lr = rate;
     last_loss = l;
     return l;
   }

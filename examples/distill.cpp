@@ -374,11 +374,11 @@ int run(Args& a, Run& o, int argc, char** argv) {
     online = [&](const Batch& b) {
       set_data_int(ttokens, std::vector<int64_t>(b.inputs.begin(), b.inputs.end()));
       tgraph->compute();
-      const std::vector<float> lp = get_data(ttop.logprobs);
-      set_data_int(trainer.teacher_ids(), get_data_int(ttop.ids));
-      set_data(trainer.teacher_logprobs(), lp);
-      set_data(trainer.teacher_mask(), std::vector<float>(lp.size(), 1.0f));
+      // Device to device on one backend: the teacher's top K never waits for the host (issue 24).
+      copy_data(trainer.teacher_ids(), ttop.ids);
+      copy_data(trainer.teacher_logprobs(), ttop.logprobs);
     };
+    set_data(trainer.teacher_mask(), std::vector<float>(size_t(trainer.teacher_mask()->nelements()), 1.0f));
   }
 
   std::map<std::string, std::string> meta = codec.checkpoint_metadata();

@@ -1,5 +1,6 @@
 // The backend interface: a small table of what a device must do. CPU and CUDA implement it.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,15 +23,6 @@ class Buffer {
   size_t size_ = 0;
 };
 
-struct AdamWParams {
-  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
-  int64_t step = 1;  // 1-based, for bias correction
-};
-
-struct SgdParams {
-  float lr = 1e-2f, momentum = 0.0f, weight_decay = 0.0f;
-};
-
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -40,6 +32,9 @@ class Backend {
   virtual std::shared_ptr<Buffer> alloc(size_t bytes) = 0;
   virtual void write(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void read(void* host_dst, const void* src, size_t bytes) = 0;
+  // Copies bytes between two addresses of this backend, queued after earlier work (the host does not wait
+  // on a device). The default goes through the host.
+  virtual void copy(void* dst, const void* src, size_t bytes);
   // Sets every byte of [dst, dst + bytes) to value.
   virtual void fill_bytes(void* dst, uint8_t value, size_t bytes) = 0;
   void fill_zero(void* dst, size_t bytes) { fill_bytes(dst, 0, bytes); }
@@ -51,18 +46,22 @@ class Backend {
   // ours (DLPack's stream exchange); nullptr when the backend has none or runs synchronously.
   virtual void* stream_handle() const { return nullptr; }
 
-  // Optimizer updates on tensors this backend holds (grad, m, v are f32 with p's shape; p is contiguous).
-  virtual void adamw_update(Tensor* p, const Tensor* grad, Tensor* m, Tensor* v, const AdamWParams& o) = 0;
-  virtual void sgd_update(Tensor* p, const Tensor* grad, Tensor* momentum_buf, const SgdParams& o) = 0;
   // Decodes n = dst's element count of type t (whole blocks at host_blocks) into dst, a contiguous float
   // tensor this backend holds, in dst's dtype: loading a quantized model file. The host decodes and writes;
   // a GPU copies the blocks over and decodes them there. Throws retort::Error for a type retort cannot
   // decode or a bad dst.
   virtual void dequantize_into(Tensor* dst, QuantType t, const uint8_t* host_blocks);
-  // Sum of squares of a contiguous f32 tensor, in double.
-  virtual double sum_squares(const Tensor* t) = 0;
-  // t *= s for a contiguous f32 tensor.
-  virtual void scale(Tensor* t, float s) = 0;
+
+  // How many times the host has waited for this backend: each read() and synchronize() (on a GPU, the host
+  // stops until the device has run everything queued). A training step should wait once, to read its loss;
+  // the tests pin that with this count.
+  uint64_t host_waits() const { return host_waits_.load(std::memory_order_relaxed); }
+
+ protected:
+  void count_host_wait() { host_waits_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> host_waits_{0};
 };
 
 }  // namespace retort

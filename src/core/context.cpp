@@ -196,6 +196,21 @@ void set_data_int(Tensor* t, const std::vector<int64_t>& values) {
   set_bytes(t, bytes.data(), bytes.size());
 }
 
+void copy_data(Tensor* dst, const Tensor* src) {
+  check_placed(dst, "copy_data");
+  check_placed(src, "copy_data");
+  RT_CHECK(dst->dtype == src->dtype && dst->nelements() == src->nelements() && dst->is_contiguous() &&
+               src->is_contiguous(),
+           "copy_data: ", src->describe(), " cannot be copied into ", dst->describe(),
+           " (same dtype and element count, both contiguous)");
+  if (&dst->backend() == &src->backend()) {
+    dst->backend().copy(dst->data, src->data, dst->nbytes());
+    return;
+  }
+  const std::vector<uint8_t> bytes = get_bytes(src);
+  set_bytes(dst, bytes.data(), bytes.size());
+}
+
 std::vector<float> get_data(const Tensor* t) {
   std::vector<uint8_t> bytes = get_bytes(t);
   std::vector<float> out(size_t(t->nelements()));

@@ -47,6 +47,10 @@ void set_data(Tensor* t, const std::vector<float>& values);
 void set_data_int(Tensor* t, const std::vector<int64_t>& values);
 std::vector<float> get_data(const Tensor* t);
 std::vector<int64_t> get_data_int(const Tensor* t);
+// Copies src's elements into dst: the same dtype and element count, both contiguous. On one backend the copy
+// stays there, queued (no host wait); across backends it goes through the host. Throws retort::Error
+// otherwise.
+void copy_data(Tensor* dst, const Tensor* src);
 // Copies t's elements into a contiguous host byte buffer in t's dtype.
 std::vector<uint8_t> get_bytes(const Tensor* t);
 // Writes raw bytes (t's dtype, contiguous layout) into t.

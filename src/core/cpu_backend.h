@@ -14,13 +14,10 @@ class CpuBackend : public Backend {
   std::shared_ptr<Buffer> alloc(size_t bytes) override;
   void write(void* dst, const void* host_src, size_t bytes) override;
   void read(void* host_dst, const void* src, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
   void fill_bytes(void* dst, uint8_t value, size_t bytes) override;
   void run(Tensor* node) override;
-  void synchronize() override {}
-  void adamw_update(Tensor* p, const Tensor* grad, Tensor* m, Tensor* v, const AdamWParams& o) override;
-  void sgd_update(Tensor* p, const Tensor* grad, Tensor* momentum_buf, const SgdParams& o) override;
-  double sum_squares(const Tensor* t) override;
-  void scale(Tensor* t, float s) override;
+  void synchronize() override { count_host_wait(); }
 
   int threads() const { return pool_.size(); }
   ThreadPool& pool() { return pool_; }

@@ -87,6 +87,11 @@ enum class Op : uint16_t {
   FusedLinearBack,  // recomputing backward for a per-row (per-element) upstream gradient; ip[6] = forward op
   // selection (src/ops/topk.cpp)
   TopKLogprobs,  // src = logits [N, V]; ip[0] = K; the K best log-softmax values [N, K]; aux[0] = ids [N, K]
+  // the optimizer (src/ops/optim.cpp): multi-tensor ops over a chunk table src[1]; each writes into (or
+  // reads) the stats leaf src[0] and aliases it
+  GradNorm,   // src = stats, table, scratch, loss?; ip[0] = scale the gradients too, ip[1] = max_norm's bits
+  AdamWStep,  // src = stats, table, hparams; fp = beta1, beta2, eps
+  SgdStep,    // src = stats, table, hparams; fp = momentum, weight_decay
   Count
 };
 
@@ -94,7 +99,10 @@ inline constexpr int kOpCount = static_cast<int>(Op::Count);
 
 // Ops whose node writes into src[0]'s storage and aliases it (view_src / view_offs say where), so the
 // planner gives it no memory and later readers of the node see the write.
-inline constexpr bool writes_into_src0(Op op) { return op == Op::Accumulate || op == Op::SetRows; }
+inline constexpr bool writes_into_src0(Op op) {
+  return op == Op::Accumulate || op == Op::SetRows || op == Op::GradNorm || op == Op::AdamWStep ||
+         op == Op::SgdStep;
+}
 
 enum class ViewKind : int64_t { Reshape, Permute, Slice };
 

@@ -19,6 +19,7 @@ OpTable build_table() {
   register_fused_ops(t);
   register_topk_ops(t);
   register_attention_ops(t);
+  register_optim_ops(t);
   return t;
 }
 

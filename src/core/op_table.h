@@ -69,5 +69,6 @@ void register_loss_ops(OpTable& t);
 void register_fused_ops(OpTable& t);
 void register_topk_ops(OpTable& t);
 void register_attention_ops(OpTable& t);
+void register_optim_ops(OpTable& t);
 
 }  // namespace retort

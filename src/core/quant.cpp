@@ -100,6 +100,12 @@ void dequantize(QuantType t, const uint8_t* src, DType out, void* dst, int64_t n
 
 namespace retort {
 
+void Backend::copy(void* dst, const void* src, size_t bytes) {
+  std::vector<uint8_t> staged(bytes);
+  read(staged.data(), src, bytes);
+  write(dst, staged.data(), bytes);
+}
+
 void Backend::dequantize_into(Tensor* dst, QuantType t, const uint8_t* host_blocks) {
   RT_CHECK(dst != nullptr && is_float(dst->dtype) && dst->is_contiguous() && dst->data != nullptr,
            "dequantize_into: dst must be a contiguous float tensor with storage, got ",

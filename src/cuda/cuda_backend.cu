@@ -133,6 +133,7 @@ const CudaOpTable& launcher_table() {
     register_cuda_fused_ops(t);
     register_cuda_topk_ops(t);
     register_cuda_attention_ops(t);
+    register_cuda_optim_ops(t);
     return t;
   }();
   return table;
@@ -172,16 +173,6 @@ bool device_usable(int device, std::string* why) {
               ") cannot run retort's kernels, built for sm " RETORT_SM_ARCH ": " + cuda_error_text(e));
   if (why) why->clear();
   return true;
-}
-
-void check_f32_contiguous(const Tensor* t, const char* what) {
-  RT_CHECK(t && t->dtype == DType::F32 && t->is_contiguous(), what,
-           ": expected a contiguous f32 tensor, got ", t ? t->describe() : std::string("null"));
-}
-
-void check_same_count(const Tensor* a, const Tensor* b, const char* what) {
-  RT_CHECK(a->nelements() == b->nelements(), what, ": ", b->describe(), " does not match the parameter ",
-           a->describe());
 }
 
 class CudaBackend final : public Backend {
@@ -283,6 +274,12 @@ class CudaBackend final : public Backend {
     finish();
   }
 
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    DeviceScope scope(ex_.device);
+    RT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ex_.stream));
+  }
+
   void fill_bytes(void* dst, uint8_t value, size_t bytes) override {
     if (bytes == 0) return;
     DeviceScope scope(ex_.device);
@@ -311,32 +308,6 @@ class CudaBackend final : public Backend {
   // Other libraries (DLPack producers and consumers) order their work with ours on this stream.
   void* stream_handle() const override { return ex_.stream; }
 
-  void adamw_update(Tensor* p, const Tensor* grad, Tensor* m, Tensor* v, const AdamWParams& o) override {
-    RT_CHECK(p->is_contiguous() && is_float(p->dtype), "adamw: parameter ", p->describe(),
-             " must be a contiguous float tensor");
-    check_f32_contiguous(grad, "adamw grad");
-    check_f32_contiguous(m, "adamw m");
-    check_f32_contiguous(v, "adamw v");
-    check_same_count(p, grad, "adamw grad");
-    check_same_count(p, m, "adamw m");
-    check_same_count(p, v, "adamw v");
-    DeviceScope scope(ex_.device);
-    launch_adamw(ex_, p, grad, m, v, o);
-  }
-
-  void sgd_update(Tensor* p, const Tensor* grad, Tensor* mom, const SgdParams& o) override {
-    RT_CHECK(p->is_contiguous() && is_float(p->dtype), "sgd: parameter ", p->describe(),
-             " must be a contiguous float tensor");
-    check_f32_contiguous(grad, "sgd grad");
-    check_same_count(p, grad, "sgd grad");
-    if (mom) {
-      check_f32_contiguous(mom, "sgd momentum");
-      check_same_count(p, mom, "sgd momentum");
-    }
-    DeviceScope scope(ex_.device);
-    launch_sgd(ex_, p, grad, mom, o);
-  }
-
   void dequantize_into(Tensor* dst, QuantType t, const uint8_t* host_blocks) override {
     RT_CHECK(dst != nullptr && is_float(dst->dtype) && dst->is_contiguous() && dst->data != nullptr,
              "dequantize_into: dst must be a contiguous float tensor with storage, got ",
@@ -354,22 +325,6 @@ class CudaBackend final : public Backend {
     finish();
   }
 
-  double sum_squares(const Tensor* t) override {
-    check_f32_contiguous(t, "sum_squares");
-    DeviceScope scope(ex_.device);
-    DeviceBuffer out(ex_.alloc, sizeof(double));
-    launch_sum_squares(ex_, t, out.as<double>());
-    double r = 0;
-    read(&r, out.data(), sizeof(double));
-    return r;
-  }
-
-  void scale(Tensor* t, float s) override {
-    check_f32_contiguous(t, "scale");
-    DeviceScope scope(ex_.device);
-    launch_scale(ex_, t, s);
-  }
-
   CudaAllocator& allocator() { return *ex_.alloc; }
   size_t tuned_gemms() const { return ex_.lt_tuned->size(); }
   size_t cached_gemms() const { return ex_.gemm_cache->hits; }
@@ -384,6 +339,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<OpProfile> profile_;
   // Waits for the stream, then reports a device-side error if a kernel recorded one.
   void finish() {
+    count_host_wait();
     RT_CUDA_CHECK(
         cudaMemcpyAsync(host_error_, ex_.dev_error, sizeof(DeviceError), cudaMemcpyDeviceToHost, ex_.stream));
     RT_CUDA_CHECK(cudaStreamSynchronize(ex_.stream));

@@ -221,12 +221,6 @@ void register_cuda_loss_graph_ops(CudaOpTable& t);  // loss/cuda_loss_ops.cu: th
 void register_cuda_fused_ops(CudaOpTable& t);       // loss/cuda_fused_ops.cu: the fused linear losses
 void register_cuda_topk_ops(CudaOpTable& t);        // cuda_topk.cu: topk_logprobs
 void register_cuda_attention_ops(CudaOpTable& t);   // cuda_attention.cu: flash_attention
-
-// Optimizer updates and helpers (cuda_optim.cu). Inputs are checked by the caller.
-void launch_adamw(CudaExec& ex, Tensor* p, const Tensor* g, Tensor* m, Tensor* v, const AdamWParams& o);
-void launch_sgd(CudaExec& ex, Tensor* p, const Tensor* g, Tensor* mom, const SgdParams& o);
-// Writes the sum of squares of t (contiguous f32) as one double to out (device memory).
-void launch_sum_squares(CudaExec& ex, const Tensor* t, double* out);
-void launch_scale(CudaExec& ex, Tensor* t, float s);
+void register_cuda_optim_ops(CudaOpTable& t);       // cuda_optim.cu: grad_norm, adamw_step, sgd_step
 
 }  // namespace retort::cuda

@@ -1,109 +1,162 @@
-// Optimizer updates and the helpers gradient clipping needs, on the device. The update formulas follow the
-// CPU backend operation for operation (same f32 expressions, same host-side bias corrections), so CPU and
-// CUDA parameters agree to rounding.
-#include <cmath>
+// The optimizer ops on the device (src/ops/optim_ops.h): a block per chunk of the table, so one launch
+// covers every parameter. The update formulas follow the CPU kernels (src/ops/optim.cpp) expression for
+// expression, so CPU and CUDA parameters agree to rounding (fused multiply-adds aside). Nothing here reads
+// back to the host: the norm, the clip scale and the skip decision go from kernel to kernel through the
+// stats leaf, and the per-step values (learning rate, bias corrections) come in the hparams leaf the host
+// writes before the step. Every argument is fixed for the table's life, so the launches can be captured in
+// a CUDA Graph and replayed.
+#include <cstring>
 
 #include "cuda_common.cuh"
+#include "../ops/optim_ops.h"
 
 namespace retort::cuda {
 
 namespace {
 
-struct AdamWArgs {
-  float beta1, beta2, eps, step_size, inv_sqrt_bc2, decay;
+template <typename T>
+__device__ __forceinline__ T* col(const int64_t* row, int c) {
+  return reinterpret_cast<T*>(static_cast<intptr_t>(row[c]));
+}
+
+// Block b sums the squares of chunk b in double; the reduction order depends only on the block shape, so
+// the result is reproducible.
+__global__ void chunk_sum_squares_kernel(const int64_t* tab, double* part) {
+  __shared__ double sh[32];
+  const int64_t* row = tab + int64_t(blockIdx.x) * kOptCols;
+  const float* g = col<const float>(row, kOptGrad);
+  const int64_t n = row[kOptCount];
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += double(g[i]) * double(g[i]);
+  acc = block_reduce(acc, SumOp{}, 0.0, sh);
+  if (threadIdx.x == 0) part[blockIdx.x] = acc;
+}
+
+// One block: the total, the norm, the clip scale and whether the step may go ahead, into stats.
+__global__ __launch_bounds__(1024) void norm_finish_kernel(double* part, int64_t chunks, const char* loss,
+                                                           DType loss_dtype, double max_norm, float* stats) {
+  __shared__ double sh[32];
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < chunks; i += blockDim.x) acc += part[i];
+  acc = block_reduce(acc, SumOp{}, 0.0, sh);
+  if (threadIdx.x != 0) return;
+  part[chunks] = acc;
+  const double norm = sqrt(acc);
+  const float lv = loss ? load_f(loss, loss_dtype) : 0.0f;
+  const bool ok = isfinite(norm) && isfinite(lv);
+  // A non-finite norm keeps scale 1: max_norm / inf would zero the finite gradients and keep the NaNs.
+  stats[kStatLoss] = lv;
+  stats[kStatNorm] = float(norm);
+  stats[kStatScale] = ok && max_norm > 0.0 && norm > max_norm ? float(max_norm / norm) : 1.0f;
+  stats[kStatOk] = ok ? 1.0f : 0.0f;
+}
+
+__global__ void chunk_scale_kernel(const int64_t* tab, const float* stats) {
+  const float s = stats[kStatScale];
+  if (s == 1.0f) return;
+  const int64_t* row = tab + int64_t(blockIdx.x) * kOptCols;
+  float* g = col<float>(row, kOptGrad);
+  const int64_t n = row[kOptCount];
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) g[i] *= s;
+}
+
+struct AdamWConst {
+  float beta1, beta2, eps;
 };
 
-__global__ void adamw_kernel(char* p, DType dt, const float* g, float* m, float* v, AdamWArgs a, int64_t n) {
-  RT_GRID_LOOP(i, n) {
-    const float gi = g[i];
+// hp = {lr, lr / bc1, 1 / sqrt(bc2), 1 - lr * weight_decay}, written by the host for this step.
+__global__ void adamw_chunks_kernel(const int64_t* tab, const float* stats, const float* hp, AdamWConst a) {
+  if (stats[kStatOk] == 0.0f) return;  // a non-finite loss or norm: the whole step is skipped
+  const float scale = stats[kStatScale];
+  const float step_size = hp[1], inv_sqrt_bc2 = hp[2], decay = hp[3];
+  const int64_t* row = tab + int64_t(blockIdx.x) * kOptCols;
+  const float* g = col<const float>(row, kOptGrad);
+  float* m = col<float>(row, kOptState1);
+  float* v = col<float>(row, kOptState2);
+  char* p = col<char>(row, kOptParam);
+  const DType dt = DType(row[kOptDType]);
+  const int64_t n = row[kOptCount], es = dtype_size_dev(dt);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float gi = g[i] * scale;  // the clipped gradient; exact when scale is 1
     const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * gi;
     const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    char* pp = p + i * int64_t(dtype_size_dev(dt));
-    float w = load_f(pp, dt) * a.decay;  // decoupled weight decay
-    w -= a.step_size * mi / (sqrtf(vi) * a.inv_sqrt_bc2 + a.eps);
+    char* pp = p + i * es;
+    float w = load_f(pp, dt) * decay;  // decoupled weight decay
+    w -= step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + a.eps);
     store_f(pp, dt, w);
   }
 }
 
-__global__ void sgd_kernel(char* p, DType dt, const float* g, float* mom, float lr, float momentum, float wd,
-                           int64_t n) {
-  RT_GRID_LOOP(i, n) {
-    char* pp = p + i * int64_t(dtype_size_dev(dt));
+__global__ void sgd_chunks_kernel(const int64_t* tab, const float* stats, const float* hp, float momentum,
+                                  float wd) {
+  if (stats[kStatOk] == 0.0f) return;
+  const float scale = stats[kStatScale];
+  const float lr = hp[0];
+  const int64_t* row = tab + int64_t(blockIdx.x) * kOptCols;
+  const float* g = col<const float>(row, kOptGrad);
+  float* mom = col<float>(row, kOptState1);
+  char* p = col<char>(row, kOptParam);
+  const DType dt = DType(row[kOptDType]);
+  const int64_t n = row[kOptCount], es = dtype_size_dev(dt);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    char* pp = p + i * es;
     const float w = load_f(pp, dt);
-    float d = g[i] + wd * w;
+    float d = g[i] * scale + wd * w;
     if (mom) d = mom[i] = momentum * mom[i] + d;
     store_f(pp, dt, w - lr * d);
   }
 }
 
-constexpr int kSsBlocks = 1024;
-
-// Stage 1 of sum_squares: block b sums a grid-stride share in double. The grid is fixed (kSsBlocks or fewer
-// for small n, a function of n alone), so the result is reproducible.
-__global__ void sum_squares_stage1(const float* x, int64_t n, double* part) {
-  __shared__ double sh[32];
-  double acc = 0.0;
-  RT_GRID_LOOP(i, n) acc += double(x[i]) * double(x[i]);
-  acc = block_reduce(acc, SumOp{}, 0.0, sh);
-  if (threadIdx.x == 0) part[blockIdx.x] = acc;
+// The table's chunk count as a grid size (a chunk is 2^16 elements: 2^31 chunks would be 2^47 elements).
+unsigned grid_of(const Tensor* table) {
+  RT_ASSERT(table->ne[1] >= 1 && table->ne[1] < (int64_t(1) << 31));
+  return unsigned(table->ne[1]);
 }
 
-__global__ __launch_bounds__(1024) void sum_squares_stage2(const double* part, int nparts, double* out) {
-  __shared__ double sh[32];
-  double acc = 0.0;
-  for (int i = threadIdx.x; i < nparts; i += blockDim.x) acc += part[i];
-  acc = block_reduce(acc, SumOp{}, 0.0, sh);
-  if (threadIdx.x == 0) *out = acc;
+void grad_norm_l(CudaExec& ex, Tensor* node) {
+  const Tensor* table = node->src[1];
+  const int64_t* tab = static_cast<const int64_t*>(table->data);
+  double* part = static_cast<double*>(node->src[2]->data);
+  float* stats = static_cast<float*>(node->data);  // aliases the stats leaf
+  const Tensor* loss = node->src[3];
+  double max_norm = 0;
+  std::memcpy(&max_norm, &node->ip[1], sizeof max_norm);
+  chunk_sum_squares_kernel<<<grid_of(table), kBlock, 0, ex.stream>>>(tab, part);
+  RT_CUDA_LAUNCH_CHECK("chunk_sum_squares_kernel");
+  norm_finish_kernel<<<1, 1024, 0, ex.stream>>>(part, table->ne[1],
+                                                loss ? static_cast<const char*>(loss->data) : nullptr,
+                                                loss ? loss->dtype : DType::F32, max_norm, stats);
+  RT_CUDA_LAUNCH_CHECK("norm_finish_kernel");
+  if (node->ip[0]) {
+    chunk_scale_kernel<<<grid_of(table), kBlock, 0, ex.stream>>>(tab, stats);
+    RT_CUDA_LAUNCH_CHECK("chunk_scale_kernel");
+  }
 }
 
-__global__ void scale_kernel(float* x, float s, int64_t n) {
-  RT_GRID_LOOP(i, n) x[i] *= s;
+void adamw_step_l(CudaExec& ex, Tensor* node) {
+  const Tensor* table = node->src[1];
+  adamw_chunks_kernel<<<grid_of(table), kBlock, 0, ex.stream>>>(
+      static_cast<const int64_t*>(table->data), static_cast<const float*>(node->data),
+      static_cast<const float*>(node->src[2]->data), AdamWConst{node->fp[0], node->fp[1], node->fp[2]});
+  RT_CUDA_LAUNCH_CHECK("adamw_chunks_kernel");
+}
+
+void sgd_step_l(CudaExec& ex, Tensor* node) {
+  const Tensor* table = node->src[1];
+  sgd_chunks_kernel<<<grid_of(table), kBlock, 0, ex.stream>>>(
+      static_cast<const int64_t*>(table->data), static_cast<const float*>(node->data),
+      static_cast<const float*>(node->src[2]->data), node->fp[0], node->fp[1]);
+  RT_CUDA_LAUNCH_CHECK("sgd_chunks_kernel");
 }
 
 }  // namespace
 
-void launch_adamw(CudaExec& ex, Tensor* p, const Tensor* g, Tensor* m, Tensor* v, const AdamWParams& o) {
-  const double bc1 = 1.0 - std::pow(double(o.beta1), double(o.step));
-  const double bc2 = 1.0 - std::pow(double(o.beta2), double(o.step));
-  AdamWArgs a;
-  a.beta1 = o.beta1;
-  a.beta2 = o.beta2;
-  a.eps = o.eps;
-  a.step_size = float(o.lr / bc1);
-  a.inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
-  a.decay = 1.0f - o.lr * o.weight_decay;
-  const int64_t n = p->nelements();
-  adamw_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(
-      static_cast<char*>(p->data), p->dtype, static_cast<const float*>(g->data), static_cast<float*>(m->data),
-      static_cast<float*>(v->data), a, n);
-  RT_CUDA_LAUNCH_CHECK("adamw_kernel");
-}
-
-void launch_sgd(CudaExec& ex, Tensor* p, const Tensor* g, Tensor* mom, const SgdParams& o) {
-  const int64_t n = p->nelements();
-  sgd_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(
-      static_cast<char*>(p->data), p->dtype, static_cast<const float*>(g->data),
-      mom ? static_cast<float*>(mom->data) : nullptr, o.lr, o.momentum, o.weight_decay, n);
-  RT_CUDA_LAUNCH_CHECK("sgd_kernel");
-}
-
-void launch_sum_squares(CudaExec& ex, const Tensor* t, double* out) {
-  const int64_t n = t->nelements();
-  const int nparts = int(std::min<int64_t>((n + kBlock - 1) / kBlock, kSsBlocks));
-  auto part = ex.temp(sizeof(double) * size_t(nparts));
-  sum_squares_stage1<<<nparts, kBlock, 0, ex.stream>>>(static_cast<const float*>(t->data), n,
-                                                       part->as<double>());
-  RT_CUDA_LAUNCH_CHECK("sum_squares_stage1");
-  sum_squares_stage2<<<1, 1024, 0, ex.stream>>>(part->as<double>(), nparts, out);
-  RT_CUDA_LAUNCH_CHECK("sum_squares_stage2");
-}
-
-void launch_scale(CudaExec& ex, Tensor* t, float s) {
-  const int64_t n = t->nelements();
-  scale_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(static_cast<float*>(t->data), s, n);
-  RT_CUDA_LAUNCH_CHECK("scale_kernel");
+void register_cuda_optim_ops(CudaOpTable& t) {
+  t[size_t(Op::GradNorm)] = grad_norm_l;
+  t[size_t(Op::AdamWStep)] = adamw_step_l;
+  t[size_t(Op::SgdStep)] = sgd_step_l;
 }
 
 }  // namespace retort::cuda

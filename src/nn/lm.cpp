@@ -386,6 +386,13 @@ LmTrainer::LmTrainer(Context& ctx, Transformer& model, const std::vector<std::st
   adam.beta2 = 0.95f;
   adam.weight_decay = opt_.weight_decay;
   optimizer_ = std::make_unique<AdamW>(model.parameters(), adam);
+  // The update, the clip and the non-finite check run on the device as the graph's last ops; what the host
+  // needs to know of a step (loss, parts, norm, applied) is gathered into one tensor, read once.
+  summary_ = optimizer_->append_step(*graph_, out_.loss, opt_.clip > 0 ? opt_.clip : 0.0);
+  for (Tensor* part : {out_.hard, out_.soft})
+    if (part) summary_ = concat(ctx, summary_, reshape(ctx, part, {1}), 0);
+  summary_->flags |= kOutput;
+  graph_->forward(summary_);
 }
 
 LmTrainer::StepResult LmTrainer::step(const std::function<void(const Batch&)>& before_compute) {
@@ -405,33 +412,36 @@ LmTrainer::StepResult LmTrainer::step(const std::function<void(const Batch&)>& b
     set_data(t_mask_, topk_.mask);
   }
   if (before_compute) before_compute(batch_);
-  graph_->zero_grad();
-  graph_->compute();
   StepResult r;
   const int64_t step = optimizer_->steps() + 1;
-  r.loss = get_data(out_.loss)[0];
-  if (out_.hard) r.hard = get_data(out_.hard)[0];
-  if (out_.soft) r.soft = get_data(out_.soft)[0];
+  const float lr = cosine_lr(std::min(step, opt_.steps), opt_.warmup, opt_.steps, opt_.lr, opt_.min_lr);
+  optimizer_->begin_step(lr);
+  graph_->zero_grad();
+  graph_->compute();
+  // The step's one wait for the device: {loss, grad norm, clip scale, applied, hard?, soft?}.
+  const std::vector<float> s = get_data(summary_);
+  const bool applied = s[kStatOk] != 0.0f;
+  optimizer_->end_step(applied);
+  r.loss = s[kStatLoss];
+  r.grad_norm = s[kStatNorm];
+  size_t next = kOptStats;
+  if (out_.hard) r.hard = s[next++];
+  if (out_.soft) r.soft = s[next++];
   if (head_.enabled && !out_.soft) r.soft = head_.opts.w_soft > 0 ? r.loss / head_.opts.w_soft : 0;
+  if (applied) {
+    r.lr = lr;
+    return r;
+  }
+  // The device skipped the update: the loss or the gradient norm is not finite (a finite loss can still come
+  // with NaN gradients, a NaN that a max or a masked sum dropped).
   if (!std::isfinite(r.loss)) {
     RT_CHECK(opt_.skip_nonfinite, "trainer: the loss became ", r.loss, " at step ", step,
              " (try a lower --lr or a smaller model)");
-    r.skipped = true;
-    return r;
-  }
-  // A finite loss can still come with NaN gradients (a NaN that a max or a masked sum dropped): the norm
-  // catches those before the optimizer spreads them into every parameter.
-  r.grad_norm = opt_.clip > 0 ? clip_grad_norm(*graph_, opt_.clip) : grad_norm(*graph_);
-  if (!std::isfinite(r.grad_norm)) {
-    if (opt_.skip_nonfinite) {
-      r.skipped = true;
-      return r;
-    }
+  } else if (!opt_.skip_nonfinite) {
     check_finite_gradients(*graph_, detail::concat("trainer: step ", step, " (loss ", r.loss, ")"));
     RT_FAIL("trainer: the gradient norm became ", r.grad_norm, " at step ", step);
   }
-  r.lr = cosine_lr(std::min(step, opt_.steps), opt_.warmup, opt_.steps, opt_.lr, opt_.min_lr);
-  optimizer_->step(*graph_, r.lr);
+  r.skipped = true;
   return r;
 }
 

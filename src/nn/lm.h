@@ -131,8 +131,9 @@ struct DistillHead {
   const TopKCache* cache = nullptr;  // offline: gathered per batch; null: the caller fills ids/logprobs/mask
 };
 
-// One training run's step: loader → batch → forward+backward → clip → AdamW with a cosine schedule. The
-// model's parameters live in ctx; the trainer adds its graph to ctx.
+// One training run's step: loader → batch → forward+backward → clip → AdamW with a cosine schedule, all in
+// one graph (the optimizer's ops are its last), so the host waits for the device once per step, to read the
+// loss. The model's parameters live in ctx; the trainer adds its graph to ctx.
 class LmTrainer {
  public:
   LmTrainer(Context& ctx, Transformer& model, const std::vector<std::string>& train_shards,
@@ -171,6 +172,7 @@ class LmTrainer {
   Tensor *tokens_ = nullptr, *targets_ = nullptr;
   Tensor *t_ids_ = nullptr, *t_logprobs_ = nullptr, *t_mask_ = nullptr;
   LossOutputs out_;
+  Tensor* summary_ = nullptr;  // f32 [4 + parts]: the optimizer's stats, then the hard and soft parts
   Batch batch_;
   TopKBatch topk_;
 };

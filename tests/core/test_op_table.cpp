@@ -20,8 +20,8 @@ const char* const kEnumNames[] = {
     "Div", "Scale", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Tanh", "Relu", "Gelu", "Silu", "ReluBack",
     "GeluBack", "SiluBack", "SumRows", "MeanRows", "MaxRows", "Sum", "Mean", "Max", "Repeat", "ReduceTo",
     "MaxBack", "Matmul", "GetRows", "GetRowsBack", "SetRows", "Softmax", "LogSoftmax", "CausalSoftmax",
-    "SoftmaxBack", "LogSoftmaxBack", "RmsNorm", "RmsNormBack", "LayerNorm", "LayerNormBack", "Rope",
-    "CrossEntropyLoss", "TopKDistill"};
+    "SoftmaxBack", "LogSoftmaxBack", "FlashAttention", "FlashAttentionBack", "RmsNorm", "RmsNormBack",
+    "LayerNorm", "LayerNormBack", "Rope", "CrossEntropyLoss", "TopKDistill"};
 // clang-format on
 
 std::string enum_name(Op op) {

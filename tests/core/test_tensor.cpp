@@ -502,5 +502,25 @@ TEST(Views, ShapeErrorsNameTheOp) {
   expect_error([&] { reduce_to(ctx, a, ne); }, {"reduce_to", "[4, 6]", "[4, 5]"});
 }
 
+// copy_data stays on the backend (no host wait) when both tensors live there, goes through the host across
+// backends, and refuses tensors that do not match.
+TEST(Tensor, CopyDataOnOneBackendAndAcross) {
+  CpuBackend a(1), b(1);
+  Context ca(a), cb(b);
+  Tensor* src = ca.tensor(DType::I32, {2, 3}, "src");
+  Tensor* dst = ca.tensor(DType::I32, {6}, "dst");
+  Tensor* far = cb.tensor(DType::I32, {3, 2}, "far");
+  set_data_int(src, {1, -2, 3, 4, 5, 1 << 30});
+  const uint64_t w0 = a.host_waits();
+  copy_data(dst, src);
+  EXPECT_EQ(a.host_waits(), w0);
+  copy_data(far, src);
+  EXPECT_EQ(get_data_int(dst), get_data_int(src));
+  EXPECT_EQ(get_data_int(far), get_data_int(src));
+  Tensor* f = ca.tensor(DType::F32, {6}, "f");
+  expect_error([&] { copy_data(f, src); }, {"copy_data", "'src'", "'f'"});
+  expect_error([&] { copy_data(ca.tensor(DType::I32, {5}, "five"), src); }, {"copy_data", "'five'"});
+}
+
 }  // namespace
 }  // namespace retort::test

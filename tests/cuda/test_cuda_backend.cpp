@@ -1,6 +1,6 @@
 // The CUDA backend itself: availability and its reason, copies, the caching allocator's statistics, poison
-// mode, device-side errors surfacing as retort::Error, optimizer updates and helpers against the CPU, bitwise
-// reproducibility, and a 2-layer MLP trained a few steps on both backends.
+// mode, device-side errors surfacing as retort::Error, bitwise reproducibility, and a 2-layer MLP trained a
+// few steps on both backends (the optimizer ops: test_cuda_optim.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -237,84 +237,6 @@ TEST_F(CudaBackendTest, OutOfRangeLabelsThrowAndIgnoredOnesDoNot) {
   EXPECT_EQ(get_data(loss)[0], 0.0f);  // all rows ignored: 0, not NaN
 }
 
-// Runs n updates of one parameter on be; returns p, m, v (or p, momentum) as f64.
-std::vector<Vec> run_updates(Backend& be, DType dtype, bool adamw, bool momentum) {
-  reseed("optim");
-  Context ctx(be);
-  Tensor* p = ctx.param(dtype, {37, 19}, "p");
-  Tensor* grad = ctx.tensor(DType::F32, {37, 19}, "g");
-  Tensor* m = ctx.tensor(DType::F32, {37, 19}, "m");
-  Tensor* v = ctx.tensor(DType::F32, {37, 19}, "v");
-  Vec pv = random_vec(p->nelements());
-  set_data(p, std::vector<float>(pv.begin(), pv.end()));
-  for (int64_t step = 1; step <= 3; ++step) {
-    Vec gv = random_vec(grad->nelements(), -2, 2);
-    set_data(grad, std::vector<float>(gv.begin(), gv.end()));
-    if (adamw) {
-      AdamWParams o;
-      o.lr = 1e-2f;
-      o.weight_decay = 0.1f;
-      o.step = step;
-      be.adamw_update(p, grad, m, v, o);
-    } else {
-      SgdParams o;
-      o.lr = 0.05f;
-      o.momentum = momentum ? 0.9f : 0.0f;
-      o.weight_decay = 0.01f;
-      be.sgd_update(p, grad, momentum ? m : nullptr, o);
-    }
-  }
-  return {to_f64(get_data(p)), to_f64(get_data(m)), to_f64(get_data(v))};
-}
-
-TEST_F(CudaBackendTest, OptimizerUpdatesMatchTheCpu) {
-  for (DType dt : {DType::F32, DType::BF16})
-    for (int kind = 0; kind < 3; ++kind) {
-      SCOPED_TRACE(std::string(dtype_name(dt)) + (kind == 0   ? " adamw"
-                                                  : kind == 1 ? " sgd"
-                                                              : " sgd+momentum"));
-      auto cpu = run_updates(default_cpu_backend(), dt, kind == 0, kind == 2);
-      auto gpu = run_updates(cuda_backend(), dt, kind == 0, kind == 2);
-      // f32: the same expressions up to fused multiply-adds (a few ulp). bf16 parameters: an ulp flip of a
-      // rounded value now and then (2^-8 relative) on a few elements.
-      const double tol = dt == DType::F32 ? 1e-12 : 1e-5;
-      for (size_t i = 0; i < cpu.size(); ++i) EXPECT_LE(nmse(gpu[i], cpu[i]), tol) << "state " << i;
-      EXPECT_GT(max_abs_diff(cpu[0], run_updates(cuda_backend(), dt, kind != 0, kind == 2)[0]), 1e-3)
-          << "the two update rules must differ, or this test cannot fail";
-    }
-}
-
-TEST_F(CudaBackendTest, OptimizerRejectsBadState) {
-  Backend& be = cuda_backend();
-  Context ctx(be);
-  Tensor* p = ctx.param(DType::F32, {8}, "p");
-  Tensor* g16 = ctx.tensor(DType::BF16, {8}, "g");
-  Tensor* g = ctx.tensor(DType::F32, {8}, "g");
-  Tensor* small = ctx.tensor(DType::F32, {4}, "m");
-  EXPECT_TRUE(mentions(error_of([&] { be.adamw_update(p, g16, g, g, {}); }), "adamw grad"));
-  EXPECT_TRUE(mentions(error_of([&] { be.adamw_update(p, g, small, g, {}); }), "adamw m"));
-  EXPECT_TRUE(mentions(error_of([&] { be.sgd_update(p, small, nullptr, {}); }), "sgd grad"));
-  EXPECT_TRUE(mentions(error_of([&] { be.sum_squares(g16); }), "sum_squares"));
-}
-
-TEST_F(CudaBackendTest, SumSquaresAndScaleMatchTheCpu) {
-  reseed("sumsq");
-  Vec xv = random_vec(100003, -3, 3);
-  std::vector<float> xf(xv.begin(), xv.end());
-  Context cc(default_cpu_backend()), gc(cuda_backend());
-  Tensor* xc = cc.tensor(DType::F32, {100003});
-  Tensor* xg = gc.tensor(DType::F32, {100003});
-  set_data(xc, xf);
-  set_data(xg, xf);
-  const double sc = default_cpu_backend().sum_squares(xc);
-  const double sg = cuda_backend().sum_squares(xg);
-  EXPECT_NEAR(sg, sc, 1e-12 * sc);  // both sum f32 squares in double; only the order differs
-  EXPECT_EQ(sg, cuda_backend().sum_squares(xg)) << "sum_squares must be bitwise reproducible";
-  default_cpu_backend().scale(xc, -0.37f);
-  cuda_backend().scale(xg, -0.37f);
-  EXPECT_EQ(get_data(xc), get_data(xg));  // one rounded multiply each
-}
-
 TEST_F(CudaBackendTest, ReductionsAndEmbeddingGradientsAreBitwiseReproducible) {
   CompareCase c;
   c.name = "repro";
@@ -358,8 +280,8 @@ std::vector<double> train_mlp(Backend& be, std::vector<Vec>* first_grads) {
   loss->flags |= kOutput;
   Graph g(ctx);
   g.backward(loss);
-  std::vector<Tensor*> params = {w1, b1, w2, b2}, mom;
-  for (Tensor* p : params) mom.push_back(ctx.tensor(DType::F32, p->shape(), p->name + ".mom"));
+  std::vector<Tensor*> params = {w1, b1, w2, b2};
+  Sgd opt(params, SgdConfig{0.2f, 0.9f, 0.0f});
   std::vector<double> losses;
   for (int64_t step = 1; step <= 5; ++step) {
     g.zero_grad();
@@ -367,10 +289,7 @@ std::vector<double> train_mlp(Backend& be, std::vector<Vec>* first_grads) {
     losses.push_back(get_data(loss)[0]);
     if (step == 1 && first_grads)
       for (Tensor* p : params) first_grads->push_back(to_f64(get_data(g.grad(p))));
-    SgdParams o;
-    o.lr = 0.2f;
-    o.momentum = 0.9f;
-    for (size_t i = 0; i < params.size(); ++i) be.sgd_update(params[i], g.grad(params[i]), mom[i], o);
+    opt.step(g);
   }
   return losses;
 }

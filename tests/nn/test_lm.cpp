@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <limits>
@@ -312,6 +313,18 @@ TEST(Checkpoint, TeacherStudentVocabularyAndCacheK) {
   // K within the cache: a distillation step runs and gives a finite loss.
   LmTrainer ok(ctx, model, set.train, tiny_train(), head);
   EXPECT_TRUE(std::isfinite(ok.step().loss));
+  // With a hard loss the step reports both parts, still from its one read.
+  head.opts.w_hard = 0.5f;
+  head.opts.w_soft = 0.7f;
+  LmTrainer parts(ctx, model, set.train, tiny_train(), head);
+  for (int i = 0; i < 2; ++i) {
+    const uint64_t w0 = be.host_waits();
+    const LmTrainer::StepResult r = parts.step();
+    EXPECT_EQ(be.host_waits() - w0, 1u);
+    EXPECT_GT(r.hard, 0);
+    EXPECT_GT(r.soft, 0);
+    EXPECT_NEAR(r.loss, 0.5 * r.hard + 0.7 * r.soft, 1e-5 * r.loss);
+  }
 }
 
 // A child process writes checkpoints in a loop, alternating two models; the parent kills it with SIGKILL at
@@ -476,6 +489,32 @@ TEST(Trainer, NonFiniteStepStopsOrIsSkipped) {
     EXPECT_TRUE(r.skipped);
     EXPECT_EQ(tr.steps_done(), 1);
     EXPECT_EQ(param_bytes(model), before);
+  }
+}
+
+// A training step waits for the device once: the read of its loss, norm and parts. The optimizer, the clip
+// and the non-finite check run as ops of the step's graph (issue 24). Counted on the CPU backend, whose reads
+// count like a device's; tests/cuda/test_cuda_optim.cpp counts the same on a GPU.
+TEST(Trainer, OneHostWaitPerStep) {
+  ScratchDir dir;
+  const ShardSet set = make_shards(dir, 48);
+  for (float clip : {1.0f, 0.0f}) {
+    SCOPED_TRACE(testing::Message() << "clip " << clip);
+    CpuBackend be(1);
+    Context ctx(be);
+    Transformer model(ctx, tiny_config(), 11);
+    TrainerOptions opt = tiny_train();
+    opt.clip = clip;
+    LmTrainer tr(ctx, model, set.train, opt);
+    for (int i = 0; i < 4; ++i) {
+      const uint64_t w0 = be.host_waits();
+      const LmTrainer::StepResult r = tr.step();
+      EXPECT_EQ(be.host_waits() - w0, 1u) << "step " << i + 1;
+      EXPECT_FALSE(r.skipped);
+      EXPECT_TRUE(std::isfinite(r.loss) && r.loss > 0);
+      EXPECT_GT(r.grad_norm, 0);
+    }
+    EXPECT_EQ(tr.steps_done(), 4);
   }
 }
 
