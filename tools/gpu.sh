@@ -116,6 +116,11 @@ if [ -x build-gpu/bench/bench_attention ] && python3 -c 'import torch' 2>/dev/nu
   bench_one "attention_sdpa (torch)" "$logs/attention-sdpa.log" python3 bench/peers/attention_sdpa.py
 fi
 
+# PyTorch's time for bench_distill_step's step (eager and torch.compile), in the same session.
+if [ -x build-gpu/bench/bench_distill_step ] && python3 -c 'import torch' 2>/dev/null && [ "${STEP_TORCH:-1}" != 0 ]; then
+  BENCH_TIMEOUT=${STEP_TORCH_TIMEOUT:-240} bench_one "step_torch (torch)" "$logs/step-torch.log" python3 bench/peers/step_torch.py
+fi
+
 # The fused losses over a grid, through the Python module, against the floor and torch.compile.
 if [ "${SWEEP:-1}" != 0 ] && [ -d build-gpu/bindings ] && python3 -c 'import torch' 2>/dev/null; then
   t0=$(date +%s)
@@ -138,6 +143,10 @@ done
 # bench_topk (topk_logprobs against reading its logits once): its table, one row per dtype, V and K.
 f="$logs/bench-bench_topk.log"
 [ -f "$f" ] && grep -E '^(topk_logprobs|bf16 V=|f32 V=|check vs)' "$f"
+f="$logs/bench-bench_distill_step.log"
+[ -f "$f" ] && grep -E '^summary' "$f"
+f="$logs/step-torch.log"
+[ -f "$f" ] && cat "$f"
 # flash_attention against PyTorch's flash SDPA, same shapes.
 for f in "$logs/bench-bench_attention.log" "$logs/attention-sdpa.log"; do [ -f "$f" ] && cat "$f"; done
 f="$logs/sweep-fused.log"
