@@ -2,6 +2,8 @@
 // checkpoint's embedded tokenizer read): any input must either load or throw retort::Error. A loaded
 // tokenizer encodes and decodes a few strings (and the input's own first bytes); an id out of range, a lossy
 // plain round trip, a crash, a sanitizer report, any other exception or a retort internal error is a finding.
+// The harness writes the right CRC-32 into the header first (the file format's layout: 40-byte header for version
+// 1, 48 for version 2, the checksum in its last 4 bytes), so mutations reach the checks behind the checksum.
 // Run it with tools/fuzz.sh (seeds: tests/fuzz/seeds_tokenizer_file.cpp, files written by Tokenizer::save).
 //
 // SOURCES: src/core/error.cpp src/io/file.cpp src/io/json.cpp src/io/unicode_classes.cpp
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/file.h"
 #include "io/tokenizer.h"
 
 namespace {
@@ -29,8 +32,17 @@ void finding(const char* what, const std::string& detail) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::vector<uint8_t> file(data, data + size);
+  if (size >= 12) {
+    const size_t header = file[8] == 1 && file[9] == 0 && file[10] == 0 && file[11] == 0 ? 40 : 48;
+    if (size >= header) {
+      const uint32_t crc = retort::io::crc32_update(retort::io::crc32(file.data(), header - 4), file.data() + header,
+                                                    size - header);
+      for (int i = 0; i < 4; ++i) file[header - 4 + size_t(i)] = uint8_t(crc >> (8 * i));
+    }
+  }
   try {
-    const retort::Tokenizer tok = retort::Tokenizer::from_bytes(std::span<const uint8_t>(data, size), "fuzz.tok");
+    const retort::Tokenizer tok = retort::Tokenizer::from_bytes(file, "fuzz.tok");
     const std::vector<uint8_t> missing = tok.missing_bytes();
     const std::string texts[] = {
         "",
