@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <unordered_set>
@@ -38,11 +39,13 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   bool cpu = false;
   int threads = 0;
-  int64_t layers = 6, d_model = 512, heads = 8, context = 512, vocab = 50257, batch = 16, k = 64;
+  int64_t layers = 6, d_model = 512, heads = 8, kv_heads = 0, d_ff = 0, context = 512, vocab = 50257, batch = 16,
+          k = 64;
   int64_t steps = 10, warmup = 3;
   float w_hard = 0.5f;
   std::string mode = "both", compute = "bf16";
   double peak_tflops = 0;  // 0: from the device name
+  bool graphs = true;      // CudaOptions::graphs
 };
 
 const char* kUsage = R"(usage: bench_distill_step [options]
@@ -51,17 +54,24 @@ Times LmTrainer's distillation step (offline top-K KD from synthetic teacher dat
 and prints tokens/s, ms/step, model FLOPs/token, achieved TFLOP/s, MFU and peak device memory, for
   dense:  w_hard·CE + (1 - w_hard)·KD over the full vocabulary (fused_linear_topk_kd, labels given)
   sparse: KD only, normalize_topk, no labels: the K-sparse path (K student logits per position)
+  teacher: a teacher's forward as teacher-cache runs it (no autograd): logits, their top K log-probs and
+          the summed cross-entropy, the top K read back to the host each batch (not part of "both"); e.g.
+          SmolLM2-135M's shape: --mode teacher --layers 30 --d-model 576 --heads 9 --kv-heads 3 --d-ff 1536
+          --vocab 49152 --context 1024 --batch 32
 Each mode: --warmup untimed steps, then --steps timed steps between device synchronizations.
 
   --cpu              run on the CPU at a tiny shape (layers 2, d-model 64, heads 4, context 32, vocab 1000,
                      batch 2, K 16, steps 3, warmup 1, f32) unless those flags are given too
   --threads N        CPU threads (default: all cores)
-  --layers N (6)  --d-model N (512)  --heads N (8)  --context N (512)  --vocab N (50257)
+  --layers N (6)  --d-model N (512)  --heads N (8)  --kv-heads N (heads)  --d-ff N (the config's default)
+  --context N (512)  --vocab N (50257)
   --batch N (16 sequences)  --k N (64)  --steps N (10)  --warmup N (3)
   --w-hard F         weight of the cross-entropy in the dense mode (default 0.5; KD gets 1 - w_hard)
-  --mode M           both, dense or sparse (default both)
+  --mode M           both, dense, sparse or teacher (default both)
   --compute-dtype D  bf16, f16 or f32 (default bf16 on CUDA, f32 with --cpu)
   --peak-tflops F    the dense peak for MFU (default: from the device name; H100 SXM / H200: 989)
+  --graphs 0|1       CUDA Graph replay of the step (default 1); with it on, the warm-up goes on until the step
+                     is replayed (the fused loss's GEMM timings settle first: about 2 s), at most 30 s
 )";
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -96,7 +106,10 @@ Options parse(int argc, char** argv) {
       if (x != std::floor(x) || x < 0) usage_error(f + " wants a non-negative integer, got '" + v + "'");
       return int64_t(x);
     };
-    if (f == "--threads")
+    if (f == "--graphs") {
+      if (v != "0" && v != "1") usage_error("--graphs is 0 or 1, got '" + v + "'");
+      o.graphs = v == "1";
+    } else if (f == "--threads")
       o.threads = int(integer());
     else if (f == "--layers")
       o.layers = integer();
@@ -104,6 +117,10 @@ Options parse(int argc, char** argv) {
       o.d_model = integer();
     else if (f == "--heads")
       o.heads = integer();
+    else if (f == "--kv-heads")
+      o.kv_heads = integer();
+    else if (f == "--d-ff")
+      o.d_ff = integer();
     else if (f == "--context")
       o.context = integer();
     else if (f == "--vocab")
@@ -137,8 +154,8 @@ Options parse(int argc, char** argv) {
     def("--k", o.k, 16), def("--steps", o.steps, 3), def("--warmup", o.warmup, 1);
     if (!given.count("--compute-dtype")) o.compute = "f32";
   }
-  if (o.mode != "both" && o.mode != "dense" && o.mode != "sparse")
-    usage_error("--mode is both, dense or sparse");
+  if (o.mode != "both" && o.mode != "dense" && o.mode != "sparse" && o.mode != "teacher")
+    usage_error("--mode is both, dense, sparse or teacher");
   if (o.compute != "bf16" && o.compute != "f16" && o.compute != "f32")
     usage_error("--compute-dtype is bf16, f16 or f32");
   if (o.steps < 1 || o.batch < 1 || o.k < 1 || o.k > o.vocab)
@@ -241,6 +258,8 @@ struct ModeResult {
   std::string name, tag;
   double ms_per_step = 0, tokens_per_s = 0, flops_per_token = 0, tflops = 0, mfu = 0;
   double peak_gib = -1, first_loss = 0, last_loss = 0;
+  int64_t extra_warmup = 0;  // warm-up steps beyond --warmup until the step replayed
+  std::string graph;         // how the timed steps ran
 };
 
 // Model FLOPs per token (forward + backward = 3 × forward, 2 FLOPs per multiply-add): 6·P for every weight
@@ -256,6 +275,109 @@ double flops_per_token(const TransformerConfig& c, int64_t K, bool sparse) {
   return 6 * P + 12 * double(c.layers) * double(c.context) * d;
 }
 
+TransformerConfig model_config(const Options& o) {
+  TransformerConfig c;
+  c.vocab = o.vocab;
+  c.context = o.context;
+  c.layers = o.layers;
+  c.d_model = o.d_model;
+  c.heads = o.heads;
+  c.kv_heads = o.kv_heads;
+  c.d_ff = o.d_ff;
+  c.compute_dtype = dtype_of(o.compute);
+  return c.resolved();
+}
+
+// --warmup steps, then (on CUDA with --graphs 1) more until the step replays from its CUDA Graph.
+void warm_up(const Options& o, Backend& backend, bool cuda, ModeResult& r, const std::function<double()>& step) {
+  for (int64_t s = 0; s < o.warmup; ++s) r.first_loss = step();
+  if (cuda && o.graphs) {
+    const size_t replays = cuda_graph_stats(backend).replays;
+    const auto t0 = Clock::now();
+    while (cuda_graph_stats(backend).replays == replays &&
+           std::chrono::duration<double>(Clock::now() - t0).count() < 30) {
+      r.first_loss = step();
+      ++r.extra_warmup;
+    }
+    const CudaGraphStats gs = cuda_graph_stats(backend);
+    r.graph = gs.replays > replays ? "replayed (CUDA Graph)" : "eager (not recorded: " + gs.last_failure + ")";
+  } else {
+    r.graph = cuda ? "eager (--graphs 0)" : "eager";
+  }
+  backend.synchronize();
+  if (cuda) cuda_reset_peak(backend);  // the timed steps' peak (and RETORT_OP_PROFILE table) only
+}
+
+// --steps timed steps; fills the rates from the FLOPs per token.
+void time_steps(const Options& o, Backend& backend, bool cuda, const DeviceInfo& dev, ModeResult& r,
+                const std::function<double()>& step) {
+  const auto t0 = Clock::now();
+  for (int64_t s = 0; s < o.steps; ++s) {
+    const double loss = step();
+    if (o.warmup == 0 && s == 0) r.first_loss = loss;
+    r.last_loss = loss;
+  }
+  backend.synchronize();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double tokens = double(o.steps * o.batch * o.context);
+  r.ms_per_step = secs * 1e3 / double(o.steps);
+  r.tokens_per_s = tokens / secs;
+  r.tflops = r.flops_per_token * r.tokens_per_s / 1e12;
+  const double peak = o.peak_tflops > 0 ? o.peak_tflops : dev.peak_tflops;
+  r.mfu = peak > 0 ? r.tflops / peak : 0;
+  if (cuda) r.peak_gib = double(cuda_memory_stats(backend).peak_bytes) / double(1ull << 30);
+}
+
+// The teacher's side of distillation as teacher-cache runs it: forward, top K, summed CE, top K to the host.
+ModeResult run_teacher(const Options& o, Backend& backend, bool cuda, const DeviceInfo& dev) {
+  ModeResult r;
+  r.name = "teacher forward (top-" + std::to_string(o.k) + " log-probs + summed CE, read back each batch)";
+  r.tag = "teacher";
+  if (cuda) cuda_reset_peak(backend);
+  Context ctx(backend);
+  const TransformerConfig c = model_config(o);
+  Transformer model(ctx, c, 1);
+  const int64_t B = o.batch, T = o.context;
+  Tensor* tokens = ctx.input(DType::I32, {B, T}, "tokens");
+  Tensor* targets = ctx.input(DType::I32, {B * T}, "targets");
+  Tensor* logits = model.forward(ctx, tokens);
+  const TopKLogprobs top = topk_logprobs(ctx, logits, o.k);
+  top.logprobs->flags |= kOutput;
+  top.ids->flags |= kOutput;
+  CrossEntropyOptions ce;
+  ce.reduction = Reduction::Sum;
+  Tensor* nll = cross_entropy_loss(ctx, logits, targets, ce).loss;
+  nll->flags |= kOutput;
+  Graph g(ctx);
+  g.forward(top.logprobs);
+  g.forward(top.ids);
+  g.forward(nll);
+  std::vector<std::vector<int64_t>> sets;
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 2; ++i) {
+    std::vector<int64_t> v(size_t(B * T));
+    for (int64_t& t : v) t = int64_t(rng() % uint64_t(o.vocab));
+    sets.push_back(std::move(v));
+  }
+  int64_t calls = 0;
+  const auto step = [&] {
+    const std::vector<int64_t>& x = sets[size_t(calls++ % 2)];
+    set_data_int(tokens, x);
+    set_data_int(targets, x);
+    g.compute();
+    // What teacher-cache reads back per batch: the top K (the program then writes them to its cache).
+    const std::vector<float> lp = get_data(top.logprobs);
+    const std::vector<uint8_t> ids = get_bytes(top.ids);
+    (void)lp, (void)ids;
+    return double(get_data(nll)[0]) / double(B * T);
+  };
+  // Forward only: a third of the training FLOPs per token.
+  r.flops_per_token = flops_per_token(c, o.k, false) / 3;
+  warm_up(o, backend, cuda, r, step);
+  time_steps(o, backend, cuda, dev, r, step);
+  return r;
+}
+
 ModeResult run_mode(const Options& o, bool sparse, Backend& backend, bool cuda, const DeviceInfo& dev,
                     const ScratchShard& shard, const std::vector<TeacherSet>& teacher) {
   ModeResult r;
@@ -264,17 +386,13 @@ ModeResult run_mode(const Options& o, bool sparse, Backend& backend, bool cuda, 
   r.tag = sparse ? "sparse" : "dense";
   if (cuda) cuda_reset_peak(backend);
   Context ctx(backend);
-  TransformerConfig c;
-  c.vocab = o.vocab;
-  c.context = o.context;
-  c.layers = o.layers;
-  c.d_model = o.d_model;
-  c.heads = o.heads;
-  c.compute_dtype = dtype_of(o.compute);
+  const TransformerConfig c = model_config(o);
   Transformer model(ctx, c, 1);
   TrainerOptions to;
-  to.steps = o.warmup + o.steps;
-  to.warmup = std::min<int64_t>(to.steps, 2);
+  // Room for the warm-up that waits for the CUDA Graph recording: every timed step is one of the run's, so it
+  // reads the next batch ahead as a real run does.
+  to.steps = o.warmup + o.steps + 4000;
+  to.warmup = 2;
   to.batch = o.batch;
   to.seq_len = o.context;
   to.lr = 3e-4f;
@@ -293,25 +411,10 @@ ModeResult run_mode(const Options& o, bool sparse, Backend& backend, bool cuda, 
     set_data(trainer.teacher_logprobs(), t.logprobs);
     set_data(trainer.teacher_mask(), t.mask);
   };
-  for (int64_t s = 0; s < o.warmup; ++s) r.first_loss = trainer.step(fill).loss;
-  backend.synchronize();
-  if (cuda) cuda_reset_peak(backend);  // the timed steps' peak (and RETORT_OP_PROFILE table) only
-  const auto t0 = Clock::now();
-  for (int64_t s = 0; s < o.steps; ++s) {
-    const double loss = trainer.step(fill).loss;
-    if (o.warmup == 0 && s == 0) r.first_loss = loss;
-    r.last_loss = loss;
-  }
-  backend.synchronize();
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double tokens = double(o.steps * o.batch * o.context);
-  r.ms_per_step = secs * 1e3 / double(o.steps);
-  r.tokens_per_s = tokens / secs;
+  const auto step = [&] { return trainer.step(fill).loss; };
   r.flops_per_token = flops_per_token(model.config(), o.k, sparse);
-  r.tflops = r.flops_per_token * r.tokens_per_s / 1e12;
-  const double peak = o.peak_tflops > 0 ? o.peak_tflops : dev.peak_tflops;
-  r.mfu = peak > 0 ? r.tflops / peak : 0;
-  if (cuda) r.peak_gib = double(cuda_memory_stats(backend).peak_bytes) / double(1ull << 30);
+  warm_up(o, backend, cuda, r, step);
+  time_steps(o, backend, cuda, dev, r, step);
   return r;
 }
 
@@ -324,18 +427,17 @@ int main(int argc, char** argv) {
     const bool cuda = !o.cpu && cuda_available(&why);
     if (!o.cpu && !cuda) usage_error("no usable GPU (" + why + "); run with --cpu for the tiny CPU shape");
     std::unique_ptr<Backend> backend;
+    CudaOptions co;
+    co.graphs = o.graphs;
     if (cuda)
-      backend = make_cuda_backend(0);
+      backend = make_cuda_backend(0, co);
     else
       backend = std::make_unique<CpuBackend>(o.threads);
     const DeviceInfo dev = device_info(cuda);
     const double peak = o.peak_tflops > 0 ? o.peak_tflops : dev.peak_tflops;
     const int64_t N = o.batch * o.context;
 
-    TransformerConfig shown;
-    shown.vocab = o.vocab, shown.context = o.context, shown.layers = o.layers, shown.d_model = o.d_model;
-    shown.heads = o.heads;
-    shown = shown.resolved();
+    const TransformerConfig shown = model_config(o);
     std::printf("bench_distill_step | retort %s | device: %s (%s)\n", RETORT_VERSION, dev.name.c_str(),
                 backend->name().c_str());
     std::printf("student: %s, compute %s (f32 master weights)\n", shown.describe().c_str(),
@@ -362,8 +464,11 @@ int main(int argc, char** argv) {
     for (uint64_t s = 0; s < 2; ++s) teacher.push_back(make_teacher(N, o.k, o.vocab, 100 + s));
 
     std::vector<ModeResult> results;
-    if (o.mode != "sparse") results.push_back(run_mode(o, false, *backend, cuda, dev, shard, teacher));
-    if (o.mode != "dense") results.push_back(run_mode(o, true, *backend, cuda, dev, shard, teacher));
+    if (o.mode == "teacher") results.push_back(run_teacher(o, *backend, cuda, dev));
+    if (o.mode == "both" || o.mode == "dense")
+      results.push_back(run_mode(o, false, *backend, cuda, dev, shard, teacher));
+    if (o.mode == "both" || o.mode == "sparse")
+      results.push_back(run_mode(o, true, *backend, cuda, dev, shard, teacher));
     for (const ModeResult& r : results) {
       std::printf("%s:\n", r.name.c_str());
       std::printf("  %.0f tokens/s, %.2f ms/step; loss %.4f (last warmup step) -> %.4f (last timed step)\n",
@@ -375,6 +480,7 @@ int main(int argc, char** argv) {
       if (peak > 0) std::printf(", MFU %.1f%%", 100 * r.mfu);
       std::printf("\n");
       if (r.peak_gib >= 0) std::printf("  peak device memory %.2f GiB (retort's allocator)\n", r.peak_gib);
+      std::printf("  launches: %s, after %lld extra warm-up steps\n", r.graph.c_str(), (long long)r.extra_warmup);
     }
     std::string line = "summary: " + dev.name + ", L" + std::to_string(o.layers) + " d" +
                        std::to_string(o.d_model) + " T" + std::to_string(o.context) + " V" +

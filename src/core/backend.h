@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "quant.h"
 #include "tensor.h"
@@ -21,6 +22,13 @@ class Buffer {
  protected:
   void* data_ = nullptr;
   size_t size_ = 0;
+};
+
+// What a backend keeps of a node list it ran, to run it again faster (the CUDA backend: a CUDA Graph of the
+// list's launches). Owned by the core Graph that ran the list; made and read only by that backend.
+class Replay {
+ public:
+  virtual ~Replay() = default;
 };
 
 class Backend {
@@ -40,6 +48,12 @@ class Backend {
   void fill_zero(void* dst, size_t bytes) { fill_bytes(dst, 0, bytes); }
   // Runs one node whose inputs and output are placed. Throws retort::Error if the op is not supported here.
   virtual void run(Tensor* node) = 0;
+  // Runs a graph's placed nodes in order. `signature` changes whenever anything a launch reads from the host
+  // changes (the nodes, their parameters, flags and addresses); a backend that records launches may replay
+  // them from `replay` when the signature is one it recorded. The default runs each node.
+  virtual void run_nodes(const std::vector<Tensor*>& nodes, uint64_t signature, std::unique_ptr<Replay>& replay);
+  // Whether run_nodes uses its signature (computing one costs a pass over the nodes).
+  virtual bool records_launches() const { return false; }
   // Waits for queued work.
   virtual void synchronize() = 0;
   // The native queue work runs on (a cudaStream_t for CUDA), so other libraries can order their work with

@@ -1,5 +1,6 @@
 #include "graph.h"
 
+#include <cstring>
 #include <functional>
 #include <unordered_set>
 
@@ -181,6 +182,41 @@ const Plan& Graph::plan() {
   return *plan_;
 }
 
+namespace {
+
+// A 64-bit digest of everything a launch reads from the host: each node's identity, op, dtype, shape,
+// strides, parameters, flags and the addresses of its output and operands. Two runs with equal digests
+// issue the same launches, so a backend may replay the first's recording for the second.
+uint64_t launch_signature(const std::vector<Tensor*>& nodes) {
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  auto mix = [&h](uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdull;
+  };
+  auto word = [](const void* p) { return uint64_t(reinterpret_cast<uintptr_t>(p)); };
+  mix(nodes.size());
+  for (const Tensor* n : nodes) {
+    mix(word(n));
+    mix(uint64_t(n->op) << 40 | uint64_t(n->dtype) << 32 | n->flags);
+    mix(word(n->data));
+    for (int d = 0; d < kMaxDims; ++d) {
+      mix(uint64_t(n->ne[d]));
+      mix(uint64_t(n->nb[d]));
+    }
+    for (const Tensor* s : n->src) mix(s ? word(s->data) : 0);
+    for (const Tensor* a : n->aux) mix(a ? word(a->data) : 0);
+    for (int64_t v : n->ip) mix(uint64_t(v));
+    for (float v : n->fp) {
+      uint32_t u;
+      std::memcpy(&u, &v, sizeof u);
+      mix(u);
+    }
+  }
+  return h;
+}
+
+}  // namespace
+
 void Graph::compute() {
   Backend& be = ctx_->backend();
   const Plan& p = plan();
@@ -212,13 +248,11 @@ void Graph::compute() {
       if (t) t->flags &= ~uint32_t(kFresh);
   };
   try {
-    for (Tensor* n : nodes_) {
+    for (Tensor* n : nodes_)
       for (Tensor* s : n->src)
         RT_CHECK(!s || s->data, "graph.compute: ", op_name(n->op), " reads ", s->describe(),
                  " which has no storage (is it on another context's backend?)");
-      if (n->op == Op::View || n->op == Op::AuxOutput) continue;
-      be.run(n);
-    }
+    be.run_nodes(nodes_, be.records_launches() ? launch_signature(nodes_) : 0, replay_);
   } catch (...) {
     unmark();
     throw;

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend.h"
 #include "context.h"
 #include "planner.h"
 
@@ -56,6 +57,7 @@ class Graph {
   bool poison_ = false;
   std::unique_ptr<Plan> plan_;
   std::shared_ptr<Buffer> arena_;
+  std::unique_ptr<Replay> replay_;  // the backend's recording of the nodes' launches (run_nodes)
 };
 
 }  // namespace retort

@@ -77,7 +77,21 @@ void* CudaAllocator::allocate(size_t bytes, size_t* block_bytes) {
   const size_t want = round_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   ++st_.alloc_calls;
-  // Take the smallest cached block that fits and wastes at most a quarter of the request.
+  // Take the smallest cached block that fits and wastes at most a quarter of the request (first from the
+  // blocks a capture in progress released).
+  if (capturing_) {
+    auto it = capture_free_.lower_bound(want);
+    if (it != capture_free_.end() && it->first <= want + want / 4) {
+      size_t size = it->first;
+      void* p = it->second;
+      capture_free_.erase(it);
+      st_.bytes_cached -= size;
+      st_.bytes_in_use += size;
+      st_.peak_bytes = std::max(st_.peak_bytes, st_.bytes_in_use);
+      *block_bytes = size;
+      return p;
+    }
+  }
   auto it = free_.lower_bound(want);
   if (it != free_.end() && it->first <= want + want / 4) {
     size_t size = it->first;
@@ -114,9 +128,38 @@ void* CudaAllocator::allocate(size_t bytes, size_t* block_bytes) {
 void CudaAllocator::release(void* p, size_t block_bytes) noexcept {
   if (!p) return;
   std::lock_guard<std::mutex> lock(mu_);
-  free_.emplace(block_bytes, p);
+  (capturing_ ? capture_free_ : free_).emplace(block_bytes, p);
   st_.bytes_in_use -= block_bytes;
   st_.bytes_cached += block_bytes;
+}
+
+void CudaAllocator::begin_capture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  RT_ASSERT(!capturing_ && capture_free_.empty());
+  capturing_ = true;
+}
+
+CudaAllocator::Blocks CudaAllocator::end_capture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Blocks kept(capture_free_.begin(), capture_free_.end());
+  capture_free_.clear();
+  capturing_ = false;
+  // Held by the recording: in use, not cached.
+  for (const auto& b : kept) {
+    st_.bytes_cached -= b.first;
+    st_.bytes_in_use += b.first;
+  }
+  st_.peak_bytes = std::max(st_.peak_bytes, st_.bytes_in_use);
+  return kept;
+}
+
+void CudaAllocator::give_back(const Blocks& blocks) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& b : blocks) {
+    free_.emplace(b.first, b.second);
+    st_.bytes_in_use -= b.first;
+    st_.bytes_cached += b.first;
+  }
 }
 
 CudaMemoryStats CudaAllocator::stats() const {

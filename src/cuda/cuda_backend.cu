@@ -9,8 +9,10 @@
 // read() copy that record back after the stream drains and, if it is set, clear it and throw retort::Error
 // naming the op and the value. So a bad id surfaces at the first synchronize()/read() after the graph ran.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -175,6 +177,30 @@ bool device_usable(int device, std::string* why) {
   return true;
 }
 
+// A node list's launches recorded as a CUDA Graph (CudaOptions::graphs), with the temporaries the recording
+// writes (held until it is dropped).
+class CudaReplay final : public Replay {
+ public:
+  explicit CudaReplay(std::shared_ptr<CudaAllocator> alloc) : alloc_(std::move(alloc)) {}
+  ~CudaReplay() override { drop(); }
+  // Forgets the recording. A replay still queued finishes first: later users of the blocks queue behind it.
+  void drop() noexcept {
+    if (exec) (void)cudaGraphExecDestroy(exec);
+    exec = nullptr;
+    alloc_->give_back(blocks);
+    blocks.clear();
+  }
+  cudaGraphExec_t exec = nullptr;
+  uint64_t signature = 0;  // of the recorded list
+  uint64_t last = 0;       // of the list run before: a list is recorded when it runs a second time
+  bool ran = false;
+  int failures = 0;
+  CudaAllocator::Blocks blocks;
+
+ private:
+  std::shared_ptr<CudaAllocator> alloc_;
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const CudaOptions& opts) {
@@ -265,6 +291,13 @@ class CudaBackend final : public Backend {
   void write(void* dst, const void* host_src, size_t bytes) override {
     if (bytes == 0) return;
     DeviceScope scope(ex_.device);
+    // A copy from pageable memory holds the host until the device has taken it in stream order (behind the
+    // queued graph) and runs at a fraction of the bus's speed; one from pinned staging returns at once.
+    if (void* staged = stage_.take(bytes)) {
+      std::memcpy(staged, host_src, bytes);
+      RT_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, ex_.stream));
+      return;
+    }
     RT_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, ex_.stream));
   }
 
@@ -299,6 +332,34 @@ class CudaBackend final : public Backend {
     f(ex_, node);
     profile_->end(ex_.stream, node);
   }
+
+  bool records_launches() const override { return ex_.opts.graphs && !profile_; }
+
+  void run_nodes(const std::vector<Tensor*>& nodes, uint64_t signature, std::unique_ptr<Replay>& slot) override {
+    if (!records_launches()) return Backend::run_nodes(nodes, signature, slot);
+    DeviceScope scope(ex_.device);
+    auto* r = dynamic_cast<CudaReplay*>(slot.get());
+    if (!r) {
+      slot = std::make_unique<CudaReplay>(ex_.alloc);
+      r = static_cast<CudaReplay*>(slot.get());
+    }
+    if (r->exec && r->signature == signature) {
+      RT_CUDA_CHECK(cudaGraphLaunch(r->exec, ex_.stream));
+      ++graph_stats_.replays;
+      return;
+    }
+    r->drop();
+    const bool again = r->ran && r->last == signature;
+    r->ran = true;
+    r->last = signature;
+    if (again && r->failures < kMaxCaptureFailures && !tuning_pending() && capture(nodes, *r, signature)) {
+      RT_CUDA_CHECK(cudaGraphLaunch(r->exec, ex_.stream));
+      return;
+    }
+    launch_all(nodes);
+  }
+
+  CudaGraphStats graph_stats() const { return graph_stats_; }
 
   void synchronize() override {
     DeviceScope scope(ex_.device);
@@ -336,6 +397,120 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // A list whose recording failed this often runs eagerly from then on.
+  static constexpr int kMaxCaptureFailures = 3;
+  // How long past LtTuned::kSettleSeconds recording waits for a timed GEMM's second timing.
+  static constexpr double kSettleWaitSeconds = 10.0;
+
+  void launch_all(const std::vector<Tensor*>& nodes) {
+    for (Tensor* n : nodes)
+      if (n->op != Op::View && n->op != Op::AuxOutput) run(n);
+  }
+
+  // A fused-loss GEMM timed once and due for its second timing: recording now would skip that timing.
+  bool tuning_pending() const {
+    const auto now = std::chrono::steady_clock::now();
+    for (const LtTuned& e : *ex_.lt_tuned)
+      if (!e.settled && std::chrono::duration<double>(now - e.first).count() <
+                            LtTuned::kSettleSeconds + kSettleWaitSeconds)
+        return true;
+    return false;
+  }
+
+  // Records the launches of nodes into r; false (r unchanged but for its failure count) when a launcher
+  // could not be recorded — nothing ran then, and the caller runs the list eagerly.
+  bool capture(const std::vector<Tensor*>& nodes, CudaReplay& r, uint64_t signature) {
+    std::string why;
+    cudaGraph_t g = nullptr;
+    ex_.alloc->begin_capture();
+    cudaError_t e = cudaStreamBeginCapture(ex_.stream, cudaStreamCaptureModeRelaxed);
+    if (e == cudaSuccess) {
+      try {
+        launch_all(nodes);
+      } catch (const std::exception& x) {
+        why = x.what();
+      }
+      e = cudaStreamEndCapture(ex_.stream, &g);
+      if (why.empty() && e != cudaSuccess) why = "cudaStreamEndCapture: " + cuda_error_text(e);
+    } else {
+      why = "cudaStreamBeginCapture: " + cuda_error_text(e);
+    }
+    CudaAllocator::Blocks blocks = ex_.alloc->end_capture();
+    cudaGraphExec_t exec = nullptr;
+    if (why.empty() && g) {
+      e = cudaGraphInstantiate(&exec, g, 0);
+      if (e != cudaSuccess) {
+        why = "cudaGraphInstantiate: " + cuda_error_text(e);
+        exec = nullptr;
+      }
+    } else if (why.empty()) {
+      why = "the capture gave no graph";
+    }
+    if (g) (void)cudaGraphDestroy(g);
+    if (!exec) {
+      (void)cudaGetLastError();
+      ex_.alloc->give_back(blocks);
+      ++r.failures;
+      ++graph_stats_.failures;
+      graph_stats_.last_failure = why;
+      return false;
+    }
+    r.exec = exec;
+    r.signature = signature;
+    r.blocks = std::move(blocks);
+    ++graph_stats_.captures;
+    return true;
+  }
+
+  // Pinned host memory that write() stages copies through between two waits for the stream (a training
+  // step's inputs): handed out front to back, reused after the next wait, when every copy from it has run.
+  // Writes of more than kMaxBytes between waits (loading a model) go from pageable memory.
+  class Staging {
+   public:
+    static constexpr size_t kMinCopy = size_t(64) << 10;  // smaller copies the driver stages itself
+    static constexpr size_t kMaxBytes = size_t(256) << 20;
+    ~Staging() {
+      for (Block& b : blocks_) (void)cudaFreeHost(b.p);
+    }
+    void* take(size_t bytes) {
+      if (bytes < kMinCopy) return nullptr;
+      const size_t need = (bytes + 255) / 256 * 256;
+      for (; cur_ < blocks_.size(); ++cur_) {
+        Block& b = blocks_[cur_];
+        if (b.size - b.used >= need) {
+          void* p = static_cast<char*>(b.p) + b.used;
+          b.used += need;
+          return p;
+        }
+      }
+      if (total_ + need > kMaxBytes) return nullptr;
+      const size_t size = std::max(need, size_t(8) << 20);
+      void* p = nullptr;
+      if (cudaHostAlloc(&p, size, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return nullptr;
+      }
+      total_ += size;
+      blocks_.push_back({p, size, need});
+      cur_ = blocks_.size() - 1;
+      return p;
+    }
+    void reset() {
+      for (Block& b : blocks_) b.used = 0;
+      cur_ = 0;
+    }
+
+   private:
+    struct Block {
+      void* p;
+      size_t size, used;
+    };
+    std::vector<Block> blocks_;
+    size_t cur_ = 0, total_ = 0;
+  };
+
+  CudaGraphStats graph_stats_;
+  Staging stage_;
   std::unique_ptr<OpProfile> profile_;
   // Waits for the stream, then reports a device-side error if a kernel recorded one.
   void finish() {
@@ -343,6 +518,7 @@ class CudaBackend final : public Backend {
     RT_CUDA_CHECK(
         cudaMemcpyAsync(host_error_, ex_.dev_error, sizeof(DeviceError), cudaMemcpyDeviceToHost, ex_.stream));
     RT_CUDA_CHECK(cudaStreamSynchronize(ex_.stream));
+    stage_.reset();  // every staged copy has landed
     if (profile_) profile_->collect();
     if (host_error_->flag == 0) return;
     DeviceError e = *host_error_;
@@ -420,6 +596,10 @@ size_t cuda_tuned_gemms(Backend& backend) {
 
 size_t cuda_cached_gemms(Backend& backend) {
   return cuda::as_cuda(backend, "cuda_cached_gemms").cached_gemms();
+}
+
+CudaGraphStats cuda_graph_stats(Backend& backend) {
+  return cuda::as_cuda(backend, "cuda_graph_stats").graph_stats();
 }
 
 CudaSoftmaxEpilogueStats cuda_softmax_epilogue_stats(Backend& backend) {

@@ -73,6 +73,12 @@ struct CudaOptions {
   // H = 2,048 1.16 against 1.07-1.10). Environment override: RETORT_SOFTMAX_PINGPONG=0 or 1. Other values
   // throw retort::Error from make_cuda_backend.
   int softmax_pingpong = -1;
+  // A graph that runs again with the same nodes, parameters and placement (a training step, a teacher
+  // forward over same-shaped batches) has its launches recorded as a CUDA Graph at its second run and replayed
+  // from then on: one launch instead of hundreds, the same kernels in the same order, so bit-identical
+  // results. Recording waits until the fused losses' GEMM timings have settled; a list whose launchers cannot
+  // be recorded runs eagerly. The recording keeps the temporaries it used for the graph's life.
+  bool graphs = true;
 };
 
 // True when retort was built with CUDA and at least one device is usable; why_not gets the reason otherwise.
@@ -114,5 +120,16 @@ struct CudaSoftmaxEpilogueStats {
   size_t fallback_rows = 0;
 };
 CudaSoftmaxEpilogueStats cuda_softmax_epilogue_stats(Backend& backend);
+
+// CUDA Graph recording (CudaOptions::graphs) of a CUDA backend: node lists recorded, runs replayed from a
+// recording, recordings abandoned (a launcher could not be recorded; the list ran eagerly), and the last
+// abandonment's reason. Throws retort::Error if backend is not a CUDA backend.
+struct CudaGraphStats {
+  size_t captures = 0;
+  size_t replays = 0;
+  size_t failures = 0;
+  std::string last_failure;
+};
+CudaGraphStats cuda_graph_stats(Backend& backend);
 
 }  // namespace retort

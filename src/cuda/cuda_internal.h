@@ -94,11 +94,22 @@ class CudaAllocator {
   // The size a request is rounded to: 512 B granules up to 1 MiB, 2 MiB granules above.
   static size_t round_size(size_t bytes);
 
+  // A CUDA Graph capture of a node list: from begin_capture() to end_capture(), blocks released go to a
+  // private list that only allocations of the capture reuse, and end_capture() hands them over to the
+  // recording (a replay writes them again, so nothing else may hold them); give_back() returns them to the
+  // cache when the recording is gone. One capture at a time.
+  using Blocks = std::vector<std::pair<size_t, void*>>;
+  void begin_capture();
+  Blocks end_capture();
+  void give_back(const Blocks& blocks) noexcept;
+
  private:
   void free_cached_locked();
   int device_;
   mutable std::mutex mu_;
   std::multimap<size_t, void*> free_;  // block size -> free block
+  bool capturing_ = false;
+  std::multimap<size_t, void*> capture_free_;  // released during the capture
   CudaMemoryStats st_;
 };
 

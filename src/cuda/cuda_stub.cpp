@@ -40,4 +40,8 @@ CudaSoftmaxEpilogueStats cuda_softmax_epilogue_stats(Backend&) {
   RT_FAIL("cuda_softmax_epilogue_stats: ", kNoCuda);
 }
 
+CudaGraphStats cuda_graph_stats(Backend&) {
+  RT_FAIL("cuda_graph_stats: ", kNoCuda);
+}
+
 }  // namespace retort

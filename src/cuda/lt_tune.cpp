@@ -37,6 +37,12 @@ struct Events {
 int lt_fastest(int n, cudaStream_t s, const std::function<void(int)>& run, int rounds, int runs,
                double margin) {
   if (n <= 1) return 0;
+  // Timing waits for the device, which a CUDA Graph recording cannot: the backend then runs the graph eagerly
+  // (the timing happens there) and records it at a later run.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  RT_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+  RT_CHECK(capture == cudaStreamCaptureStatusNone,
+           "cuBLASLt algorithm timing: the stream's launches are being recorded as a CUDA Graph");
   rounds = std::max(1, rounds);
   runs = std::max(1, runs);
   for (int i = 0; i < n; ++i) run(i);  // warm-up (and any lazy module loading)

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <set>
 #include <span>
+#include <utility>
 
 #include "../core/error.h"
 #include "../io/file.h"
@@ -395,7 +397,7 @@ LmTrainer::LmTrainer(Context& ctx, Transformer& model, const std::vector<std::st
   graph_->forward(summary_);
 }
 
-LmTrainer::StepResult LmTrainer::step(const std::function<void(const Batch&)>& before_compute) {
+void LmTrainer::stage(const std::function<void(const Batch&)>& before_compute) {
   const int64_t B = opt_.batch, T = opt_.seq_len;
   batch_.B = B;
   batch_.T = T;
@@ -412,12 +414,31 @@ LmTrainer::StepResult LmTrainer::step(const std::function<void(const Batch&)>& b
     set_data(t_mask_, topk_.mask);
   }
   if (before_compute) before_compute(batch_);
+}
+
+LmTrainer::StepResult LmTrainer::step(const std::function<void(const Batch&)>& before_compute) {
+  if (staged_error_) std::rethrow_exception(std::exchange(staged_error_, nullptr));
+  if (!staged_) stage(before_compute);
+  staged_ = false;
   StepResult r;
   const int64_t step = optimizer_->steps() + 1;
   const float lr = cosine_lr(std::min(step, opt_.steps), opt_.warmup, opt_.steps, opt_.lr, opt_.min_lr);
   optimizer_->begin_step(lr);
   graph_->zero_grad();
   graph_->compute();
+  // On a device the graph runs while the host reads the next batch and queues its copies behind it, so the
+  // device does not sit idle between steps. A failure there surfaces at the next step, where it belongs.
+  if (!ctx_.backend().is_host() && step < opt_.steps) {
+    staged_epoch_ = loader_->epoch();
+    staged_cursor_ = loader_->cursor();
+    try {
+      stage(before_compute);
+      staged_ = true;
+    } catch (...) {
+      staged_error_ = std::current_exception();
+      loader_->seek(staged_epoch_, staged_cursor_);
+    }
+  }
   // The step's one wait for the device: {loss, grad norm, clip scale, applied, hard?, soft?}.
   const std::vector<float> s = get_data(summary_);
   const bool applied = s[kStatOk] != 0.0f;
@@ -450,8 +471,9 @@ TrainState LmTrainer::state() const {
   s.step = optimizer_->steps();
   s.total_steps = opt_.steps;
   s.seed = opt_.seed;
-  s.loader_epoch = loader_->epoch();
-  s.loader_cursor = loader_->cursor();
+  // Where the next step's batch starts (read ahead already on a device: staged_).
+  s.loader_epoch = staged_ ? staged_epoch_ : loader_->epoch();
+  s.loader_cursor = staged_ ? staged_cursor_ : loader_->cursor();
   return s;
 }
 
@@ -465,6 +487,8 @@ void LmTrainer::resume(const Checkpoint& ckpt) {
   ckpt.load_model(model_);
   ckpt.load_optimizer(*optimizer_, model_);
   loader_->seek(ckpt.state().loader_epoch, ckpt.state().loader_cursor);
+  staged_ = false;
+  staged_error_ = nullptr;
 }
 
 // ---- evaluation -----------------------------------------------------------------------------------------

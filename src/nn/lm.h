@@ -7,6 +7,7 @@
 // that if it drives the very code the programs run. The programs keep only their command lines and output.
 #pragma once
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -145,7 +146,9 @@ class LmTrainer {
     bool skipped = false;  // the loss or a gradient was not finite and skip_nonfinite is on: no update
   };
   // Runs step number steps_done()+1. before_compute, when set, sees the batch (and may fill the teacher
-  // inputs: teacher_ids(), teacher_logprobs(), teacher_mask()) before the graph runs.
+  // inputs: teacher_ids(), teacher_logprobs(), teacher_mask()) before the graph runs. On a device the
+  // next step's batch is read (and before_compute called for it) while this step's graph runs, so the
+  // loader is then one batch ahead of state(); device work before_compute queues lands after this step's.
   StepResult step(const std::function<void(const Batch&)>& before_compute = nullptr);
 
   int64_t steps_done() const { return optimizer_->steps(); }
@@ -175,6 +178,12 @@ class LmTrainer {
   Tensor* summary_ = nullptr;  // f32 [4 + parts]: the optimizer's stats, then the hard and soft parts
   Batch batch_;
   TopKBatch topk_;
+  // The next step's batch read and queued ahead (devices only), where the loader stood before it, and an
+  // error reading it, thrown at the step it was for.
+  void stage(const std::function<void(const Batch&)>& before_compute);
+  bool staged_ = false;
+  int64_t staged_epoch_ = 0, staged_cursor_ = 0;
+  std::exception_ptr staged_error_;
 };
 
 // The validation loss every program reports (train, distill, eval, the demo): the mean next-token

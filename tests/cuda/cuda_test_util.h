@@ -4,7 +4,9 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,22 @@ GraphResult run_graph(Backend& be, const CompareCase& c);
 
 // Runs c on the CPU and on CUDA and EXPECTs the outputs and gradients to agree; returns false if not.
 bool compare_with_cpu(const CompareCase& c);
+
+// A directory for a test's files (token shards), removed at the end of the test.
+struct ScratchDir {
+  ScratchDir() {
+    path = std::filesystem::temp_directory_path() / ("retort_cuda_" + std::to_string(std::random_device{}()));
+    std::filesystem::create_directories(path);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  std::string file(const std::string& name) const { return (path / name).string(); }
+  std::filesystem::path path;
+};
 
 // The message of the retort::Error f throws (a failure if it throws nothing).
 std::string error_of(const std::function<void()>& f);

@@ -5,11 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <limits>
 #include <random>
-
-#include <unistd.h>
 
 #include "cuda_test_util.h"
 #include "io/shards.h"
@@ -195,21 +192,6 @@ TEST_F(CudaOptimTest, NonFiniteGradientSkipsTheStepOnTheDevice) {
   opt.end_step(true);
   EXPECT_NE(get_bytes(p), before);
 }
-
-// A directory for the token shards, removed at the end of the test.
-struct ScratchDir {
-  ScratchDir() {
-    path = std::filesystem::temp_directory_path() /
-           ("retort_cuda_optim_" + std::to_string(std::random_device{}()) + std::to_string(::getpid()));
-    std::filesystem::create_directories(path);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  std::filesystem::path path;
-};
 
 ShardSet make_shards(const ScratchDir& dir, int64_t vocab) {
   std::mt19937 rng(3);
