@@ -181,27 +181,41 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
   install_stop_handler("teacher-cache");
   const int64_t steps = (windows + B - 1) / B;
   Progress progress(steps, B * T, std::max<int64_t>(1, steps / 10));
-  std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T)), ids(size_t(B * T * k));
-  std::vector<int64_t> starts(static_cast<size_t>(B)), labels(static_cast<size_t>(B * T));
+  std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
+  std::vector<int64_t> labels(static_cast<size_t>(B * T));
+  // A batch's top K on the host, written to the cache while the device runs the next batch.
+  struct Ready {
+    std::vector<int64_t> starts;
+    std::vector<int32_t> ids;
+    std::vector<float> lp;
+    int64_t rows = 0;
+  };
+  Ready next{std::vector<int64_t>(size_t(B)), std::vector<int32_t>(size_t(B * T * k)), {}, 0}, ready = next;
+  auto write_ready = [&] {
+    for (int64_t b = 0; b < ready.rows; ++b)
+      writer->write(ready.starts[size_t(b)], T, ready.ids.data() + b * T * k, ready.lp.data() + b * T * k);
+    ready.rows = 0;
+  };
   double nll = 0;
   int64_t done = 0;
   for (int64_t s = 1; s <= steps && !stop_requested(); ++s) {
-    loader.next(x.data(), y.data(), starts.data());
+    loader.next(x.data(), y.data(), next.starts.data());
     // The last batch wraps into the next epoch: only the windows not cached yet count.
-    const int64_t rows = std::min(B, windows - done);
-    for (int64_t i = 0; i < B * T; ++i) labels[size_t(i)] = i < rows * T ? y[size_t(i)] : -100;
+    next.rows = std::min(B, windows - done);
+    for (int64_t i = 0; i < B * T; ++i) labels[size_t(i)] = i < next.rows * T ? y[size_t(i)] : -100;
     set_data_int(tokens, std::vector<int64_t>(x.begin(), x.end()));
     set_data_int(targets, labels);
     g.compute();
-    const std::vector<float> lp = get_data(top.logprobs);
+    write_ready();  // the previous batch, while this one runs
+    next.lp = get_data(top.logprobs);
     const std::vector<uint8_t> id_bytes = get_bytes(top.ids);  // i32, contiguous
-    std::memcpy(ids.data(), id_bytes.data(), ids.size() * sizeof(int32_t));
-    for (int64_t b = 0; b < rows; ++b)
-      writer->write(starts[size_t(b)], T, ids.data() + b * T * k, lp.data() + b * T * k);
+    std::memcpy(next.ids.data(), id_bytes.data(), next.ids.size() * sizeof(int32_t));
     nll += double(get_data(nll_sum)[0]);  // a sanity number for the summary
-    done += rows;
+    done += next.rows;
+    std::swap(ready, next);
     progress.update(s, "windows " + std::to_string(done) + "/" + std::to_string(windows));
   }
+  if (!stop_requested()) write_ready();
   if (stop_requested()) {
     writer.reset();
     remove_cache_files(partial);
