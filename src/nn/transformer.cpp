@@ -136,9 +136,10 @@ Tensor* Transformer::lowp(Context& ctx, Tensor* x) {
 }
 
 // In f32 this is exactly the plain matmul (the f32 graph is the one the golden test pins, node for node).
-Tensor* Transformer::mm(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b) {
-  if (config_.compute_dtype == DType::F32) return matmul(ctx, a, b, transpose_a, transpose_b);
-  return matmul_lowp(ctx, lowp(ctx, a), lowp(ctx, b), transpose_a, transpose_b);
+Tensor* Transformer::mm(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b, bool lowp_out) {
+  const DType cd = config_.compute_dtype;
+  if (cd == DType::F32) return matmul(ctx, a, b, transpose_a, transpose_b);
+  return matmul_lowp(ctx, lowp(ctx, a), lowp(ctx, b), transpose_a, transpose_b, lowp_out ? cd : DType::F32);
 }
 
 bool uses_flash_attention(const TransformerConfig& config) {
@@ -153,8 +154,9 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
   const TransformerConfig& c = config_;
   const int64_t H = c.heads, KV = c.kv_heads, hd = c.head_dim();
   h = lowp(ctx, h);  // one cast shared by the three projections
+  // Without a bias the projections write 16 bits, which rope and flash_attention read as they are.
   auto proj = [&](Tensor* w, Tensor* bias) {
-    Tensor* y = mm(ctx, h, w, false, true);
+    Tensor* y = mm(ctx, h, w, false, true, bias == nullptr);
     return bias ? add(ctx, y, bias) : y;
   };
   Tensor* q = proj(blk.wq, blk.bq);  // [B*T, H*hd]
@@ -196,13 +198,13 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
   return mm(ctx, out, blk.wo, false, true);  // [B*T, d_model]
 }
 
-// SwiGLU: down(silu(gate(h)) * up(h)). In 16 bits the activation is one fused pass that writes the down
-// projection's operand directly.
+// SwiGLU: down(silu(gate(h)) * up(h)). In 16 bits gate and up come out of their GEMMs in 16 bits and the
+// activation is one fused pass that writes the down projection's operand directly.
 Tensor* Transformer::mlp(Context& ctx, const TransformerBlock& blk, Tensor* h) {
   const DType cd = config_.compute_dtype;
   h = lowp(ctx, h);                                    // one cast shared by gate and up
-  Tensor* gate = mm(ctx, h, blk.w_gate, false, true);  // [B*T, d_ff]
-  Tensor* up = mm(ctx, h, blk.w_up, false, true);      // [B*T, d_ff]
+  Tensor* gate = mm(ctx, h, blk.w_gate, false, true, true);  // [B*T, d_ff]
+  Tensor* up = mm(ctx, h, blk.w_up, false, true, true);      // [B*T, d_ff]
   Tensor* act = cd == DType::F32 ? mul(ctx, silu(ctx, gate), up) : swiglu(ctx, gate, up, cd);
   return mm(ctx, act, blk.w_down, false, true);  // [B*T, d_model]
 }

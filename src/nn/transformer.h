@@ -116,9 +116,10 @@ class Transformer {
   // Every block and the final norm over the residual stream x, with attention attn(layer, normed x) (the
   // training forward's or the decoder's cached one).
   Tensor* blocks(Context& ctx, Tensor* x, const std::function<Tensor*(size_t, Tensor*)>& attn);
-  // x in the compute dtype (x itself when it is already), and a matmul of two such operands.
+  // x in the compute dtype (x itself when it is already), and a matmul of two such operands (its result f32,
+  // or in the 16-bit compute dtype when lowp_out).
   Tensor* lowp(Context& ctx, Tensor* x);
-  Tensor* mm(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b);
+  Tensor* mm(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b, bool lowp_out = false);
 
   TransformerConfig config_;
   Context* ctx_;

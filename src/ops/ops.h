@@ -64,8 +64,10 @@ Tensor* matmul(Context& ctx, Tensor* a, Tensor* b, bool transpose_a = false, boo
 // matmul for mixed-precision training: a and b must share a 16-bit float dtype (bf16 or f16). The forward is
 // matmul's (f32 accumulation, f32 result); the backward also rounds the upstream gradient to that dtype, so
 // the two gradient GEMMs run on 16-bit operands too (tensor cores on CUDA) where matmul's would run in f32.
-// The gradients it hands back are f32.
-Tensor* matmul_lowp(Context& ctx, Tensor* a, Tensor* b, bool transpose_a = false, bool transpose_b = false);
+// The gradients it hands back are f32. out = the operands' dtype writes the result in 16 bits (accumulated
+// in f32, rounded once), for a consumer that reads 16 bits anyway (no f32 round trip, no cast after).
+Tensor* matmul_lowp(Context& ctx, Tensor* a, Tensor* b, bool transpose_a = false, bool transpose_b = false,
+                    DType out = DType::F32);
 
 // ---- indexing ---------------------------------------------------------------------------------------------
 // Rows of table [R, D] at integer ids [N] (i32 or i64) -> [N, D]. Ids outside [0, R) throw at run time.

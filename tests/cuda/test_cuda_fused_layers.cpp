@@ -25,6 +25,15 @@ TEST_F(CudaFusedLayers, EveryCase) {
   }
 }
 
+TEST_F(CudaFusedLayers, MatmulLowpWith16BitResult) {
+  for (DType dt : {DType::BF16, DType::F16})
+    for (DType out : {DType::F32, dt}) {
+      EXPECT_TRUE(run_case(matmul_lowp_case(37, 64, 19, dt, out), &cuda_backend()));
+      EXPECT_TRUE(run_case(matmul_lowp_case(1, 9, 130, dt, out), &cuda_backend()));
+      EXPECT_TRUE(run_case(matmul_lowp_case(96, 256, 160, dt, out), &cuda_backend()));
+    }
+}
+
 CompareCase norm_case(const Shape& shape, DType out, bool with_delta) {
   CompareCase c;
   c.name = std::string("cuda_add_rms_norm_") + dtype_name(out);

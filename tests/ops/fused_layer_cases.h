@@ -97,4 +97,31 @@ inline OpCase swiglu_case(const RowShape& s, DType in, DType out) {
   return c;
 }
 
+// matmul_lowp with a 16-bit result: x Wᵀ for x [M, K], W [N, K] in dtype dt, the result in out (f32 or dt).
+inline OpCase matmul_lowp_case(int64_t M, int64_t K, int64_t N, DType dt, DType out) {
+  OpCase c;
+  c.name = "matmul_lowp_" + std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N) + "_" +
+           dtype_name(dt) + "_to_" + dtype_name(out);
+  c.inputs = {{{M, K}, dt}, {{N, K}, dt}};
+  c.build = [out](Context& ctx, const std::vector<Tensor*>& x) {
+    return matmul_lowp(ctx, x[0], x[1], false, true, out);
+  };
+  c.reference = [M, K, N](const std::vector<Ref>& r) {
+    Vec y(size_t(M * N));
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k) acc += r[0].at(k, i) * r[1].at(k, j);
+        y[size_t(i * N + j)] = acc;
+      }
+    return y;
+  };
+  if (M * K * N > 100000) c.grad_samples = 32;
+  // One 16-bit rounding of the result (none for f32: the accumulation is f32 over K terms); the gradient
+  // GEMMs read the upstream gradient rounded to dt.
+  c.fwd_tol = out == DType::BF16 ? 2e-5 : out == DType::F16 ? 2e-7 : 1e-10;
+  c.grad_tol = dt == DType::BF16 ? 3e-5 : 3e-7;
+  return c;
+}
+
 }  // namespace retort::test

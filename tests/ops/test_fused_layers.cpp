@@ -27,6 +27,17 @@ TEST(FusedLayers, SwigluEveryCase) {
         EXPECT_TRUE(run_case(swiglu_case(s, in, out))) << s.name;
 }
 
+TEST(FusedLayers, MatmulLowpWith16BitResult) {
+  for (DType dt : {DType::BF16, DType::F16})
+    for (DType out : {DType::F32, dt}) {
+      EXPECT_TRUE(run_case(matmul_lowp_case(37, 64, 19, dt, out)));
+      EXPECT_TRUE(run_case(matmul_lowp_case(1, 9, 130, dt, out)));
+    }
+  Context ctx(default_cpu_backend());
+  Tensor* a = ctx.input(DType::BF16, {4, 8}, "a");
+  expect_error([&] { matmul_lowp(ctx, a, a, false, true, DType::F16); }, {"matmul_lowp", "f32 or the operands"});
+}
+
 // Forward outputs and every parameter's gradient of `build` over fresh inputs shaped like `shapes`, with a
 // random linear loss on each output.
 template <typename F>
