@@ -124,7 +124,11 @@ void Graph::backward(Tensor* loss) {
     }
   };
   auto need = [&](const Tensor* t) { return needs.count(t) > 0 && reaches.count(t) > 0; };
-  BackwardCtx bc(*ctx_, need, add_grad);
+  auto grad_of = [&](const Tensor* t) -> Tensor* {
+    auto it = g.find(t);
+    return it == g.end() ? nullptr : it->second;
+  };
+  BackwardCtx bc(*ctx_, need, add_grad, grad_of);
 
   int64_t one[kMaxDims] = {1, 1, 1, 1};
   Tensor* seed = ctx_->node(Op::Fill, DType::F32, one);
@@ -133,12 +137,18 @@ void Graph::backward(Tensor* loss) {
   size_t forward_count = nodes_.size();
   for (int i = int(forward_count) - 1; i >= 0; --i) {
     Tensor* n = nodes_[i];
-    auto it = g.find(n);
-    if (it == g.end()) continue;
+    // An aux output whose owner differentiates it: the owner's rule (later in this reverse walk, since the
+    // aux follows its owner in the order) reads its gradient.
+    if (n->op == Op::AuxOutput && n->src[0] && op_info(n->src[0]->op).grads_through_aux) continue;
     const OpInfo& info = op_info(n->op);
+    auto it = g.find(n);
+    bool via_aux = false;
+    if (info.grads_through_aux)
+      for (Tensor* a : n->aux) via_aux = via_aux || (a && g.count(a));
+    if (it == g.end() && !via_aux) continue;
     RT_CHECK(info.differentiable && info.backward, "graph.backward: op ", op_name(n->op), " on ",
              n->describe(), " has no gradient, but a parameter's gradient flows through it");
-    info.backward(bc, n, it->second);
+    info.backward(bc, n, it == g.end() ? nullptr : it->second);
   }
   for (Tensor* p : params_) {
     auto it = g.find(p);

@@ -66,6 +66,13 @@ enum class Op : uint16_t {
   RmsNormBack,
   LayerNorm,
   LayerNormBack,
+  // fused layers (src/ops/fused_layers.cpp)
+  RmsNormAffine,       // src = x, w, delta?; fp[0] = eps; rms_norm(x (+ delta)) · w in the node's dtype;
+                       // aux[0] = x + delta (f32) when delta is given
+  RmsNormAffineBack,   // src = gy, s, w, gs?; the gradient of s (f32), plus gs
+  RmsNormAffineBackW,  // src = gy, s; the weight's gradient [n] (f32)
+  Swiglu,              // src = gate, up; silu(gate) · up in the node's dtype
+  SwigluBack,          // src = dy, gate, up; the node is dgate, aux[0] = dup
   Rope,  // src = x [.., T, heads, d], positions (i32 [T]); ip[0] = mode, ip[1] = inverse; fp[0] = theta
   // row losses of the loss backend (src/ops/loss/losses.cpp). ip[0] = reduction, ip[1] = 1 when the forward
   // also writes the logits gradient (set by the backward rule); aux = per-row loss, lse, hard/soft parts,

@@ -14,6 +14,7 @@ OpTable build_table() {
   register_set_rows_ops(t);
   register_softmax_ops(t);
   register_norm_ops(t);
+  register_fused_layer_ops(t);
   register_rope_ops(t);
   register_loss_ops(t);
   register_fused_ops(t);

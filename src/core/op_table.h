@@ -18,9 +18,9 @@ using CpuKernel = void (*)(Tensor* node, ThreadPool& pool);
 // What a backward rule can do: create ops in the graph's context and hand gradients to sources.
 class BackwardCtx {
  public:
-  BackwardCtx(Context& ctx, std::function<bool(const Tensor*)> needs,
-              std::function<void(Tensor*, Tensor*)> add)
-      : ctx(ctx), needs_(std::move(needs)), add_(std::move(add)) {}
+  BackwardCtx(Context& ctx, std::function<bool(const Tensor*)> needs, std::function<void(Tensor*, Tensor*)> add,
+              std::function<Tensor*(const Tensor*)> grad_of = nullptr)
+      : ctx(ctx), needs_(std::move(needs)), add_(std::move(add)), grad_of_(std::move(grad_of)) {}
   Context& ctx;
   // True when src needs a gradient (it is a parameter or depends on one).
   bool needs(const Tensor* src) const { return src && needs_(src); }
@@ -28,10 +28,14 @@ class BackwardCtx {
   void add(Tensor* src, Tensor* g) {
     if (needs(src)) add_(src, g);
   }
+  // The complete gradient of a node's aux output (null when none flows into it), for the rules of ops with
+  // grads_through_aux.
+  Tensor* grad_of(const Tensor* aux) const { return grad_of_ ? grad_of_(aux) : nullptr; }
 
  private:
   std::function<bool(const Tensor*)> needs_;
   std::function<void(Tensor*, Tensor*)> add_;
+  std::function<Tensor*(const Tensor*)> grad_of_;
 };
 
 // Emits the ops that compute the sources' gradients of node, given the gradient of node.
@@ -48,6 +52,10 @@ struct OpInfo {
   // overwriting it, so the graph points the output at the parameter's f32 accumulator and drops the
   // Accumulate node (for an lm head that saves a read and a write of [V, H] f32 per step).
   bool (*accumulate_aux)(Tensor* aux) = nullptr;
+  // True when an aux output is a differentiable result of its own (add_rms_norm's residual sum): the backward
+  // rule then also runs when only an aux output has a gradient (its grad argument is null then) and reads the
+  // aux outputs' gradients with BackwardCtx::grad_of.
+  bool grads_through_aux = false;
 };
 
 using OpTable = std::array<OpInfo, kOpCount>;
@@ -64,6 +72,7 @@ void register_get_rows_ops(OpTable& t);
 void register_set_rows_ops(OpTable& t);
 void register_softmax_ops(OpTable& t);
 void register_norm_ops(OpTable& t);
+void register_fused_layer_ops(OpTable& t);
 void register_rope_ops(OpTable& t);
 void register_loss_ops(OpTable& t);
 void register_fused_ops(OpTable& t);

@@ -228,6 +228,7 @@ void register_cuda_get_rows_ops(CudaOpTable& t);
 void register_cuda_set_rows_ops(CudaOpTable& t);
 void register_cuda_softmax_ops(CudaOpTable& t);
 void register_cuda_norm_ops(CudaOpTable& t);
+void register_cuda_fused_layer_ops(CudaOpTable& t);  // cuda_fused_layers.cu: rms_norm_affine, swiglu
 void register_cuda_loss_graph_ops(CudaOpTable& t);  // loss/cuda_loss_ops.cu: the loss backend's ops
 void register_cuda_fused_ops(CudaOpTable& t);       // loss/cuda_fused_ops.cu: the fused linear losses
 void register_cuda_topk_ops(CudaOpTable& t);        // cuda_topk.cu: topk_logprobs

@@ -195,7 +195,8 @@ bool lt_gemm(CudaExec& ex, const Tensor* a, bool ta, const Tensor* b, bool tb, T
     sa = a->ne[2] == 1 ? 0 : int64_t(a->nb[2]) / es_a;
     sb = b->ne[2] == 1 ? 0 : int64_t(b->nb[2]) / es_b;
   }
-  const int64_t sc = int64_t(c->nb[2]) / 4;
+  const int64_t es_c = int64_t(c->elsize());
+  const int64_t sc = int64_t(c->nb[2]) / es_c;
   RT_CHECK(batch < 2147483647LL, "cuda matmul: too many batches in ", c->describe());
 
   const bool f32_in = a->dtype == DType::F32;
@@ -209,7 +210,8 @@ bool lt_gemm(CudaExec& ex, const Tensor* a, bool ta, const Tensor* b, bool tb, T
   LtLayout lx, ly, lz;
   make_layout(lx, cuda_type(b->dtype), lb, int32_t(batch), sb);
   make_layout(ly, cuda_type(a->dtype), la, int32_t(batch), sa);
-  make_layout(lz, CUDA_R_32F, lc, int32_t(batch), sc);
+  // A 16-bit C is the epilogue's conversion of the f32 accumulators (compute and scale types stay f32).
+  make_layout(lz, cuda_type(c->dtype), lc, int32_t(batch), sc);
 
   // cuBLASLt assumes 256-byte aligned operands unless told otherwise; views and odd leading dimensions are
   // less aligned, so state the real alignment of every address it will form (base, columns, batches, calls).
@@ -218,7 +220,7 @@ bool lt_gemm(CudaExec& ex, const Tensor* a, bool ta, const Tensor* b, bool tb, T
       alignment_of({uint64_t(uintptr_t(b->data)), uint64_t(lb.ld * es_b), uint64_t(sb * es_b), i3_step(b)});
   const uint32_t al_y =
       alignment_of({uint64_t(uintptr_t(a->data)), uint64_t(la.ld * es_a), uint64_t(sa * es_a), i3_step(a)});
-  const uint32_t al_c = alignment_of({uint64_t(uintptr_t(c->data)), uint64_t(lc.ld * 4), uint64_t(sc * 4),
+  const uint32_t al_c = alignment_of({uint64_t(uintptr_t(c->data)), uint64_t(lc.ld * es_c), uint64_t(sc * es_c),
                                       calls > 1 ? uint64_t(c->nb[3]) : 0});
   LtPref pref;
   const uint64_t ws = ex.workspace_bytes;
@@ -282,8 +284,8 @@ void matmul_l(CudaExec& ex, Tensor* t) {
     RT_CHECK((a->ne[d] == 1 || a->ne[d] == t->ne[d]) && (b->ne[d] == 1 || b->ne[d] == t->ne[d]),
              "cuda matmul: batch dims of ", a->describe(), " and ", b->describe(), " do not broadcast to ",
              t->describe());
-  RT_CHECK(t->dtype == DType::F32 && t->is_contiguous(), "cuda matmul: the result ", t->describe(),
-           " must be contiguous f32");
+  RT_CHECK((t->dtype == DType::F32 || (t->dtype == a->dtype && a->dtype == b->dtype)) && t->is_contiguous(),
+           "cuda matmul: the result ", t->describe(), " must be contiguous f32 or in the operands' 16-bit dtype");
   if (ex.opts.simple_gemm) {
     simple_gemm(ex, a, ta, b, tb, t, M, N, K);
     return;

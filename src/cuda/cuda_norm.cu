@@ -231,6 +231,8 @@ void register_cuda_norm_ops(CudaOpTable& t) {
   t[size_t(Op::LayerNorm)] = layer_norm_l;
   t[size_t(Op::LayerNormBack)] = layer_norm_back_l;
   t[size_t(Op::Rope)] = rope_l;
+  // The fused norm and SwiGLU (their own file) register with the norms, whose family they extend.
+  register_cuda_fused_layer_ops(t);
 }
 
 }  // namespace retort::cuda

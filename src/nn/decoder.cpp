@@ -108,7 +108,6 @@ Tensor* Decoder::attention(size_t layer, const TransformerBlock& blk, Tensor* h,
 std::unique_ptr<Decoder::Step> Decoder::build(int64_t T, int64_t window, bool all_logits) {
   Context& ctx = *ctx_;
   Transformer& m = model_;
-  const TransformerConfig& c = m.config();
   const int64_t B = batch_;
   auto s = std::make_unique<Step>();
   s->T = T;
@@ -118,14 +117,8 @@ std::unique_ptr<Decoder::Step> Decoder::build(int64_t T, int64_t window, bool al
   s->positions = ctx.input(DType::I32, {T}, "step_positions");
   s->mask = ctx.input(DType::F32, {T, window}, "step_mask");
 
-  const float eps = c.norm_eps;
   Tensor* x = get_rows(ctx, m.tok_emb_, reshape(ctx, s->tokens, {B * T}));  // [B*T, d_model]
-  for (size_t l = 0; l < m.blocks_.size(); ++l) {
-    const TransformerBlock& blk = m.blocks_[l];
-    x = add(ctx, x, attention(l, blk, mul(ctx, rms_norm(ctx, x, eps), blk.attn_norm), *s));
-    x = add(ctx, x, m.mlp(ctx, blk, mul(ctx, rms_norm(ctx, x, eps), blk.mlp_norm)));
-  }
-  Tensor* hid = mul(ctx, rms_norm(ctx, x, eps), m.final_norm_);  // [B*T, d_model]
+  Tensor* hid = m.blocks(ctx, x, [&](size_t l, Tensor* h) { return attention(l, m.blocks_[l], h, *s); });
   if (!all_logits && T > 1) {
     // Only each sequence's last real token needs the lm head: its row is known only at run time.
     s->last = ctx.input(DType::I32, {B}, "step_last");

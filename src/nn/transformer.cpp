@@ -1,6 +1,7 @@
 #include "transformer.h"
 
 #include <climits>
+#include <functional>
 #include <cmath>
 #include <map>
 #include <random>
@@ -135,9 +136,10 @@ Tensor* Transformer::lowp(Context& ctx, Tensor* x) {
 }
 
 // In f32 this is exactly the plain matmul (the f32 graph is the one the golden test pins, node for node).
-Tensor* Transformer::mm(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b) {
-  if (config_.compute_dtype == DType::F32) return matmul(ctx, a, b, transpose_a, transpose_b);
-  return matmul_lowp(ctx, lowp(ctx, a), lowp(ctx, b), transpose_a, transpose_b);
+Tensor* Transformer::mm(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b, bool lowp_out) {
+  const DType cd = config_.compute_dtype;
+  if (cd == DType::F32) return matmul(ctx, a, b, transpose_a, transpose_b);
+  return matmul_lowp(ctx, lowp(ctx, a), lowp(ctx, b), transpose_a, transpose_b, lowp_out ? cd : DType::F32);
 }
 
 bool uses_flash_attention(const TransformerConfig& config) {
@@ -152,8 +154,9 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
   const TransformerConfig& c = config_;
   const int64_t H = c.heads, KV = c.kv_heads, hd = c.head_dim();
   h = lowp(ctx, h);  // one cast shared by the three projections
+  // Without a bias the projections write 16 bits, which rope and flash_attention read as they are.
   auto proj = [&](Tensor* w, Tensor* bias) {
-    Tensor* y = mm(ctx, h, w, false, true);
+    Tensor* y = mm(ctx, h, w, false, true, bias == nullptr);
     return bias ? add(ctx, y, bias) : y;
   };
   Tensor* q = proj(blk.wq, blk.bq);  // [B*T, H*hd]
@@ -195,12 +198,42 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
   return mm(ctx, out, blk.wo, false, true);  // [B*T, d_model]
 }
 
-// SwiGLU: down(silu(gate(h)) * up(h)).
+// SwiGLU: down(silu(gate(h)) * up(h)). In 16 bits gate and up come out of their GEMMs in 16 bits and the
+// activation is one fused pass that writes the down projection's operand directly.
 Tensor* Transformer::mlp(Context& ctx, const TransformerBlock& blk, Tensor* h) {
-  h = lowp(ctx, h);                                                        // one cast shared by gate and up
-  Tensor* gate = mm(ctx, h, blk.w_gate, false, true);                      // [B*T, d_ff]
-  Tensor* up = mm(ctx, h, blk.w_up, false, true);                          // [B*T, d_ff]
-  return mm(ctx, mul(ctx, silu(ctx, gate), up), blk.w_down, false, true);  // [B*T, d_model]
+  const DType cd = config_.compute_dtype;
+  h = lowp(ctx, h);                                    // one cast shared by gate and up
+  Tensor* gate = mm(ctx, h, blk.w_gate, false, true, true);  // [B*T, d_ff]
+  Tensor* up = mm(ctx, h, blk.w_up, false, true, true);      // [B*T, d_ff]
+  Tensor* act = cd == DType::F32 ? mul(ctx, silu(ctx, gate), up) : swiglu(ctx, gate, up, cd);
+  return mm(ctx, act, blk.w_down, false, true);  // [B*T, d_model]
+}
+
+// The blocks over the residual stream x [B*T, d_model] (f32), ending with the final norm. In f32 each norm is
+// rms_norm then mul and each residual add its own node (the graph the golden test pins). In 16 bits every
+// norm is one fused node that also does the residual add before it and writes its result in the compute
+// dtype, ready for the GEMMs that read it: add_rms_norm gives the new stream (f32) and the next input.
+Tensor* Transformer::blocks(Context& ctx, Tensor* x, const std::function<Tensor*(size_t, Tensor*)>& attn) {
+  const float eps = config_.norm_eps;
+  const DType cd = config_.compute_dtype;
+  if (cd == DType::F32) {
+    for (size_t l = 0; l < blocks_.size(); ++l) {
+      const TransformerBlock& blk = blocks_[l];
+      x = add(ctx, x, attn(l, mul(ctx, rms_norm(ctx, x, eps), blk.attn_norm)));
+      x = add(ctx, x, mlp(ctx, blk, mul(ctx, rms_norm(ctx, x, eps), blk.mlp_norm)));
+    }
+    return mul(ctx, rms_norm(ctx, x, eps), final_norm_);  // [B*T, d_model]
+  }
+  Tensor* h = rms_norm_affine(ctx, x, blocks_[0].attn_norm, eps, cd);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const TransformerBlock& blk = blocks_[l];
+    const AddRmsNorm a = add_rms_norm(ctx, x, attn(l, h), blk.mlp_norm, eps, cd);
+    Tensor* next_norm = l + 1 < blocks_.size() ? blocks_[l + 1].attn_norm : final_norm_;
+    const AddRmsNorm m = add_rms_norm(ctx, a.sum, mlp(ctx, blk, a.y), next_norm, eps, cd);
+    x = m.sum;
+    h = m.y;
+  }
+  return h;  // [B*T, d_model] in the compute dtype
 }
 
 Tensor* Transformer::forward(Context& ctx, Tensor* tokens) {
@@ -234,13 +267,8 @@ Tensor* Transformer::hidden(Context& ctx, Tensor* tokens) {
   for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = t;
   set_data_int(positions, pos);
 
-  const float eps = config_.norm_eps;
   Tensor* x = get_rows(ctx, tok_emb_, ids);  // the residual stream [B*T, d_model]
-  for (const TransformerBlock& blk : blocks_) {
-    x = add(ctx, x, attention(ctx, blk, mul(ctx, rms_norm(ctx, x, eps), blk.attn_norm), positions, B, T));
-    x = add(ctx, x, mlp(ctx, blk, mul(ctx, rms_norm(ctx, x, eps), blk.mlp_norm)));
-  }
-  return mul(ctx, rms_norm(ctx, x, eps), final_norm_);  // [B*T, d_model]
+  return blocks(ctx, x, [&](size_t l, Tensor* h) { return attention(ctx, blocks_[l], h, positions, B, T); });
 }
 
 DType default_compute_dtype(const Backend& backend) {

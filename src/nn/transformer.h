@@ -2,6 +2,7 @@
 // blocks of RMSNorm → causal multi-head attention with RoPE (grouped-query when kv_heads < heads) and
 // RMSNorm → SwiGLU MLP, a final RMSNorm and an lm head (tied to the embedding or its own weight).
 #pragma once
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -87,8 +88,9 @@ class Transformer {
   // parameters' context); throws retort::Error on a bad tokens tensor. Token ids outside [0, vocab) throw
   // when the graph runs.
   Tensor* forward(Context& ctx, Tensor* tokens);
-  // The final hidden states f32 [B*T, d_model] (after the final norm, before the lm head), for a fused
-  // linear loss that applies lm_head() chunk by chunk instead of materializing the logits.
+  // The final hidden states [B*T, d_model] (after the final norm, before the lm head), for a fused linear
+  // loss that applies lm_head() chunk by chunk instead of materializing the logits: f32, or the compute dtype
+  // when that is 16-bit (the fused norm writes the lm head's operand directly).
   Tensor* hidden(Context& ctx, Tensor* tokens);
   // The lm-head weight [vocab, d_model] (the token embedding when tied): the f32 parameter.
   Tensor* lm_head() const { return lm_head_; }
@@ -111,9 +113,13 @@ class Transformer {
   Tensor* attention(Context& ctx, const TransformerBlock& blk, Tensor* h, Tensor* positions, int64_t B,
                     int64_t T);
   Tensor* mlp(Context& ctx, const TransformerBlock& blk, Tensor* h);
-  // x in the compute dtype (x itself when it is already), and a matmul of two such operands.
+  // Every block and the final norm over the residual stream x, with attention attn(layer, normed x) (the
+  // training forward's or the decoder's cached one).
+  Tensor* blocks(Context& ctx, Tensor* x, const std::function<Tensor*(size_t, Tensor*)>& attn);
+  // x in the compute dtype (x itself when it is already), and a matmul of two such operands (its result f32,
+  // or in the 16-bit compute dtype when lowp_out).
   Tensor* lowp(Context& ctx, Tensor* x);
-  Tensor* mm(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b);
+  Tensor* mm(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b, bool lowp_out = false);
 
   TransformerConfig config_;
   Context* ctx_;

@@ -3,6 +3,7 @@
 // dtypes directly, so transposes and views never need a copy first.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "../core/error.h"
 #include "../core/op_table.h"
@@ -36,16 +37,20 @@ void cpu_matmul(Tensor* t, ThreadPool& pool) {
   const Tensor* b = t->src[1];
   const bool ta = t->ip[0] != 0, tb = t->ip[1] != 0;
   const int64_t m = t->ne[1], n = t->ne[0], k = ta ? a->ne[1] : a->ne[0];
-  RT_ASSERT(t->dtype == DType::F32 && t->nb[0] == sizeof(float));
-  const int64_t ldc = int64_t(t->nb[1] / sizeof(float));
+  RT_ASSERT(t->is_contiguous());
+  const bool f32_out = t->dtype == DType::F32;
   const int64_t batches = t->ne[2] * t->ne[3];
   const gemm::Kernel kernel = gemm::best_kernel();
 
   auto one = [&](int64_t batch, ThreadPool* p) {
     const int64_t i2 = batch % t->ne[2], i3 = batch / t->ne[2];
-    float* c = reinterpret_cast<float*>(static_cast<char*>(t->data) + i2 * t->nb[2] + i3 * t->nb[3]);
-    gemm::sgemm(m, n, k, operand(a, ta, i2, i3), operand(b, tb, i2 % b->ne[2], i3 % b->ne[3]), c, ldc, p,
-                kernel);
+    char* out = static_cast<char*>(t->data) + i2 * t->nb[2] + i3 * t->nb[3];
+    // A 16-bit result is accumulated in f32 and rounded once at the end, like a tensor-core GEMM's epilogue.
+    std::vector<float> acc(f32_out ? 0 : size_t(m * n));
+    float* c = f32_out ? reinterpret_cast<float*>(out) : acc.data();
+    gemm::sgemm(m, n, k, operand(a, ta, i2, i3), operand(b, tb, i2 % b->ne[2], i3 % b->ne[3]), c, n, p, kernel);
+    if (!f32_out)
+      for (int64_t i = 0; i < m * n; ++i) store_f32(out, t->dtype, i, acc[size_t(i)]);
   };
   // Many small matrices (attention heads): one whole GEMM per thread beats splitting each one, which would
   // pay a fork and join per block. Large ones split inside, where the threads share the packed B block.
@@ -68,8 +73,9 @@ void back_matmul(BackwardCtx& bc, Tensor* t, Tensor* g) {
   Tensor* a = t->src[0];
   Tensor* b = t->src[1];
   const bool ta = t->ip[0] != 0, tb = t->ip[1] != 0;
-  // matmul_lowp: the gradient GEMMs take the 16-bit operands' dtype for G too (one rounding, shared by both).
-  if (t->ip[2] != 0) g = cast(ctx, g, a->dtype);
+  // matmul_lowp: the gradient GEMMs take the 16-bit operands' dtype for G too (one rounding, shared by both;
+  // none when G already comes in it, from a 16-bit consumer).
+  if (t->ip[2] != 0 && g->dtype != a->dtype) g = cast(ctx, g, a->dtype);
   if (bc.needs(a)) {
     Tensor* da;
     if (!ta) {
@@ -93,7 +99,9 @@ void back_matmul(BackwardCtx& bc, Tensor* t, Tensor* g) {
 
 }  // namespace
 
-Tensor* matmul(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b) {
+namespace {
+
+Tensor* matmul_node(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b, DType out) {
   RT_CHECK(a && b, "matmul: null operand");
   RT_CHECK(is_float(a->dtype) && is_float(b->dtype),
            "matmul: operands must be float tensors (f32, bf16, f16), ", "got A ", a->describe(), " and B ",
@@ -111,7 +119,7 @@ Tensor* matmul(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transp
              " must each be 1 or equal to A's ", a->describe(), " (dim ", d, ": ", b->ne[d], " vs ", a->ne[d],
              "); only B broadcasts");
   const int64_t ne[kMaxDims] = {n, m, a->ne[2], a->ne[3]};
-  Tensor* t = ctx.node(Op::Matmul, DType::F32, ne);
+  Tensor* t = ctx.node(Op::Matmul, out, ne);
   t->src[0] = a;
   t->src[1] = b;
   t->ip[0] = transpose_a ? 1 : 0;
@@ -119,12 +127,20 @@ Tensor* matmul(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transp
   return t;
 }
 
-Tensor* matmul_lowp(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b) {
+}  // namespace
+
+Tensor* matmul(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b) {
+  return matmul_node(ctx, a, b, transpose_a, transpose_b, DType::F32);
+}
+
+Tensor* matmul_lowp(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool transpose_b, DType out) {
   RT_CHECK(a && b, "matmul_lowp: null operand");
   RT_CHECK((a->dtype == DType::BF16 || a->dtype == DType::F16) && b->dtype == a->dtype,
            "matmul_lowp: operands must share a 16-bit float dtype (bf16 or f16), got A ", a->describe(),
            " and B ", b->describe());
-  Tensor* t = matmul(ctx, a, b, transpose_a, transpose_b);
+  RT_CHECK(out == DType::F32 || out == a->dtype, "matmul_lowp: the result must be f32 or the operands' dtype ",
+           dtype_name(a->dtype), ", got ", dtype_name(out), " for A ", a->describe(), " and B ", b->describe());
+  Tensor* t = matmul_node(ctx, a, b, transpose_a, transpose_b, out);
   t->ip[2] = 1;
   return t;
 }

@@ -64,8 +64,10 @@ Tensor* matmul(Context& ctx, Tensor* a, Tensor* b, bool transpose_a = false, boo
 // matmul for mixed-precision training: a and b must share a 16-bit float dtype (bf16 or f16). The forward is
 // matmul's (f32 accumulation, f32 result); the backward also rounds the upstream gradient to that dtype, so
 // the two gradient GEMMs run on 16-bit operands too (tensor cores on CUDA) where matmul's would run in f32.
-// The gradients it hands back are f32.
-Tensor* matmul_lowp(Context& ctx, Tensor* a, Tensor* b, bool transpose_a = false, bool transpose_b = false);
+// The gradients it hands back are f32. out = the operands' dtype writes the result in 16 bits (accumulated
+// in f32, rounded once), for a consumer that reads 16 bits anyway (no f32 round trip, no cast after).
+Tensor* matmul_lowp(Context& ctx, Tensor* a, Tensor* b, bool transpose_a = false, bool transpose_b = false,
+                    DType out = DType::F32);
 
 // ---- indexing ---------------------------------------------------------------------------------------------
 // Rows of table [R, D] at integer ids [N] (i32 or i64) -> [N, D]. Ids outside [0, R) throw at run time.
@@ -114,6 +116,23 @@ TopKLogprobs topk_logprobs(Context& ctx, Tensor* logits, int64_t k);
 // ------------------------------
 Tensor* rms_norm(Context& ctx, Tensor* x, float eps = 1e-6f);
 Tensor* layer_norm(Context& ctx, Tensor* x, float eps = 1e-5f);
+
+// ---- fused layers (one pass each; src/ops/fused_layers.cpp) ----------------------------------------------
+// rms_norm(x) · w over dim 0 in one pass, written in dtype out (f32, bf16 or f16; the compute dtype of the
+// GEMM that reads it); x is any float tensor (the f32 residual stream), w a float vector [ne0]. Math in f32,
+// the row statistic in double on the CPU. Gradients: x's in f32, w's summed over rows deterministically.
+// Throws for shapes or dtypes that do not fit.
+Tensor* rms_norm_affine(Context& ctx, Tensor* x, Tensor* w, float eps, DType out);
+struct AddRmsNorm {
+  Tensor* y = nullptr;    // rms_norm_affine(sum, w, eps, out)
+  Tensor* sum = nullptr;  // x + delta (f32): the residual stream after the add
+};
+// The residual add fused into the norm that follows it: sum = x + delta (f32) and y = rms_norm_affine(sum)
+// from one pass; both are differentiable (sum is an aux output of y's node). delta must be shaped like x.
+AddRmsNorm add_rms_norm(Context& ctx, Tensor* x, Tensor* delta, Tensor* w, float eps, DType out);
+// silu(gate) · up elementwise in one pass, written in dtype out (math in f32); gate and up are float tensors
+// of one shape. Its backward writes dgate and dup (in gate's and up's dtypes) in one pass.
+Tensor* swiglu(Context& ctx, Tensor* gate, Tensor* up, DType out);
 
 // ---- rotary position embedding ----------------------------------------------------------------------------
 enum class RopeMode : int64_t { Normal = 0, Neox = 2 };

@@ -21,7 +21,8 @@ const char* const kEnumNames[] = {
     "GeluBack", "SiluBack", "SumRows", "MeanRows", "MaxRows", "Sum", "Mean", "Max", "Repeat", "ReduceTo",
     "MaxBack", "Matmul", "GetRows", "GetRowsBack", "SetRows", "Softmax", "LogSoftmax", "CausalSoftmax",
     "SoftmaxBack", "LogSoftmaxBack", "FlashAttention", "FlashAttentionBack", "RmsNorm", "RmsNormBack",
-    "LayerNorm", "LayerNormBack", "Rope", "CrossEntropyLoss", "TopKDistill"};
+    "LayerNorm", "LayerNormBack", "RmsNormAffine", "RmsNormAffineBack", "RmsNormAffineBackW", "Swiglu",
+    "SwigluBack", "Rope", "CrossEntropyLoss", "TopKDistill"};
 // clang-format on
 
 std::string enum_name(Op op) {

@@ -1,0 +1,227 @@
+// The fused layers on the device (src/ops/fused_layers.cpp has the math and the CPU reference).
+// rms_norm_affine and its backward: one block per row, f32 block reductions in a fixed tree (deterministic).
+// The weight's gradient: each row's r first, then blocks of 32 columns × kColRows rows sum gy·s·r with
+// coalesced reads into a [chunks, n] scratch and one thread per column adds its chunks in order (the same
+// bits every run, no atomics). swiglu and its backward: one grid-stride pass over the elements.
+// No host synchronization and no cudaMalloc here: scratch comes from the backend's allocator (ex.temp).
+#include "../ops/ops.h"
+#include "cuda_common.cuh"
+
+namespace retort::cuda {
+
+namespace {
+
+constexpr int kColRows = 256;
+
+// y = s r w, s = x (+ delta) written to s_out when has_delta.
+__global__ __launch_bounds__(1024) void rms_norm_affine_kernel(TDesc out, TDesc x, TDesc w, TDesc delta,
+                                                               TDesc s_out, bool has_delta, float eps) {
+  __shared__ float sh[32];
+  const int64_t rows = nrows(x), n = x.ne[0];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const char* xp = row_at(x, r);
+    const char* dp = has_delta ? row_at(delta, r) : nullptr;
+    char* sp = has_delta ? row_at(s_out, r) : nullptr;
+    char* op = row_at(out, r);
+    float acc = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      float v = load_f(xp + i * x.nb[0], x.dtype);
+      if (has_delta) {
+        v += load_f(dp + i * delta.nb[0], delta.dtype);
+        store_f(sp + i * s_out.nb[0], s_out.dtype, v);
+      }
+      acc += v * v;
+    }
+    const float inv = 1.0f / sqrtf(block_reduce(acc, SumOp{}, 0.0f, sh) / float(n) + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      float v = load_f(xp + i * x.nb[0], x.dtype);
+      if (has_delta) v += load_f(dp + i * delta.nb[0], delta.dtype);
+      store_f(op + i * out.nb[0], out.dtype, v * inv * load_f(w.data + i * w.nb[0], w.dtype));
+    }
+  }
+}
+
+// ds = r (gy w) − r³ s mean(gy w s) (+ gs).
+__global__ __launch_bounds__(1024) void rms_norm_affine_back_kernel(TDesc out, TDesc gy, TDesc s, TDesc w,
+                                                                    TDesc gs, bool has_gs, float eps) {
+  __shared__ float sh[32];
+  const int64_t rows = nrows(out), n = out.ne[0];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const char* gp = row_at(gy, r);
+    const char* sp = row_at(s, r);
+    char* op = row_at(out, r);
+    float ass = 0.0f, ags = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float sv = load_f(sp + i * s.nb[0], s.dtype);
+      ass += sv * sv;
+      ags += load_f(gp + i * gy.nb[0], gy.dtype) * load_f(w.data + i * w.nb[0], w.dtype) * sv;
+    }
+    const float ss = block_reduce(ass, SumOp{}, 0.0f, sh);
+    const float gsum = block_reduce(ags, SumOp{}, 0.0f, sh);
+    const float inv = 1.0f / sqrtf(ss / float(n) + eps);
+    const float c = (gsum / float(n)) * inv * inv * inv;
+    const char* gsp = has_gs ? row_at(gs, r) : nullptr;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float gn = load_f(gp + i * gy.nb[0], gy.dtype) * load_f(w.data + i * w.nb[0], w.dtype);
+      float v = inv * gn - c * load_f(sp + i * s.nb[0], s.dtype);
+      if (has_gs) v += load_f(gsp + i * gs.nb[0], gs.dtype);
+      store_f(op + i * out.nb[0], out.dtype, v);
+    }
+  }
+}
+
+// inv[r] = (mean(s_r²) + eps)^-1/2, one warp per row.
+__global__ void row_inv_rms_kernel(TDesc s, float eps, float* inv) {
+  const int64_t rows = nrows(s), n = s.ne[0];
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+    const char* sp = row_at(s, r);
+    float acc = 0.0f;
+    for (int64_t i = threadIdx.x % 32; i < n; i += 32) {
+      const float v = load_f(sp + i * s.nb[0], s.dtype);
+      acc += v * v;
+    }
+    acc = warp_reduce(acc, SumOp{});
+    if (threadIdx.x % 32 == 0) inv[r] = 1.0f / sqrtf(acc / float(n) + eps);
+  }
+}
+
+// part[chunk, col] = Σ over the chunk's rows of gy·s·inv.
+__global__ void norm_w_partial_kernel(TDesc gy, TDesc s, const float* inv, int64_t m, float* part) {
+  __shared__ float sh[8][33];
+  const int64_t n = s.ne[0];
+  const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t r0 = int64_t(blockIdx.y) * kColRows;
+  float acc = 0.0f;
+  if (col < n)
+    for (int64_t r = r0 + threadIdx.y; r < min(m, r0 + kColRows); r += 8)
+      acc += load_f(row_at(gy, r) + col * gy.nb[0], gy.dtype) * load_f(row_at(s, r) + col * s.nb[0], s.dtype) *
+             inv[r];
+  sh[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < n) {
+    float t = 0.0f;
+    for (int y = 0; y < 8; ++y) t += sh[y][threadIdx.x];
+    part[int64_t(blockIdx.y) * n + col] = t;
+  }
+}
+
+__global__ void norm_w_final_kernel(const float* part, int64_t chunks, TDesc out) {
+  RT_GRID_LOOP(col, out.ne[0]) {
+    float t = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) t += part[c * out.ne[0] + col];
+    store_f(out.data + col * out.nb[0], out.dtype, t);
+  }
+}
+
+__device__ __forceinline__ float sigmoid_f(float g) { return 1.0f / (1.0f + __expf(-g)); }
+
+// Element k of a tensor shaped like shape, wherever its strides put it.
+__device__ __forceinline__ char* elem(const TDesc& t, const TDesc& shape, int64_t k) {
+  int64_t c[4];
+  unravel(k, shape.ne, c);
+  return at(t, c);
+}
+
+__global__ void swiglu_kernel(TDesc out, TDesc g, TDesc u, int64_t n) {
+  RT_GRID_LOOP(k, n) {
+    const float gv = load_f(elem(g, out, k), g.dtype);
+    store_f(elem(out, out, k), out.dtype, gv * sigmoid_f(gv) * load_f(elem(u, out, k), u.dtype));
+  }
+}
+
+__global__ void swiglu_back_kernel(TDesc dg, TDesc du, TDesc dy, TDesc g, TDesc u, int64_t n) {
+  RT_GRID_LOOP(k, n) {
+    const float gv = load_f(elem(g, dg, k), g.dtype), uv = load_f(elem(u, dg, k), u.dtype);
+    const float d = load_f(elem(dy, dg, k), dy.dtype), sg = sigmoid_f(gv);
+    store_f(elem(dg, dg, k), dg.dtype, d * uv * sg * (1.0f + gv * (1.0f - sg)));
+    store_f(elem(du, dg, k), du.dtype, d * gv * sg);
+  }
+}
+
+void check_like(const Tensor* t, const Tensor* x, const char* what) {
+  RT_CHECK(x && is_float(x->dtype) && same_shape(x, t), "cuda ", op_name(t->op), ": ", what, " ",
+           x ? x->describe() : std::string("null"), " does not fit ", t->describe());
+}
+
+void check_weight(const Tensor* t, const Tensor* w) {
+  RT_CHECK(is_float(w->dtype) && w->ne[0] == t->ne[0] && w->nelements() == w->ne[0], "cuda ", op_name(t->op),
+           ": the weight ", w->describe(), " does not fit ", t->describe());
+}
+
+void rms_norm_affine_l(CudaExec& ex, Tensor* t) {
+  const Tensor *x = t->src[0], *w = t->src[1], *delta = t->src[2];
+  check_like(t, x, "x");
+  check_weight(t, w);
+  const bool has_delta = delta != nullptr;
+  if (has_delta) {
+    check_like(t, delta, "delta");
+    check_like(t, t->aux[0], "the residual sum");
+  }
+  const TDesc none = desc(x);
+  rms_norm_affine_kernel<<<row_grid(x->nrows()), row_block(x->ne[0]), 0, ex.stream>>>(
+      desc(t), desc(x), desc(w), has_delta ? desc(delta) : none, has_delta ? desc(t->aux[0]) : none, has_delta,
+      t->fp[0]);
+  RT_CUDA_LAUNCH_CHECK("rms_norm_affine_kernel");
+}
+
+void rms_norm_affine_back_l(CudaExec& ex, Tensor* t) {
+  const Tensor *gy = t->src[0], *s = t->src[1], *w = t->src[2], *gs = t->src[3];
+  check_like(t, gy, "the upstream gradient");
+  check_like(t, s, "the normalized input");
+  check_weight(t, w);
+  if (gs) check_like(t, gs, "the residual sum's gradient");
+  rms_norm_affine_back_kernel<<<row_grid(t->nrows()), row_block(t->ne[0]), 0, ex.stream>>>(
+      desc(t), desc(gy), desc(s), desc(w), gs ? desc(gs) : desc(s), gs != nullptr, t->fp[0]);
+  RT_CUDA_LAUNCH_CHECK("rms_norm_affine_back_kernel");
+}
+
+void rms_norm_affine_back_w_l(CudaExec& ex, Tensor* t) {
+  const Tensor *gy = t->src[0], *s = t->src[1];
+  RT_CHECK(same_shape(gy, s) && s->ne[0] == t->ne[0] && t->nelements() == t->ne[0], "cuda ", op_name(t->op),
+           ": ", gy->describe(), " and ", s->describe(), " do not give the weight gradient ", t->describe());
+  const int64_t m = s->nrows(), n = s->ne[0], chunks = (m + kColRows - 1) / kColRows;
+  RT_CHECK(chunks < 65536, "cuda ", op_name(t->op), ": ", s->describe(), " has too many rows");
+  auto inv = ex.temp(sizeof(float) * size_t(m));
+  auto part = ex.temp(sizeof(float) * size_t(chunks) * size_t(n));
+  float* ip = static_cast<float*>(inv->data());
+  float* pp = static_cast<float*>(part->data());
+  row_inv_rms_kernel<<<ex.grid_for(m * 32, kBlock), kBlock, 0, ex.stream>>>(desc(s), t->fp[0], ip);
+  RT_CUDA_LAUNCH_CHECK("row_inv_rms_kernel");
+  norm_w_partial_kernel<<<dim3(unsigned((n + 31) / 32), unsigned(chunks)), dim3(32, 8), 0, ex.stream>>>(
+      desc(gy), desc(s), ip, m, pp);
+  RT_CUDA_LAUNCH_CHECK("norm_w_partial_kernel");
+  norm_w_final_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(pp, chunks, desc(t));
+  RT_CUDA_LAUNCH_CHECK("norm_w_final_kernel");
+}
+
+void swiglu_l(CudaExec& ex, Tensor* t) {
+  check_like(t, t->src[0], "gate");
+  check_like(t, t->src[1], "up");
+  const int64_t n = t->nelements();
+  swiglu_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(desc(t), desc(t->src[0]), desc(t->src[1]), n);
+  RT_CUDA_LAUNCH_CHECK("swiglu_kernel");
+}
+
+void swiglu_back_l(CudaExec& ex, Tensor* t) {
+  check_like(t, t->src[0], "the upstream gradient");
+  check_like(t, t->src[1], "gate");
+  check_like(t, t->src[2], "up");
+  check_like(t, t->aux[0], "dup");
+  const int64_t n = t->nelements();
+  swiglu_back_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(
+      desc(t), desc(t->aux[0]), desc(t->src[0]), desc(t->src[1]), desc(t->src[2]), n);
+  RT_CUDA_LAUNCH_CHECK("swiglu_back_kernel");
+}
+
+}  // namespace
+
+void register_cuda_fused_layer_ops(CudaOpTable& t) {
+  t[size_t(Op::RmsNormAffine)] = rms_norm_affine_l;
+  t[size_t(Op::RmsNormAffineBack)] = rms_norm_affine_back_l;
+  t[size_t(Op::RmsNormAffineBackW)] = rms_norm_affine_back_w_l;
+  t[size_t(Op::Swiglu)] = swiglu_l;
+  t[size_t(Op::SwigluBack)] = swiglu_back_l;
+}
+
+}  // namespace retort::cuda
