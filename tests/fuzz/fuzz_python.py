@@ -261,10 +261,10 @@ def graph_call(g):
             elif op == 19:
                 r = g.pick([O.rms_norm, O.layer_norm, O.scale])(t(), g.real())
             elif op == 20:
-                r = O.cross_entropy_loss(t(), t(), ignore_index=g.size(), reduction=g.reduction()).loss
+                r = O.cross_entropy(t(), t(), ignore_index=g.size(), reduction=g.reduction())
             elif op == 21:
                 r = O.topk_kd(t(), t(), t(), g.maybe(t), g.maybe(t), temperature=g.real(),
-                              reduction=g.reduction()).loss
+                              reduction=g.reduction())
             elif op == 22:
                 r = O.entropy(t(), g.real(), g.reduction())
             else:
