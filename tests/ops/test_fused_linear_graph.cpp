@@ -81,8 +81,10 @@ class Recorder : public loss::ChunkExecutor {
   }
 
   size_t auto_bytes = 0;  // > 0: the automatic budget this executor reports
-  size_t auto_budget() const override {
-    return auto_bytes ? auto_bytes : inner_ ? inner_->auto_budget() : kFusedLinearAutoMin;
+  loss::ExecutorCaps caps() const override {
+    loss::ExecutorCaps c = inner_ ? inner_->caps() : loss::ExecutorCaps{};
+    if (auto_bytes) c.auto_budget = auto_bytes;
+    return c;
   }
 
   int count(const std::string& what) const { return int(std::count(calls.begin(), calls.end(), what)); }
@@ -176,7 +178,7 @@ TEST(FusedLinearScheduler, AutomaticBudgetComesFromTheExecutor) {
   EXPECT_EQ(fused_linear_auto_budget(size_t(80) << 30, kFusedLinearAutoMaxGpu), kFusedLinearAutoMaxGpu);
   EXPECT_EQ(fused_linear_auto_budget(size_t(80) << 30, kFusedLinearAutoMaxCpu), kFusedLinearAutoMaxCpu);
   // The CPU executor's own: within those bounds.
-  const size_t b = cpu->auto_budget();
+  const size_t b = cpu->caps().auto_budget;
   EXPECT_GE(b, kFusedLinearAutoMin);
   EXPECT_LE(b, kFusedLinearAutoMaxCpu);
 }
