@@ -636,8 +636,8 @@ struct ClusterPlan {
 ClusterPlan cluster_plan(const RowBlock& b, const DistillRows& o, size_t elsize) {
   ClusterPlan p;
   int dev = 0, major = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+  RT_CUDA_CHECK(cudaGetDevice(&dev));
+  RT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   if (major < 9 || b.dtype != o.teacher_dtype || !vec_ok(b.logits, b.V, b.stride, elsize) ||
       !vec_ok(o.teacher, b.V, o.teacher_stride, elsize))
     return p;
@@ -725,7 +725,7 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
       cfg.stream = s;
       cfg.attrs = attr;
       cfg.numAttrs = 1;
-      int clusters = rowk::max_active_clusters(kernel, cfg, cp.cs, "distill_cluster_kernel");
+      int clusters = rowk::max_active_clusters(kernel, cfg, cp.cs);
       if (clusters <= 0) {  // no cluster of this shape fits (another process's partition of the GPU, say)
         portable();
         return;
@@ -735,10 +735,10 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
       const bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
       int64_t seg = cp.seg;
       int nbuf = cp.nbuf;
-      check(cudaLaunchKernelEx(&cfg, kernel, b, o, err, f, seg, nbuf, gvec), "distill_cluster_kernel launch");
+      RT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, b, o, err, f, seg, nbuf, gvec));
     }
   });
-  check(cudaGetLastError(), "distill_kernel launch");
+  RT_CUDA_LAUNCH_CHECK("distill_kernel");
 }
 
 }  // namespace retort::cuda

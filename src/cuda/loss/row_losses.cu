@@ -682,9 +682,9 @@ int device_sm_count_and_arch(int* major) {
   static int sms = 0, maj = 0;
   if (sms == 0) {
     int dev = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-    check(cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+    RT_CUDA_CHECK(cudaGetDevice(&dev));
+    RT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    RT_CUDA_CHECK(cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev));
   }
   *major = maj;
   return sms;
@@ -728,7 +728,7 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       cfg.numAttrs = 1;
       cfg.gridDim = dim3(cs);
       // No cluster of this shape fits (another process's partition of the GPU, say): the two-pass kernel.
-      int clusters = max_active_clusters(kernel, cfg, cs, what);
+      int clusters = max_active_clusters(kernel, cfg, cs);
       if (clusters > 0) {
         clusters = int(std::min<int64_t>(b.rows, clusters));
         cfg.gridDim = dim3(clusters * cs);
@@ -736,7 +736,7 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
         int64_t seg_arg = seg;
         int nbuf_arg = nbuf;
         bool gvec_arg = gvec, halves_arg = true;
-        check(cudaLaunchKernelEx(&cfg, kernel, b, p, seg_arg, nbuf_arg, gvec_arg, halves_arg), what);
+        RT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, b, p, seg_arg, nbuf_arg, gvec_arg, halves_arg));
         launched = true;
       }
     }
@@ -746,7 +746,7 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       rows_l2_kernel<P, T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, p, true, gshift);
     }
   });
-  check(cudaGetLastError(), what);
+  RT_CUDA_LAUNCH_CHECK(what);
 }
 
 }  // namespace
@@ -784,20 +784,20 @@ void selective_log_softmax_rows(const RowBlock& b, const SelectiveRows& o, int* 
              bool gvec = grad_vec_ok(b.logits, b.stride, sizeof(T), b.grad, b.grad_stride, sizeof(G));
              selective_kernel<T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, o, err, vec, gvec);
            });
-  check(cudaGetLastError(), "selective_log_softmax_rows launch");
+  RT_CUDA_LAUNCH_CHECK("selective_log_softmax_rows");
 }
 
 void count_valid_rows(const void* labels, DType label_dtype, int64_t rows, int64_t ignore_index, float weight,
                       float* inv_count, int* count, void* stream) {
   count_kernel<<<1, 1024, 0, static_cast<cudaStream_t>(stream)>>>(labels, label_dtype == DType::I64, rows,
                                                                   ignore_index, weight, inv_count, count);
-  check(cudaGetLastError(), "count_valid_rows launch");
+  RT_CUDA_LAUNCH_CHECK("count_valid_rows");
 }
 
 void sum_rows_scalar(const float* values, int64_t n, const float* scale_dev, float scale, float* out,
                      void* stream) {
   sum_kernel<<<1, 1024, 0, static_cast<cudaStream_t>(stream)>>>(values, n, scale_dev, scale, out);
-  check(cudaGetLastError(), "sum_rows_scalar launch");
+  RT_CUDA_LAUNCH_CHECK("sum_rows_scalar");
 }
 
 }  // namespace retort::cuda
