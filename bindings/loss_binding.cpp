@@ -24,7 +24,7 @@ const char* const kPlainResults =
 
 const char* const kFusedInputs =
     "\n\nhidden is [N, H], weight [V, H] (one row per vocabulary entry, like nn.Linear), bias [V]; f32, bf16 "
-    "or f16. memory_budget bounds the chunk's logits in bytes (0, the default: an eighth of the backend's "
+    "or f16. logits_budget bounds the chunk's logits in bytes (0, the default: an eighth of the backend's "
     "free memory, 32 MiB to 1 GiB on a GPU, to 256 MiB on the CPU; chunk_rows > 0 fixes the chunk instead); "
     "grad_hidden / grad_weight / grad_bias switch single gradients off. logits_dtype: the chunk logits' "
     "dtype "

@@ -97,7 +97,7 @@ std::vector<Param> entropy_params() {
 
 std::vector<Param> fused_params() {
   const FusedLinearOptions d;
-  return {{"memory_budget", integer(int64_t(d.memory_budget))},
+  return {{"logits_budget", integer(int64_t(d.logits_budget))},
           {"chunk_rows", integer(d.chunk_rows)},
           {"logits_dtype", pyb::none()},
           {"grad_hidden", boolean(d.grad_hidden)},
@@ -105,7 +105,7 @@ std::vector<Param> fused_params() {
           {"grad_bias", boolean(d.grad_bias)}};
 }
 FusedLinearOptions fused_options(const Bound& b) {
-  return FusedLinearOptions{b.size("memory_budget"), b.i64("chunk_rows"), b.flag("grad_hidden"),
+  return FusedLinearOptions{b.size("logits_budget"), b.i64("chunk_rows"), b.flag("grad_hidden"),
                             b.flag("grad_weight"),   b.flag("grad_bias"), parse_dtype_opt(b["logits_dtype"])};
 }
 

@@ -56,7 +56,7 @@ DIV = {"beta": 0.5, "divergence": "skew_kl", "skew_alpha": 0.3, "temperature": 1
        "w_soft": 0.5, "ignore_index": 3, "reduction": "sum", "return_per_row": True, "return_lse": True,
        "return_parts": True}
 ENT = {"temperature": 1.7, "reduction": "mean"}
-FUSED = {"memory_budget": 4096, "chunk_rows": 4, "logits_dtype": "f32", "grad_hidden": False,
+FUSED = {"logits_budget": 4096, "chunk_rows": 4, "logits_dtype": "f32", "grad_hidden": False,
          "grad_weight": False, "grad_bias": False}
 CASES = {
     "cross_entropy": CE,
@@ -74,7 +74,7 @@ CASES = {
 # Options that change no value, only which gradients flow (checked by test_fused_gradient_switches).
 GRAD_ONLY = {"grad_hidden", "grad_weight", "grad_bias"}
 # Options that change how the loss is computed or returned, not its value (on the CPU: f32 chunk logits).
-SAME_VALUE = {"memory_budget", "chunk_rows", "logits_dtype", "return_per_row", "return_lse", "return_parts"}
+SAME_VALUE = {"logits_budget", "chunk_rows", "logits_dtype", "return_per_row", "return_lse", "return_parts"}
 # Options that act only beside another: set together, and compared against that other alone.
 WITH = {"skew_alpha": {"divergence": "skew_kl"}}
 

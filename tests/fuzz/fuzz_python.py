@@ -138,7 +138,7 @@ def loss_call(g):
     fused = {}
     if which >= 6:
         if g.flag():
-            fused["memory_budget"] = g.size()
+            fused["logits_budget"] = g.size()
         if g.flag():
             fused["chunk_rows"] = g.size()
         if g.flag():

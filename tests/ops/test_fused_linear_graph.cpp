@@ -153,7 +153,7 @@ ThreadPool& pool() {
   return default_cpu_backend().pool();
 }
 
-// memory_budget 0 is the executor's automatic budget, asked once per call; an explicit one is kept.
+// logits_budget 0 is the executor's automatic budget, asked once per call; an explicit one is kept.
 TEST(FusedLinearScheduler, AutomaticBudgetComesFromTheExecutor) {
   HostProblem hp("sched_auto");
   auto cpu = loss::make_cpu_chunk_executor(pool());
@@ -163,12 +163,12 @@ TEST(FusedLinearScheduler, AutomaticBudgetComesFromTheExecutor) {
     Recorder rec(cpu.get());
     rec.auto_bytes = bytes;
     loss::FusedLinearProblem p = hp.problem(loss::LossKind::CrossEntropy, 0);
-    p.memory_budget = kFusedLinearAutoBudget;
+    p.logits_budget = kFusedLinearAutoBudget;
     loss::run_fused_linear(rec, p);
     EXPECT_EQ(rec.max_logits_rows, rows) << bytes;
     Recorder fixed(cpu.get());
     fixed.auto_bytes = bytes;
-    p.memory_budget = 2 * row;
+    p.logits_budget = 2 * row;
     loss::run_fused_linear(fixed, p);
     EXPECT_EQ(fixed.max_logits_rows, 2) << bytes;
   }

@@ -76,7 +76,7 @@ size_t padded_bytes(const Block& w, int64_t vp) {
 
 ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shadow, bool logits16) {
   ChunkPlan plan;
-  const size_t total = p.memory_budget > 0 ? p.memory_budget : kFusedLinearAutoMin;
+  const size_t total = p.logits_budget > 0 ? p.logits_budget : kFusedLinearAutoMin;
   const int64_t n = p.hidden.rows, v = p.weight.rows;
   plan.padded_vocab = (v + kVocabPad - 1) / kVocabPad * kVocabPad;
   plan.sparse = sparse_topk(p);
@@ -330,7 +330,7 @@ class ChunkRun {
 
 void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& problem) {
   FusedLinearProblem p = problem;
-  if (p.memory_budget == kFusedLinearAutoBudget) p.memory_budget = ex.caps().auto_budget;
+  if (p.logits_budget == kFusedLinearAutoBudget) p.logits_budget = ex.caps().auto_budget;
   const int64_t n = p.hidden.rows, v = p.weight.rows;
   RT_ASSERT(n > 0 && v > 0 && p.weight.cols == p.hidden.cols);
   const LossKind kind = p.spec.kind;

@@ -105,7 +105,7 @@ struct FastPath {
 
 // What an executor can do, asked once per problem (ChunkExecutor::caps).
 struct ExecutorCaps {
-  // The automatic memory budget (FusedLinearOptions::memory_budget 0): fused_linear_auto_budget of the
+  // The automatic memory budget (FusedLinearOptions::logits_budget 0): fused_linear_auto_budget of the
   // memory free, read at the backend's first fused call so that every step of a run chunks alike.
   size_t auto_budget = kFusedLinearAutoMin;
   // The logits GEMMs should run over the padded vocabulary Vp (a multiple of kVocabPad): the scheduler then
@@ -241,10 +241,10 @@ struct FusedLinearProblem {
   float grad_scale = 1.0f;
   Block row_upstream;
 
-  // Bytes of chunk logits (FusedLinearOptions::memory_budget); 0: automatic, resolved by run_fused_linear
+  // Bytes of chunk logits (FusedLinearOptions::logits_budget); 0: automatic, resolved by run_fused_linear
   // from the executor's caps().auto_budget (plan_chunks, which has no executor, takes 0 as
   // kFusedLinearAutoMin).
-  size_t memory_budget = kFusedLinearAutoBudget;
+  size_t logits_budget = kFusedLinearAutoBudget;
   int64_t chunk_rows = 0;  // > 0: exactly this many rows per chunk, whatever the budget
   std::string what;        // the op and shapes, for error messages
   // FusedLinearOptions::logits_dtype: BF16 / F16 asks for 16-bit chunk logits, which the scheduler uses when
