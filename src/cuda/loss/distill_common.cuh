@@ -14,7 +14,6 @@
 
 namespace retort::cuda::distk {
 
-using rowk::check;
 using rowk::dispatch;
 using rowk::grad_vec_ok;
 using rowk::vec_ok;
