@@ -202,6 +202,10 @@ T Bound::get(const char* name, const char* what) const {
   try {
     return h.cast<T>();
   } catch (const pyb::cast_error&) {
+    // An int of the right kind but out of range (a negative size, one past int64) is a bad value, not a
+    // bad type.
+    RT_CHECK(!pyb::isinstance<pyb::int_>(h) || pyb::isinstance<pyb::bool_>(h), fn_, ": ", name, " = ",
+             std::string(pyb::repr(h)), " is out of range: it must be ", what);
     throw pyb::type_error(fn_ + "(): " + name + " must be " + what + ", got " + type_name(h));
   }
 }
