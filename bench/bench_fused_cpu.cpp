@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
     p.dhidden = loss::Block::dense(dh.data(), DType::F32, n, h);
     p.dweight = loss::Block::dense(dw.data(), DType::F32, v, h);
     p.dbias = loss::Block::dense(db.data(), DType::F32, 1, v);
-    p.memory_budget = o.budget;
+    p.logits_budget = o.budget;
     p.what = "bench";
     return p;
   };

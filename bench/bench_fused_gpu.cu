@@ -380,7 +380,7 @@ Result retort_ms(const Case& c, Backend& be, size_t budget, std::optional<DType>
     fill(h, 1, 1.0f, s);
     fill(w, 2, 0.02f, s);
     FusedLinearOptions f;
-    f.memory_budget = budget;
+    f.logits_budget = budget;
     if (c.kind != Kind::TopKSparse) f.logits_dtype = logits_dtype;  // the K-sparse path has no logits block
     Tensor* labels = ctx.input(DType::I32, {c.n}, "labels");
     fill_ints<<<1024, 256, 0, s>>>(static_cast<int32_t*>(labels->data), c.n, 5, c.v, true);
@@ -485,7 +485,7 @@ int main(int argc, char** argv) {
           "  --budget-mib M  the fused ops' memory budget for chunk logits (default 2048: chunks of "
           "thousands\n"
           "                  of rows, so that each GEMM is large and dW is read-modified-written few times;\n"
-          "                  auto: the product's default, FusedLinearOptions::memory_budget 0)\n"
+          "                  auto: the product's default, FusedLinearOptions::logits_budget 0)\n"
           "  --logits D      the chunk logits' dtype in the fused ops (default f32; bf16: half the bytes "
           "per\n"
           "                  row, 16-bit logits gradient in place)\n"

@@ -105,8 +105,9 @@ DType parse_dtype(pyb::handle h);
 std::optional<DType> parse_dtype_opt(pyb::handle h);  // None -> nullopt
 // "kl" (the KL family by beta) | "tvd" | "skew_kl" | "skew_reverse_kl"
 Divergence parse_divergence(const std::string& s);
-Reduction parse_reduction(pyb::handle h);             // "mean" | "sum" | "none" or a retort.Reduction
-BackendPtr parse_backend(pyb::handle h);              // None -> nullptr; a Backend; "cpu"; "cuda" / "cuda:N"
+const char* divergence_name(Divergence d);  // the inverse of parse_divergence
+Reduction parse_reduction(pyb::handle h);   // "mean" | "sum" | "none" or a retort.Reduction
+BackendPtr parse_backend(pyb::handle h);    // None -> nullptr; a Backend; "cpu"; "cuda" / "cuda:N"
 // A shape argument (outermost first): an int or a sequence of ints. Throws retort::Error naming op for
 // anything else, an int that does not fit in int64 included.
 Shape parse_shape(pyb::handle h, const char* op);
@@ -174,8 +175,7 @@ class GraphBox : public std::enable_shared_from_this<GraphBox> {
 void bind_tensor(pyb::module_& m);     // tensor.cpp: Tensor, Context, tensor/param/zeros/from_dlpack
 void bind_ops(pyb::module_& m);        // ops.cpp: retort.ops and Tensor operators
 void bind_graph(pyb::module_& m);      // graph.cpp: Graph, optimizers, schedules
-void bind_losses(pyb::module_& m);     // losses.cpp: retort.losses
-void bind_fused(pyb::module_& m);      // fused.cpp: the fused linear losses in retort.losses and retort.ops
+void bind_losses(pyb::module_& m);     // losses.cpp: retort.losses and the loss nodes of retort.ops
 void bind_model(pyb::module_& m);      // model.cpp: TransformerConfig, Transformer, Trainer
 void bind_gguf(pyb::module_& m);       // gguf.cpp: GgufFile
 void bind_tokenizer(pyb::module_& m);  // tokenizer.cpp: Tokenizer

@@ -211,12 +211,27 @@ Reduction parse_reduction(pyb::handle h) {
   RT_FAIL("reduction: expected 'mean', 'sum' or 'none', got '", s, "'");
 }
 
+namespace {
+// The Python name of each divergence, the one list parse_divergence and divergence_name read.
+const std::pair<const char*, Divergence> kDivergences[] = {{"kl", Divergence::Kl},
+                                                           {"tvd", Divergence::Tvd},
+                                                           {"skew_kl", Divergence::SkewKl},
+                                                           {"skew_reverse_kl", Divergence::SkewReverseKl}};
+}  // namespace
+
 Divergence parse_divergence(const std::string& s) {
-  if (s == "kl") return Divergence::Kl;
-  if (s == "tvd") return Divergence::Tvd;
-  if (s == "skew_kl") return Divergence::SkewKl;
-  if (s == "skew_reverse_kl") return Divergence::SkewReverseKl;
-  RT_FAIL("divergence: expected 'kl' (by beta), 'tvd', 'skew_kl' or 'skew_reverse_kl', got '", s, "'");
+  std::string names;
+  for (const auto& [name, d] : kDivergences) {
+    if (s == name) return d;
+    names += std::string(names.empty() ? "" : ", ") + "'" + name + "'";
+  }
+  RT_FAIL("divergence: expected one of ", names, " ('kl' is the KL family by beta), got '", s, "'");
+}
+
+const char* divergence_name(Divergence d) {
+  for (const auto& [name, v] : kDivergences)
+    if (v == d) return name;
+  RT_FAIL("divergence: no name for value ", int64_t(d));
 }
 
 BackendPtr parse_backend(pyb::handle h) {

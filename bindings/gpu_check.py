@@ -35,7 +35,7 @@ TOL = {
              "out": 1e-5},
 }
 
-# The fused linear losses (lm-head matmul + loss in chunks), as bound in bindings/fused.cpp: positional
+# The fused linear losses (lm-head matmul + loss in chunks), as bound in bindings/losses.cpp: positional
 # arguments are the C++ function's without ctx, bias is a keyword, return_grad gives grad_hidden and
 # grad_weight. A build without them is reported as skipped.
 FUSED = ["fused_linear_cross_entropy", "fused_linear_topk_kd", "fused_linear_distill", "fused_linear_entropy",

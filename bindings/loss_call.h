@@ -1,4 +1,4 @@
-// LossCall: one plain loss function call of retort.losses (losses.cpp, fused.cpp). It wraps the inputs
+// LossCall: one plain loss function call of retort.losses (loss_binding.cpp). It wraps the inputs
 // (NumPy arrays, DLPack producers, retort Tensors) without copying where it can, builds a one-loss graph on
 // the inputs' backend, runs it with the GIL released, and packs the loss, the gradients asked for and the
 // extra outputs: NumPy arrays when the call ran on the CPU, retort Tensors (kept alive with their graph) on a
@@ -17,7 +17,7 @@ namespace retort::py {
 class LossCall {
  public:
   // grad_slots: the names of the gradients the result has room for (None when not asked for).
-  LossCall(const char* op, std::initializer_list<pyb::handle> inputs, pyb::handle backend,
+  LossCall(const char* op, const std::vector<pyb::handle>& inputs, pyb::handle backend,
            std::vector<std::string> grad_slots = {"grad"})
       : op_(op), slots_(std::move(grad_slots)) {
     be_ = parse_backend(backend);

@@ -1,29 +1,321 @@
-// retort.losses: each loss of the loss backend as a plain function over arrays. A call wraps its inputs
-// (NumPy arrays, DLPack producers such as PyTorch CUDA tensors, or retort Tensors) without copying where it
-// can, builds a one-loss graph on the inputs' backend, runs it with the GIL released, and returns the loss
-// and, when asked, the gradient with respect to the student's logits, per-row values and log-sum-exps.
-// Results are NumPy arrays when the call ran on the CPU, retort Tensors (DLPack-ready, kept alive with their
-// graph) when it ran on a device.
-#include "loss_call.h"
+// The loss backend in Python: each loss declared once (its inputs, its options with the C++ names and
+// defaults, the C++ call that builds it) and bound by def_loss both as a plain function over arrays in
+// retort.losses and as a graph node in retort.ops. A new loss is one entry here.
+#include <charconv>
+#include <cstdlib>
+
+#include "loss_binding.h"
 
 namespace retort::py {
 
 namespace {
 
-const char* const kResults =
-    "\n\nInputs are NumPy arrays, DLPack producers (PyTorch, CuPy, JAX: CUDA tensors are used in place on "
-    "retort.cuda(device)) or retort Tensors; backend overrides where the call runs. Returns the loss; with "
-    "return_grad or any return_* flag, a LossResult(loss, grad, per_row, lse, hard, soft) with None for what "
-    "was not asked for. grad is d(loss)/d(logits), written by the loss's own pass (no [N, V] f32 temporary) "
-    "in "
-    "grad_dtype (default: the logits' dtype; 'f32' for full precision); inplace_grad writes it over the "
-    "logits themselves and returns them as grad (they must be usable without a copy: contiguous, writable, "
-    "on the device the call runs on). Results are NumPy arrays on the CPU and retort "
-    "Tensors (use DLPack) on a device. Raises retort.Error (a ValueError) naming the op on bad shapes, "
-    "dtypes, options, or a label/id out of range.";
+// Defaults are read from the C++ option structs, so Python and C++ cannot disagree on them. A float default
+// is shown by its shortest decimal form (0.1, not 0.10000000149011612).
+pyb::object num(float v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return pyb::float_(std::strtod(std::string(buf, r.ptr).c_str(), nullptr));
+}
+pyb::object integer(int64_t v) {
+  return pyb::int_(v);
+}
+pyb::object boolean(bool v) {
+  return pyb::bool_(v);
+}
+pyb::object reduction_name(Reduction r) {
+  return pyb::str(r == Reduction::Mean ? "mean" : r == Reduction::Sum ? "sum" : "none");
+}
+std::vector<Param> join(std::initializer_list<std::vector<Param>> groups) {
+  std::vector<Param> all;
+  for (const auto& g : groups) all.insert(all.end(), g.begin(), g.end());
+  return all;
+}
 
-std::string doc(const char* text) {
-  return std::string(text) + kResults;
+// ---- option groups: each option is declared here once, with its default -----------------------------------
+
+std::vector<Param> ce_params() {
+  const CrossEntropyOptions d;
+  return {{"ignore_index", integer(d.ignore_index)},
+          {"label_smoothing", num(d.label_smoothing)},
+          {"z_loss", num(d.z_loss)},
+          {"softcap", num(d.softcap)},
+          {"reduction", reduction_name(d.reduction)},
+          {"return_per_row", boolean(d.return_per_row)},
+          {"return_lse", boolean(d.return_lse)}};
+}
+CrossEntropyOptions ce_options(const Bound& b) {
+  return {b.i64("ignore_index"),           b.f32("label_smoothing"), b.f32("z_loss"),     b.f32("softcap"),
+          parse_reduction(b["reduction"]), b.flag("return_per_row"), b.flag("return_lse")};
+}
+
+// The divergence options every distillation loss shares; topk adds normalize_topk after temperature.
+std::vector<Param> distill_params(bool topk) {
+  const TopKDistillOptions d;
+  std::vector<Param> p = {{"beta", num(d.beta)},
+                          {"divergence", pyb::str(divergence_name(d.divergence))},
+                          {"skew_alpha", num(d.skew_alpha)},
+                          {"temperature", num(d.temperature)}};
+  if (topk) p.push_back({"normalize_topk", boolean(d.normalize_topk)});
+  std::vector<Param> rest = {{"w_hard", num(d.w_hard)},
+                             {"w_soft", num(d.w_soft)},
+                             {"ignore_index", integer(d.ignore_index)},
+                             {"reduction", reduction_name(d.reduction)},
+                             {"return_per_row", boolean(d.return_per_row)},
+                             {"return_lse", boolean(d.return_lse)},
+                             {"return_parts", boolean(d.return_parts)}};
+  p.insert(p.end(), rest.begin(), rest.end());
+  return p;
+}
+// The options DistillOptions and TopKDistillOptions share, under the same names.
+template <class Options>
+Options distill_options(const Bound& b) {
+  Options o;
+  o.divergence = parse_divergence(b.str("divergence"));
+  o.beta = b.f32("beta");
+  o.skew_alpha = b.f32("skew_alpha");
+  o.temperature = b.f32("temperature");
+  o.w_hard = b.f32("w_hard");
+  o.w_soft = b.f32("w_soft");
+  o.ignore_index = b.i64("ignore_index");
+  o.reduction = parse_reduction(b["reduction"]);
+  o.return_per_row = b.flag("return_per_row");
+  o.return_lse = b.flag("return_lse");
+  o.return_parts = b.flag("return_parts");
+  return o;
+}
+TopKDistillOptions topk_options(const Bound& b) {
+  TopKDistillOptions o = distill_options<TopKDistillOptions>(b);
+  o.normalize_topk = b.flag("normalize_topk");
+  return o;
+}
+
+// entropy's C++ defaults are its function's: temperature 1, Reduction::None.
+std::vector<Param> entropy_params() {
+  return {{"temperature", num(1.0f)}, {"reduction", reduction_name(Reduction::None)}};
+}
+
+std::vector<Param> fused_params() {
+  const FusedLinearOptions d;
+  return {{"logits_budget", integer(int64_t(d.logits_budget))},
+          {"chunk_rows", integer(d.chunk_rows)},
+          {"logits_dtype", pyb::none()},
+          {"grad_hidden", boolean(d.grad_hidden)},
+          {"grad_weight", boolean(d.grad_weight)},
+          {"grad_bias", boolean(d.grad_bias)}};
+}
+FusedLinearOptions fused_options(const Bound& b) {
+  return FusedLinearOptions{b.size("logits_budget"), b.i64("chunk_rows"), b.flag("grad_hidden"),
+                            b.flag("grad_weight"),   b.flag("grad_bias"), parse_dtype_opt(b["logits_dtype"])};
+}
+
+// The trainable inputs of every fused loss; bias is a keyword.
+const LossInput kHidden{"hidden", false, false, "grad_hidden"};
+const LossInput kWeight{"weight", false, false, "grad_weight"};
+const LossInput kBias{"bias", true, true, "grad_bias"};
+
+BuiltLoss outputs(LossOutputs o, Reduction r) {
+  return {o, r};
+}
+BuiltLoss single(Tensor* t, Reduction r) {
+  LossOutputs o;
+  o.loss = t;
+  return {o, r};
+}
+
+std::vector<LossSpec> row_losses() {
+  std::vector<LossSpec> s;
+  s.push_back(
+      {"cross_entropy",
+       "cross_entropy_loss",
+       {{"logits", false, false, "grad"}, {"labels"}},
+       ce_params(),
+       false,
+       false,
+       [](Context& ctx, const Operands& t, const Bound& b) {
+         const CrossEntropyOptions o = ce_options(b);
+         return outputs(cross_entropy_loss(ctx, t("logits"), t("labels"), o), o.reduction);
+       },
+       "Cross-entropy of logits [N, V] (f32, bf16 or f16, strided views welcome; reshape [B, T, V] "
+       "first) against integer labels [N]. Per row: (1 - label_smoothing) * (lse - z[label]) + "
+       "label_smoothing * mean_j(lse - z_j) + z_loss * lse^2, where z are the logits (softcapped to "
+       "softcap * tanh(z / softcap) first when softcap > 0) and lse their log-sum-exp. Rows whose label "
+       "is ignore_index count for nothing; reduction 'mean' divides by the other rows (0 when there are "
+       "none), 'sum' adds, 'none' returns [N]. return_lse gives every row's lse."});
+  s.push_back(
+      {"topk_kd",
+       "topk_kd",
+       {{"logits", false, false, "grad"},
+        {"teacher_ids"},
+        {"teacher_logprobs"},
+        {"mask", true},
+        {"labels", true}},
+       distill_params(true),
+       false,
+       false,
+       [](Context& ctx, const Operands& t, const Bound& b) {
+         const TopKDistillOptions o = topk_options(b);
+         return outputs(
+             topk_kd(ctx, t("logits"), t("teacher_ids"), t("teacher_logprobs"), t("mask"), t("labels"), o),
+             o.reduction);
+       },
+       "Top-K distillation of student logits [N, V] against a teacher's top K per row: teacher_ids int "
+       "[N, K], teacher_logprobs float [N, K], mask [N, K] (nonzero = valid; optional), labels int [N] "
+       "(optional unless w_hard > 0). A slot with mask 0 or logprob -inf is padding. P is the teacher "
+       "over its valid slots (renormalized at temperature T != 1), Q = softmax(z / T) read at the slots "
+       "(or renormalized over them with normalize_topk). Per row: w_hard * CE(z, label) at T = 1 + "
+       "w_soft * T^2 * D(P, Q). divergence picks D: 'kl' (the default) is forward KL(P||Q) at beta = 0, "
+       "reverse KL(Q||P) at beta = 1, the generalized JSD between; 'tvd' is 0.5 * sum |p - q|; "
+       "'skew_kl' is KL(P || a P + (1 - a) Q) and 'skew_reverse_kl' KL(Q || (1 - a) P + a Q), a = "
+       "skew_alpha (DistiLLM). Rows labelled ignore_index count for nothing; 'mean' divides by the "
+       "other rows (all N without labels). return_parts gives the unweighted hard and soft parts."});
+  s.push_back({"topk_kl_gathered",
+               "topk_kl_gathered",
+               {{"student_gathered", false, false, "grad"}, {"teacher_logprobs"}, {"mask", true}},
+               {{"temperature", num(TopKKLOptions{}.temperature)},
+                {"reduction", reduction_name(TopKKLOptions{}.reduction)},
+                {"return_per_row", boolean(false)},
+                {"return_lse", boolean(false)}},
+               false,
+               false,
+               [](Context& ctx, const Operands& t, const Bound& b) {
+                 const TopKKLOptions o{b.f32("temperature"), parse_reduction(b["reduction"]),
+                                       b.flag("return_per_row"), b.flag("return_lse")};
+                 return outputs(
+                     topk_kl_gathered(ctx, t("student_gathered"), t("teacher_logprobs"), t("mask"), o),
+                     o.reduction);
+               },
+               "Forward KL(P||Q) * T^2 where the student's logits are already gathered at the teacher's ids: "
+               "student_gathered [N, K], Q = softmax over the valid slots of student_gathered / T, P from "
+               "teacher_logprobs [N, K] (mask [N, K] optional, as in topk_kd). 'mean' divides by all N rows. "
+               "return_lse gives the log-sum-exp over the valid slots of student_gathered / T."});
+  s.push_back(
+      {"distill",
+       "distill",
+       {{"student", false, false, "grad"}, {"teacher"}, {"labels", true}},
+       distill_params(false),
+       false,
+       false,
+       [](Context& ctx, const Operands& t, const Bound& b) {
+         const DistillOptions o = distill_options<DistillOptions>(b);
+         return outputs(distill(ctx, t("student"), t("teacher"), t("labels"), o), o.reduction);
+       },
+       "Full-vocabulary distillation: P = softmax(teacher / T), Q = softmax(student / T), student and "
+       "teacher [N, V], labels int [N] (optional unless w_hard > 0). Per row: w_hard * CE(student, "
+       "label) at T = 1 + w_soft * T^2 * D(P, Q), D as in topk_kd (divergence, beta and skew_alpha). "
+       "The gradient is with respect to the student."});
+  s.push_back(
+      {"entropy",
+       "entropy",
+       {{"logits", false, false, "grad"}},
+       entropy_params(),
+       false,
+       false,
+       [](Context& ctx, const Operands& t, const Bound& b) {
+         const Reduction r = parse_reduction(b["reduction"]);
+         return single(entropy(ctx, t("logits"), b.f32("temperature"), r), r);
+       },
+       "Entropy of softmax(logits / temperature) per row of logits [N, V]: [N] under reduction 'none' "
+       "(the default), else the mean or sum over rows. return_grad needs 'mean' or 'sum'."});
+  s.push_back({"selective_log_softmax",
+               "selective_log_softmax",
+               {{"logits", false, false, "grad"}, {"ids"}},
+               {},
+               false,
+               true,
+               [](Context& ctx, const Operands& t, const Bound&) {
+                 return single(selective_log_softmax(ctx, t("logits"), t("ids")), Reduction::None);
+               },
+               "log softmax(logits)[ids] for logits [N, V] and integer ids [N, K]: f32 [N, K]; the gradient "
+               "with respect to the logits ([N, V], in grad_dtype, default the logits' dtype) comes from one "
+               "pass over them."});
+  return s;
+}
+
+std::vector<LossSpec> fused_losses() {
+  std::vector<LossSpec> s;
+  s.push_back({"fused_linear_cross_entropy",
+               "fused_linear_cross_entropy",
+               {kHidden, kWeight, {"labels"}, kBias},
+               join({ce_params(), fused_params()}),
+               true,
+               false,
+               [](Context& ctx, const Operands& t, const Bound& b) {
+                 const CrossEntropyOptions o = ce_options(b);
+                 return outputs(fused_linear_cross_entropy(ctx, t("hidden"), t("weight"), t("bias"),
+                                                           t("labels"), o, fused_options(b)),
+                                o.reduction);
+               },
+               "Cross-entropy of the logits hidden @ weight.T (+ bias) against integer labels [N], without "
+               "materializing them; options as cross_entropy."});
+  s.push_back(
+      {"fused_linear_topk_kd",
+       "fused_linear_topk_kd",
+       {kHidden, kWeight, {"teacher_ids"}, {"teacher_logprobs"}, {"mask", true}, {"labels", true}, kBias},
+       join({distill_params(true), fused_params()}),
+       true,
+       false,
+       [](Context& ctx, const Operands& t, const Bound& b) {
+         const TopKDistillOptions o = topk_options(b);
+         return outputs(
+             fused_linear_topk_kd(ctx, t("hidden"), t("weight"), t("bias"), t("teacher_ids"),
+                                  t("teacher_logprobs"), t("mask"), t("labels"), o, fused_options(b)),
+             o.reduction);
+       },
+       "Top-K distillation of the student logits hidden @ weight.T (+ bias) against a teacher's top K; "
+       "inputs and options as topk_kd. With normalize_topk, w_hard = 0, no lse and no hard part, only "
+       "the K logits at the teacher ids are computed (K dot products per row)."});
+  s.push_back(
+      {"fused_linear_distill",
+       "fused_linear_distill",
+       {kHidden,
+        kWeight,
+        {"teacher_hidden"},
+        {"teacher_weight"},
+        {"labels", true},
+        kBias,
+        {"teacher_bias", true, true}},
+       join({distill_params(false), fused_params()}),
+       true,
+       false,
+       [](Context& ctx, const Operands& t, const Bound& b) {
+         const DistillOptions o = distill_options<DistillOptions>(b);
+         return outputs(
+             fused_linear_distill(ctx, t("hidden"), t("weight"), t("bias"), t("teacher_hidden"),
+                                  t("teacher_weight"), t("teacher_bias"), t("labels"), o, fused_options(b)),
+             o.reduction);
+       },
+       "Full-vocabulary distillation against an online teacher: student logits hidden @ weight.T (+ "
+       "bias), teacher logits teacher_hidden [N, Ht] @ teacher_weight.T [V, Ht] (+ teacher_bias), both "
+       "computed chunk by chunk; options as distill. Teacher inputs get no gradient."});
+  s.push_back({"fused_linear_entropy",
+               "fused_linear_entropy",
+               {kHidden, kWeight, kBias},
+               join({entropy_params(), fused_params()}),
+               true,
+               false,
+               [](Context& ctx, const Operands& t, const Bound& b) {
+                 const Reduction r = parse_reduction(b["reduction"]);
+                 return single(fused_linear_entropy(ctx, t("hidden"), t("weight"), t("bias"),
+                                                    b.f32("temperature"), r, fused_options(b)),
+                               r);
+               },
+               "Entropy of softmax((hidden @ weight.T + bias) / temperature) per row, reduced as entropy "
+               "(return_grad needs 'mean' or 'sum')."});
+  s.push_back({"fused_linear_selective_log_softmax",
+               "fused_linear_selective_log_softmax",
+               {kHidden, kWeight, {"ids"}, kBias},
+               fused_params(),
+               true,
+               true,
+               [](Context& ctx, const Operands& t, const Bound& b) {
+                 return single(fused_linear_selective_log_softmax(ctx, t("hidden"), t("weight"), t("bias"),
+                                                                  t("ids"), fused_options(b)),
+                               Reduction::None);
+               },
+               "log softmax(hidden @ weight.T + bias)[ids] for integer ids [N, K]: f32 [N, K], without "
+               "materializing the logits."});
+  return s;
 }
 
 }  // namespace
@@ -32,205 +324,14 @@ void bind_losses(pyb::module_& m) {
   pyb::module_ losses = m.def_submodule(
       "losses",
       "The loss backend as plain functions over arrays: cross_entropy, topk_kd, topk_kl_gathered, distill, "
-      "entropy, selective_log_softmax. Logits are [N, V] (N rows of V; reshape [B, T, V] first), f32, bf16 "
-      "or "
-      "f16, strided views welcome; math is f32. Keyword names match the C++ options. For graph building "
-      "(losses inside a model) use the nodes in retort.ops.");
-
+      "entropy, selective_log_softmax and their fused_linear_* forms (the lm-head matmul and the loss in "
+      "chunks). Logits are [N, V] (N rows of V; reshape [B, T, V] first), f32, bf16 or f16, strided views "
+      "welcome; math is f32. Keyword names match the C++ options. retort.ops has each loss as a graph node, "
+      "with the same inputs, options and defaults.");
   losses.attr("_result_types") = pyb::dict();  // LossCall's namedtuple classes, one per field list
-
-  losses.def(
-      "cross_entropy",
-      [](pyb::handle logits, pyb::handle labels, int64_t ignore_index, float label_smoothing, float z_loss,
-         float softcap, pyb::handle reduction, bool return_per_row, bool return_lse, bool return_grad,
-         pyb::handle grad_dtype, bool inplace_grad, pyb::handle backend) {
-        LossCall c("cross_entropy_loss", {logits, labels}, backend);
-        c.set_grad_dtype(grad_dtype);
-        Tensor* x = c.input(logits, "logits");
-        Tensor* y = c.input(labels, "labels");
-        CrossEntropyOptions o{ignore_index,   label_smoothing, z_loss, softcap, parse_reduction(reduction),
-                              return_per_row, return_lse};
-        LossOutputs out = cross_entropy_loss(c.ctx(), x, y, o);
-        if (return_grad || inplace_grad) c.row_grad(out.loss, o.reduction, x, logits, inplace_grad);
-        return c.finish(out.loss, o.reduction, out);
-      },
-      pyb::arg("logits"), pyb::arg("labels"), pyb::kw_only(), pyb::arg("ignore_index") = -100,
-      pyb::arg("label_smoothing") = 0.0f, pyb::arg("z_loss") = 0.0f, pyb::arg("softcap") = 0.0f,
-      pyb::arg("reduction") = "mean", pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false,
-      pyb::arg("return_grad") = false, pyb::arg("grad_dtype") = pyb::none(), pyb::arg("inplace_grad") = false,
-      pyb::arg("backend") = pyb::none(),
-      doc("Cross-entropy of logits [N, V] against integer labels [N]. Per row: (1 - label_smoothing) * "
-          "(lse - z[label]) + label_smoothing * mean_j(lse - z_j) + z_loss * lse^2, where z are the logits "
-          "(softcapped to softcap * tanh(z / softcap) first when softcap > 0) and lse their log-sum-exp. "
-          "Rows "
-          "whose label is ignore_index count for nothing; reduction 'mean' divides by the other rows (0 when "
-          "there are none), 'sum' adds, 'none' returns [N]. return_lse gives every row's lse.")
-          .c_str());
-
-  losses.def(
-      "topk_kd",
-      [](pyb::handle logits, pyb::handle ids, pyb::handle logprobs, pyb::handle mask, pyb::handle labels,
-         float beta, const std::string& divergence, float skew_alpha, float temperature, bool normalize_topk,
-         float w_hard, float w_soft, int64_t ignore_index, pyb::handle reduction, bool return_per_row,
-         bool return_lse, bool return_parts, bool return_grad, pyb::handle grad_dtype, bool inplace_grad,
-         pyb::handle backend) {
-        LossCall c("topk_kd", {logits, ids, logprobs, mask, labels}, backend);
-        c.set_grad_dtype(grad_dtype);
-        Tensor* x = c.input(logits, "logits");
-        Tensor* ti = c.input(ids, "teacher_ids");
-        Tensor* tl = c.input(logprobs, "teacher_logprobs");
-        Tensor* mk = c.input(mask, "mask", true);
-        Tensor* y = c.input(labels, "labels", true);
-        TopKDistillOptions o{parse_divergence(divergence),
-                             beta,
-                             skew_alpha,
-                             temperature,
-                             normalize_topk,
-                             w_hard,
-                             w_soft,
-                             ignore_index,
-                             parse_reduction(reduction),
-                             return_per_row,
-                             return_lse,
-                             return_parts};
-        LossOutputs out = topk_kd(c.ctx(), x, ti, tl, mk, y, o);
-        if (return_grad || inplace_grad) c.row_grad(out.loss, o.reduction, x, logits, inplace_grad);
-        return c.finish(out.loss, o.reduction, out);
-      },
-      pyb::arg("logits"), pyb::arg("teacher_ids"), pyb::arg("teacher_logprobs"),
-      pyb::arg("mask") = pyb::none(), pyb::arg("labels") = pyb::none(), pyb::kw_only(),
-      pyb::arg("beta") = 0.0f, pyb::arg("divergence") = "kl", pyb::arg("skew_alpha") = 0.1f,
-      pyb::arg("temperature") = 1.0f, pyb::arg("normalize_topk") = false, pyb::arg("w_hard") = 0.0f,
-      pyb::arg("w_soft") = 1.0f, pyb::arg("ignore_index") = -100, pyb::arg("reduction") = "mean",
-      pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false, pyb::arg("return_parts") = false,
-      pyb::arg("return_grad") = false, pyb::arg("grad_dtype") = pyb::none(), pyb::arg("inplace_grad") = false,
-      pyb::arg("backend") = pyb::none(),
-      doc("Top-K distillation of student logits [N, V] against a teacher's top K per row: teacher_ids int "
-          "[N, K], teacher_logprobs float [N, K], mask [N, K] (nonzero = valid; optional), labels int [N] "
-          "(optional unless w_hard > 0). A slot with mask 0 or logprob -inf is padding. P is the teacher "
-          "over "
-          "its valid slots (renormalized at temperature T != 1), Q = softmax(z / T) read at the slots (or "
-          "renormalized over them with normalize_topk). Per row: w_hard * CE(z, label) at T = 1 + w_soft * "
-          "T^2 "
-          "* D(P, Q). divergence picks D: 'kl' (the default) is forward KL(P||Q) at beta = 0, reverse "
-          "KL(Q||P) at beta = 1, the generalized JSD between; 'tvd' is 0.5 * sum |p - q|; 'skew_kl' is "
-          "KL(P || a P + (1 - a) Q) and 'skew_reverse_kl' KL(Q || (1 - a) P + a Q), a = skew_alpha "
-          "(DistiLLM). "
-          "Rows labelled ignore_index count for nothing; 'mean' divides by the other rows (all N "
-          "without labels). return_parts gives the unweighted hard and soft parts.")
-          .c_str());
-
-  losses.def(
-      "topk_kl_gathered",
-      [](pyb::handle student, pyb::handle logprobs, pyb::handle mask, float temperature,
-         pyb::handle reduction, bool return_per_row, bool return_lse, bool return_grad,
-         pyb::handle grad_dtype, bool inplace_grad, pyb::handle backend) {
-        LossCall c("topk_kl_gathered", {student, logprobs, mask}, backend);
-        c.set_grad_dtype(grad_dtype);
-        Tensor* s = c.input(student, "student_gathered");
-        Tensor* tl = c.input(logprobs, "teacher_logprobs");
-        Tensor* mk = c.input(mask, "mask", true);
-        TopKKLOptions o{temperature, parse_reduction(reduction), return_per_row, return_lse};
-        LossOutputs out = topk_kl_gathered(c.ctx(), s, tl, mk, o);
-        if (return_grad || inplace_grad) c.row_grad(out.loss, o.reduction, s, student, inplace_grad);
-        return c.finish(out.loss, o.reduction, out);
-      },
-      pyb::arg("student_gathered"), pyb::arg("teacher_logprobs"), pyb::arg("mask") = pyb::none(),
-      pyb::kw_only(), pyb::arg("temperature") = 1.0f, pyb::arg("reduction") = "mean",
-      pyb::arg("return_per_row") = false, pyb::arg("return_lse") = false, pyb::arg("return_grad") = false,
-      pyb::arg("grad_dtype") = pyb::none(), pyb::arg("inplace_grad") = false,
-      pyb::arg("backend") = pyb::none(),
-      doc("Forward KL(P||Q) * T^2 where the student's logits are already gathered at the teacher's ids: "
-          "student_gathered [N, K], Q = softmax over the valid slots of student_gathered / T, P from "
-          "teacher_logprobs [N, K] (mask [N, K] optional, as in topk_kd). 'mean' divides by all N rows. "
-          "return_lse gives the log-sum-exp over the valid slots of student_gathered / T.")
-          .c_str());
-
-  losses.def(
-      "distill",
-      [](pyb::handle student, pyb::handle teacher, pyb::handle labels, float beta,
-         const std::string& divergence, float skew_alpha, float temperature, float w_hard, float w_soft,
-         int64_t ignore_index, pyb::handle reduction, bool return_per_row, bool return_lse, bool return_parts,
-         bool return_grad, pyb::handle grad_dtype, bool inplace_grad, pyb::handle backend) {
-        LossCall c("distill", {student, teacher, labels}, backend);
-        c.set_grad_dtype(grad_dtype);
-        Tensor* s = c.input(student, "student");
-        Tensor* t = c.input(teacher, "teacher");
-        Tensor* y = c.input(labels, "labels", true);
-        DistillOptions o{parse_divergence(divergence),
-                         beta,
-                         skew_alpha,
-                         temperature,
-                         w_hard,
-                         w_soft,
-                         ignore_index,
-                         parse_reduction(reduction),
-                         return_per_row,
-                         return_lse,
-                         return_parts};
-        LossOutputs out = distill(c.ctx(), s, t, y, o);
-        if (return_grad || inplace_grad) c.row_grad(out.loss, o.reduction, s, student, inplace_grad);
-        return c.finish(out.loss, o.reduction, out);
-      },
-      pyb::arg("student"), pyb::arg("teacher"), pyb::arg("labels") = pyb::none(), pyb::kw_only(),
-      pyb::arg("beta") = 0.0f, pyb::arg("divergence") = "kl", pyb::arg("skew_alpha") = 0.1f,
-      pyb::arg("temperature") = 1.0f, pyb::arg("w_hard") = 0.0f, pyb::arg("w_soft") = 1.0f,
-      pyb::arg("ignore_index") = -100, pyb::arg("reduction") = "mean", pyb::arg("return_per_row") = false,
-      pyb::arg("return_lse") = false, pyb::arg("return_parts") = false, pyb::arg("return_grad") = false,
-      pyb::arg("grad_dtype") = pyb::none(), pyb::arg("inplace_grad") = false,
-      pyb::arg("backend") = pyb::none(),
-      doc("Full-vocabulary distillation: P = softmax(teacher / T), Q = softmax(student / T), student and "
-          "teacher [N, V], labels int [N] (optional unless w_hard > 0). Per row: w_hard * CE(student, label) "
-          "at T = 1 + w_soft * T^2 * D(P, Q), D as in topk_kd (divergence, beta and "
-          "skew_alpha). The gradient is with respect to the student.")
-          .c_str());
-
-  losses.def(
-      "entropy",
-      [](pyb::handle logits, float temperature, pyb::handle reduction, bool return_grad,
-         pyb::handle grad_dtype, bool inplace_grad, pyb::handle backend) {
-        LossCall c("entropy", {logits}, backend);
-        c.set_grad_dtype(grad_dtype);
-        Tensor* x = c.input(logits, "logits");
-        const Reduction r = parse_reduction(reduction);
-        Tensor* e = entropy(c.ctx(), x, temperature, r);
-        if (return_grad || inplace_grad) c.row_grad(e, r, x, logits, inplace_grad);
-        return c.finish(e, r);
-      },
-      pyb::arg("logits"), pyb::kw_only(), pyb::arg("temperature") = 1.0f, pyb::arg("reduction") = "none",
-      pyb::arg("return_grad") = false, pyb::arg("grad_dtype") = pyb::none(), pyb::arg("inplace_grad") = false,
-      pyb::arg("backend") = pyb::none(),
-      doc("Entropy of softmax(logits / temperature) per row of logits [N, V]: [N] under reduction 'none' "
-          "(the "
-          "default), else the mean or sum over rows. return_grad needs 'mean' or 'sum'.")
-          .c_str());
-
-  losses.def(
-      "selective_log_softmax",
-      [](pyb::handle logits, pyb::handle ids, pyb::handle grad_output, pyb::handle grad_dtype,
-         pyb::handle backend) {
-        LossCall c("selective_log_softmax", {logits, ids, grad_output}, backend);
-        c.set_grad_dtype(grad_dtype);
-        Tensor* x = c.input(logits, "logits");
-        Tensor* i = c.input(ids, "ids");
-        Tensor* v = selective_log_softmax(c.ctx(), x, i);
-        if (grad_output.is_none()) return c.finish(v, Reduction::None);
-        Tensor* go = c.input(grad_output, "grad_output");
-        c.direct_grad("grad", selective_log_softmax_grad(c.ctx(), v, go, c.grad_dtype_or(x->dtype)), x);
-        c.set_values(v);
-        return c.finish(sum(c.ctx(), mul(c.ctx(), v, go)), Reduction::Sum);  // the surrogate sum(values * g)
-      },
-      pyb::arg("logits"), pyb::arg("ids"), pyb::kw_only(), pyb::arg("grad_output") = pyb::none(),
-      pyb::arg("grad_dtype") = pyb::none(), pyb::arg("backend") = pyb::none(),
-      "log softmax(logits)[ids] for logits [N, V] and integer ids [N, K]: f32 [N, K] (a NumPy array on the "
-      "CPU, a retort Tensor on a device). With grad_output [N, K] (the gradient of some loss with respect to "
-      "that output): a LossResult whose values field holds the output, grad the gradient with respect to "
-      "the logits ([N, V] in grad_dtype, default the logits' dtype, from one pass over them) and loss "
-      "sum(values * grad_output). Raises retort.Error on bad "
-      "shapes or an id outside [0, V).");
-
-  // The fused linear losses (lm-head matmul + loss in chunks) are in fused.cpp.
-  bind_fused(m);
+  pyb::module_ ops = m.attr("ops");
+  for (LossSpec& s : row_losses()) def_loss(losses, ops, std::move(s));
+  for (LossSpec& s : fused_losses()) def_loss(losses, ops, std::move(s));
 }
 
 }  // namespace retort::py

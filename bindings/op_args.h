@@ -1,7 +1,6 @@
-// OpArgs: the operands of one graph op built from Python (ops.cpp, fused.cpp), and the LossOutputs of a loss
-// node as a namedtuple of Tensors.
+// OpArgs: the operands of one graph op built from Python (ops.cpp, loss_binding.cpp), and the LossOutputs of
+// a loss node as a namedtuple of Tensors.
 #pragma once
-#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -13,7 +12,7 @@ namespace retort::py {
 // context the result goes into, which keeps the operands' contexts alive.
 class OpArgs {
  public:
-  OpArgs(const char* op, std::initializer_list<pyb::handle> operands) : op_(op) {
+  OpArgs(const char* op, const std::vector<pyb::handle>& operands) : op_(op) {
     for (pyb::handle h : operands)
       if (!h.is_none() && !be_) be_ = backend_of(h);
     if (!be_) be_ = cpu_backend(0);

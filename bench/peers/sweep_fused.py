@@ -91,11 +91,11 @@ class Cell:
             self.t_weight_p[:v] = self.t_weight
 
     # ---- retort, default options ----
-    budget = 0  # memory_budget in bytes (0: retort's default)
+    budget = 0  # logits_budget in bytes (0: retort's default)
 
     def retort_step(self):
         L = retort.losses
-        kw = {"memory_budget": self.budget} if self.budget else {}
+        kw = {"logits_budget": self.budget} if self.budget else {}
         if self.loss == "ce":
             r = L.fused_linear_cross_entropy(self.hidden, self.weight, self.labels, return_grad=True, **kw)
         elif self.k:
@@ -236,7 +236,7 @@ def main():
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (retort vs the floor only)")
     ap.add_argument("--rows", action="store_true", help="the row losses on given logits instead")
-    ap.add_argument("--budget-mib", type=int, default=0, help="retort's memory_budget (0: its default)")
+    ap.add_argument("--budget-mib", type=int, default=0, help="retort's logits_budget (0: its default)")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     shapes = COVER if a.grid == "cover" else FULL

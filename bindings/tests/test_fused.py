@@ -122,15 +122,15 @@ def test_fused_node_trains_an_lm_head(rng):
     y[2] = 1
     hidden = retort.tensor(h_np)
     w = retort.param(w_np * 0.1, name="lm_head")
-    out = retort.ops.fused_linear_cross_entropy(hidden, w, y, chunk_rows=2)
+    loss = retort.ops.fused_linear_cross_entropy(hidden, w, y, chunk_rows=2)
     g = retort.Graph()
-    g.backward(out.loss)
+    g.backward(loss)
     opt = retort.AdamW(g.params, lr=0.1, weight_decay=0.0)
     losses = []
     for _ in range(60):
         g.zero_grad()
         g.compute()
-        losses.append(out.loss.item())
+        losses.append(loss.item())
         opt.step(g)
     assert losses[-1] < 0.3 * losses[0], (losses[0], losses[-1])
 

@@ -139,7 +139,7 @@ def test_tiny_mlp_classifier_with_sgd_and_clipping(rng):
     b1 = retort.param(np.zeros((16,), np.float32), name="b1")
     w2 = retort.param(rng.normal(0, 0.3, size=(16, 2)).astype(np.float32), name="w2")
     logits = (retort.tensor(x_np) @ w1 + b1).relu() @ w2
-    loss = retort.ops.cross_entropy_loss(logits, labels).loss
+    loss = retort.ops.cross_entropy(logits, labels)
     g = retort.Graph()
     g.forward(logits)
     g.backward(loss)

@@ -236,7 +236,7 @@ def test_selective_log_softmax(rng):
 def test_loss_nodes_in_a_graph_train_the_logits(rng):
     z, y = logits_and_labels(rng)
     logits = retort.param(z, name="logits")
-    out = retort.ops.cross_entropy_loss(logits, y, label_smoothing=0.1, return_lse=True)
+    out = retort.ops.cross_entropy(logits, y, label_smoothing=0.1, return_lse=True)
     assert out.per_row is None and out.lse is not None
     g = retort.Graph()
     g.forward(out.lse)
@@ -251,11 +251,11 @@ def test_loss_nodes_in_a_graph_train_the_logits(rng):
 
 def test_loss_nodes_other_losses(rng):
     z, ids, logp, mask, y = topk_inputs(rng)
-    node = retort.ops.topk_kd(z, ids, logp, mask, y, beta=0.5, w_hard=0.2).loss
+    node = retort.ops.topk_kd(z, ids, logp, mask, y, beta=0.5, w_hard=0.2)
     ent = retort.ops.entropy(z, temperature=2.0, reduction="mean")
     sel = retort.ops.selective_log_softmax(z, ids)
     teacher = rng.normal(size=z.shape).astype(np.float32)
-    dist = retort.ops.distill(z, teacher, y, beta=1.0).loss
+    dist = retort.ops.distill(z, teacher, y, beta=1.0)
     g = retort.Graph()
     g.forward(node, ent, sel, dist)
     g.compute()

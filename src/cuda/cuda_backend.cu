@@ -208,12 +208,6 @@ class CudaBackend final : public Backend {
     RT_CHECK(device_usable(device, &why), "cuda backend: ", why);
     RT_CHECK(opts.gemm_workspace_bytes <= (size_t(1) << 32), "cuda backend: gemm_workspace_bytes ",
              opts.gemm_workspace_bytes, " is larger than 4 GiB");
-    RT_CHECK(opts.fused_overlap_pieces >= 1 && opts.fused_overlap_min_rows >= 1 &&
-                 opts.fused_overlap_gemm_sms >= 0,
-             "cuda backend: need fused_overlap_pieces >= 1, fused_overlap_min_rows >= 1 and "
-             "fused_overlap_gemm_sms >= 0, got ",
-             opts.fused_overlap_pieces, ", ", opts.fused_overlap_min_rows, " and ",
-             opts.fused_overlap_gemm_sms);
     ex_.device = device;
     ex_.opts = opts;
     // RETORT_GEMM_TUNE=0 / 1 / 2 overrides CudaOptions::gemm_tune (Off / Accumulating / All).
@@ -246,9 +240,6 @@ class CudaBackend final : public Backend {
     try {
       RT_CUDA_CHECK(cudaDeviceGetAttribute(&ex_.sm_count, cudaDevAttrMultiProcessorCount, device));
       RT_CUDA_CHECK(cudaStreamCreateWithFlags(&ex_.stream, cudaStreamNonBlocking));
-      int least = 0, greatest = 0;
-      RT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-      RT_CUDA_CHECK(cudaStreamCreateWithPriority(&ex_.side_stream, cudaStreamNonBlocking, greatest));
       RT_CUBLAS_CHECK(cublasLtCreate(&ex_.lt));
       RT_CUDA_CHECK(cudaMalloc(&ex_.dev_error, sizeof(DeviceError)));
       RT_CUDA_CHECK(cudaMemsetAsync(ex_.dev_error, 0, sizeof(DeviceError), ex_.stream));
@@ -544,8 +535,6 @@ class CudaBackend final : public Backend {
     ex_.workspace = nullptr;
     if (ex_.lt) (void)cublasLtDestroy(ex_.lt);
     ex_.lt = nullptr;
-    if (ex_.side_stream) (void)cudaStreamDestroy(ex_.side_stream);
-    ex_.side_stream = nullptr;
     if (ex_.stream) (void)cudaStreamDestroy(ex_.stream);
     ex_.stream = nullptr;
     if (ex_.dev_error) (void)cudaFree(ex_.dev_error);

@@ -28,17 +28,6 @@ struct CudaOptions {
   bool simple_gemm = false;
   // cuBLASLt workspace size in bytes (taken once from the allocator).
   size_t gemm_workspace_bytes = size_t(32) << 20;
-  // Fused linear losses: a chunk is cut into up to this many row pieces of at least fused_overlap_min_rows
-  // rows; each piece's row loss runs on a second stream while the next piece's logits GEMM runs (1: one
-  // stream, no overlap). Off by default: on an H100 cuBLASLt's GEMMs keep every SM busy, so the row kernels
-  // wait for them anyway and the smaller GEMMs cost more than the overlap gains (bench/HISTORY.md, session
-  // 12). Both at least 1 (make_cuda_backend throws otherwise). Environment overrides, for tuning:
-  // RETORT_OVERLAP_PIECES, RETORT_OVERLAP_MIN_ROWS.
-  int fused_overlap_pieces = 1;
-  int fused_overlap_min_rows = 256;
-  // The SM count cuBLASLt tunes the GEMMs that run beside a row pass for
-  // (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET; 0: the device's). Environment override: RETORT_OVERLAP_SMS.
-  int fused_overlap_gemm_sms = 0;
   // Fused linear losses: which GEMMs time cuBLASLt's first 8 candidate algorithms for their shape (at the
   // first call that overwrites its output, on the GEMM's own operands, per backend; and once more at such a
   // call 2 s or more later, when the GPU runs at the clocks its power cap allows under load) and keep the

@@ -182,9 +182,6 @@ struct GemmCacheFile {
 struct CudaExec {
   int device = 0;
   cudaStream_t stream = nullptr;
-  // A second, high-priority stream, only for work that is fenced against `stream` (events) and joined back
-  // into it before anything it used can be reused (the fused linear losses' row pieces).
-  cudaStream_t side_stream = nullptr;
   std::shared_ptr<CudaAllocator> alloc;
   cublasLtHandle_t lt = nullptr;
   DeviceError* dev_error = nullptr;  // device memory

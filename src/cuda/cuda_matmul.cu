@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "cuda_common.cuh"
+#include "lt_gemm.h"
 
 namespace retort::cuda {
 
@@ -122,49 +123,6 @@ bool flat_batch_stride(const Tensor* x, const Tensor* c, int64_t* stride) {
   return false;
 }
 
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::F32:
-      return CUDA_R_32F;
-    case DType::BF16:
-      return CUDA_R_16BF;
-    case DType::F16:
-      return CUDA_R_16F;
-    default:
-      break;
-  }
-  RT_FAIL("cuda matmul: dtype ", dtype_name(t), " is not supported");
-}
-
-// The largest power of two (at most 256) dividing every address cuBLASLt will form from these byte offsets.
-uint32_t alignment_of(std::initializer_list<uint64_t> offsets) {
-  uint64_t v = 0;
-  for (uint64_t o : offsets) v |= o;
-  uint32_t a = 256;
-  while (a > 1 && (v & (a - 1))) a >>= 1;
-  return a;
-}
-
-// RAII holders for the cuBLASLt descriptors.
-struct LtMatmulDesc {
-  cublasLtMatmulDesc_t d = nullptr;
-  ~LtMatmulDesc() {
-    if (d) (void)cublasLtMatmulDescDestroy(d);
-  }
-};
-struct LtLayout {
-  cublasLtMatrixLayout_t l = nullptr;
-  ~LtLayout() {
-    if (l) (void)cublasLtMatrixLayoutDestroy(l);
-  }
-};
-struct LtPref {
-  cublasLtMatmulPreference_t p = nullptr;
-  ~LtPref() {
-    if (p) (void)cublasLtMatmulPreferenceDestroy(p);
-  }
-};
-
 void make_layout(LtLayout& out, cudaDataType_t type, const MatLayout& L, int32_t batch, int64_t stride) {
   RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&out.l, type, L.rows, L.cols, L.ld));
   if (batch > 1) {
@@ -203,38 +161,25 @@ bool lt_gemm(CudaExec& ex, const Tensor* a, bool ta, const Tensor* b, bool tb, T
   const cublasComputeType_t compute =
       f32_in && ex.opts.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LtMatmulDesc md;
-  RT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&md.d, compute, CUDA_R_32F));
-  RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(md.d, CUBLASLT_MATMUL_DESC_TRANSA, &op_x, sizeof(op_x)));
-  RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(md.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_y, sizeof(op_y)));
+  lt_matmul_desc(md, compute, op_x, op_y);
 
   LtLayout lx, ly, lz;
-  make_layout(lx, cuda_type(b->dtype), lb, int32_t(batch), sb);
-  make_layout(ly, cuda_type(a->dtype), la, int32_t(batch), sa);
+  make_layout(lx, lt_type(b->dtype, "cuda matmul"), lb, int32_t(batch), sb);
+  make_layout(ly, lt_type(a->dtype, "cuda matmul"), la, int32_t(batch), sa);
   // A 16-bit C is the epilogue's conversion of the f32 accumulators (compute and scale types stay f32).
-  make_layout(lz, cuda_type(c->dtype), lc, int32_t(batch), sc);
+  make_layout(lz, lt_type(c->dtype, "cuda matmul"), lc, int32_t(batch), sc);
 
   // cuBLASLt assumes 256-byte aligned operands unless told otherwise; views and odd leading dimensions are
   // less aligned, so state the real alignment of every address it will form (base, columns, batches, calls).
   auto i3_step = [&](const Tensor* t) { return calls > 1 && t->ne[3] > 1 ? uint64_t(t->nb[3]) : 0; };
   const uint32_t al_x =
-      alignment_of({uint64_t(uintptr_t(b->data)), uint64_t(lb.ld * es_b), uint64_t(sb * es_b), i3_step(b)});
+      lt_alignment({uint64_t(uintptr_t(b->data)), uint64_t(lb.ld * es_b), uint64_t(sb * es_b), i3_step(b)});
   const uint32_t al_y =
-      alignment_of({uint64_t(uintptr_t(a->data)), uint64_t(la.ld * es_a), uint64_t(sa * es_a), i3_step(a)});
-  const uint32_t al_c = alignment_of({uint64_t(uintptr_t(c->data)), uint64_t(lc.ld * es_c), uint64_t(sc * es_c),
+      lt_alignment({uint64_t(uintptr_t(a->data)), uint64_t(la.ld * es_a), uint64_t(sa * es_a), i3_step(a)});
+  const uint32_t al_c = lt_alignment({uint64_t(uintptr_t(c->data)), uint64_t(lc.ld * es_c), uint64_t(sc * es_c),
                                       calls > 1 ? uint64_t(c->nb[3]) : 0});
   LtPref pref;
-  const uint64_t ws = ex.workspace_bytes;
-  RT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.p));
-  RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                       sizeof(ws)));
-  RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                       &al_x, sizeof(al_x)));
-  RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                       &al_y, sizeof(al_y)));
-  RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                       &al_c, sizeof(al_c)));
-  RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                       &al_c, sizeof(al_c)));
+  lt_preference(pref, ex.workspace_bytes, al_x, al_y, al_c);
 
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;

@@ -176,7 +176,7 @@ size_t fused_ce_peak_extra(DType dt, DType logits_dtype, size_t budget, int64_t 
   set_data(w, std::vector<float>(wv.begin(), wv.end()));
   set_data_int(y, random_ints(n, -1, v));
   FusedLinearOptions f;
-  f.memory_budget = budget;
+  f.logits_budget = budget;
   f.logits_dtype = logits_dtype;
   CrossEntropyOptions o;
   o.ignore_index = -1;

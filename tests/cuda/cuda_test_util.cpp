@@ -5,15 +5,7 @@
 namespace retort::test {
 
 Backend& cuda_backend() {
-  // Fused linear losses cut every chunk of 4 or more rows into up to 3 row pieces whose row loss runs on the
-  // side stream (CudaOptions::fused_overlap_*), so the small shapes of the tests take that path too; chunks
-  // of 1 to 3 rows keep the one-stream path.
-  static std::unique_ptr<Backend> be = [] {
-    CudaOptions o;
-    o.fused_overlap_pieces = 3;
-    o.fused_overlap_min_rows = 2;
-    return make_cuda_backend(0, o);
-  }();
+  static std::unique_ptr<Backend> be = make_cuda_backend(0);
   return *be;
 }
 

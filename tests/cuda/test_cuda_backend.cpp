@@ -37,15 +37,6 @@ TEST(CudaAvailability, GivesAReasonOrAWorkingBackend) {
   EXPECT_TRUE(mentions(msg, "does not exist")) << msg;
   const std::string cpu = error_of([] { cuda_memory_stats(default_cpu_backend()); });
   EXPECT_TRUE(mentions(cpu, "not a CUDA backend")) << cpu;
-  // Bad fused-overlap options name themselves and the values.
-  for (int which = 0; which < 3; ++which) {
-    CudaOptions o;
-    if (which == 0) o.fused_overlap_pieces = 0;
-    if (which == 1) o.fused_overlap_min_rows = -4;
-    if (which == 2) o.fused_overlap_gemm_sms = -1;
-    const std::string bad = error_of([&] { make_cuda_backend(0, o); });
-    EXPECT_TRUE(mentions(bad, "fused_overlap_pieces >= 1") && mentions(bad, "got ")) << bad;
-  }
   // A GEMM tuning mode out of range, and a bad RETORT_GEMM_TUNE, name themselves.
   CudaOptions bad_tune;
   bad_tune.gemm_tune = GemmTune(7);

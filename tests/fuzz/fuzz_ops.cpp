@@ -180,7 +180,7 @@ struct Program {
     FusedLinearOptions f;
     const uint8_t b = in.u8();
     if (b & 1) f.chunk_rows = in.size();
-    if (b & 2) f.memory_budget = size_t(in.size());
+    if (b & 2) f.logits_budget = size_t(in.size());
     f.grad_hidden = !(b & 4);
     f.grad_weight = !(b & 8);
     f.grad_bias = !(b & 16);

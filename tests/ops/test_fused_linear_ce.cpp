@@ -200,7 +200,7 @@ TEST(FusedLinearCE, BudgetSetsChunkRows) {
         in, vals,
         [budget](Context& ctx, const std::vector<Tensor*>& x) {
           FusedLinearOptions f;
-          f.memory_budget = budget;
+          f.logits_budget = budget;
           return std::vector<Tensor*>{fused_linear_cross_entropy(ctx, x[0], x[1], nullptr, x[2], {}, f).loss};
         },
         Seed::Unit);
@@ -215,18 +215,18 @@ TEST(FusedLinearCE, BudgetSetsChunkRows) {
   loss::FusedLinearProblem p;
   p.hidden = loss::Block::dense(&dummy, DType::F32, n, h);
   p.weight = loss::Block::dense(&dummy, DType::F32, v, h);
-  p.memory_budget = 256 * 4 * 5 + 17;
+  p.logits_budget = 256 * 4 * 5 + 17;
   EXPECT_EQ(loss::plan_chunks(p).chunk_rows, 5);
   EXPECT_EQ(loss::plan_chunks(p).padded_vocab, 256);
-  p.memory_budget = 1;
+  p.logits_budget = 1;
   EXPECT_EQ(loss::plan_chunks(p).chunk_rows, 1);  // at least one row, whatever the budget
-  p.memory_budget = size_t(1) << 40;
+  p.logits_budget = size_t(1) << 40;
   EXPECT_EQ(loss::plan_chunks(p).chunk_rows, n);
   p.chunk_rows = 4;
   EXPECT_EQ(loss::plan_chunks(p).chunk_rows, 4);
   // An online teacher's logits take the same room again.
   p.chunk_rows = 0;
-  p.memory_budget = 256 * 4 * 6;
+  p.logits_budget = 256 * 4 * 6;
   p.teacher_hidden = p.hidden;
   p.teacher_weight = p.weight;
   EXPECT_EQ(loss::plan_chunks(p).chunk_rows, 3);
@@ -242,7 +242,7 @@ TEST(FusedLinearCE, BudgetChunksAreEvenAndAligned) {
   p.logits_dtype = DType::BF16;
   auto rows = [&](int64_t n, size_t budget) {
     p.hidden = loss::Block::dense(&dummy, DType::BF16, n, 8);
-    p.memory_budget = budget;
+    p.logits_budget = budget;
     return loss::plan_chunks(p, false, 2, true).chunk_rows;
   };
   const size_t row = 128256 * 2;
@@ -390,7 +390,7 @@ TEST(FusedLinearCE, LogitsDtypeIsF32OnTheCpu) {
   p.hidden = loss::Block::dense(&dummy, DType::BF16, 40, 8);
   p.weight = loss::Block::dense(&dummy, DType::BF16, 200, 8);  // Vp = 256
   p.dhidden = loss::Block::dense(&dummy, DType::F32, 40, 8);
-  p.memory_budget = 256 * 4 * 6;
+  p.logits_budget = 256 * 4 * 6;
   EXPECT_EQ(loss::plan_chunks(p, false, 2, true).chunk_rows, 4);  // f32 asked for: 4 + 2 bytes per logit
   EXPECT_EQ(loss::plan_chunks(p, false, 2, true).logits_dtype, DType::F32);
   p.logits_dtype = DType::BF16;
@@ -449,8 +449,8 @@ TEST(FusedLinearCE, BadInputThrows) {
   o.z_loss = -1;
   expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, y, o); }, {"z_loss"});
   FusedLinearOptions f;
-  f.memory_budget = size_t(INT64_MAX) + 1;
-  expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, y, {}, f); }, {"memory_budget"});
+  f.logits_budget = size_t(INT64_MAX) + 1;
+  expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, y, {}, f); }, {"logits_budget"});
   f = {};
   f.chunk_rows = -2;
   expect_error([&] { fused_linear_cross_entropy(ctx, h, w, nullptr, y, {}, f); }, {"chunk_rows"});
@@ -486,7 +486,7 @@ TEST(FusedLinearCE, UnalignedVocabularyIsPaddedWhenAChunkStillFits) {
   const size_t copies = loss::padded_bytes(p.weight, vp) + loss::padded_bytes(p.teacher_weight, vp);
   const size_t row = size_t(vp) * 2 * 2;  // student and teacher bf16 logits
   auto plan = [&](size_t budget) {
-    p.memory_budget = budget;
+    p.logits_budget = budget;
     return loss::plan_chunks(p, true, 2, true);
   };
   // The copies take more than half of 1 GiB (they once stayed unpadded for that) and are padded.
@@ -499,7 +499,7 @@ TEST(FusedLinearCE, UnalignedVocabularyIsPaddedWhenAChunkStillFits) {
   EXPECT_TRUE(plan(copies + loss::kRowAlign * row).pad_weights);
   EXPECT_FALSE(plan(copies + loss::kRowAlign * row - 1).pad_weights);
   // Without the executor asking for padding, never.
-  p.memory_budget = size_t(1) << 30;
+  p.logits_budget = size_t(1) << 30;
   EXPECT_FALSE(loss::plan_chunks(p, false, 2, true).pad_weights);
 }
 

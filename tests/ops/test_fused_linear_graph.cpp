@@ -81,8 +81,10 @@ class Recorder : public loss::ChunkExecutor {
   }
 
   size_t auto_bytes = 0;  // > 0: the automatic budget this executor reports
-  size_t auto_budget() const override {
-    return auto_bytes ? auto_bytes : inner_ ? inner_->auto_budget() : kFusedLinearAutoMin;
+  loss::ExecutorCaps caps() const override {
+    loss::ExecutorCaps c = inner_ ? inner_->caps() : loss::ExecutorCaps{};
+    if (auto_bytes) c.auto_budget = auto_bytes;
+    return c;
   }
 
   int count(const std::string& what) const { return int(std::count(calls.begin(), calls.end(), what)); }
@@ -151,7 +153,7 @@ ThreadPool& pool() {
   return default_cpu_backend().pool();
 }
 
-// memory_budget 0 is the executor's automatic budget, asked once per call; an explicit one is kept.
+// logits_budget 0 is the executor's automatic budget, asked once per call; an explicit one is kept.
 TEST(FusedLinearScheduler, AutomaticBudgetComesFromTheExecutor) {
   HostProblem hp("sched_auto");
   auto cpu = loss::make_cpu_chunk_executor(pool());
@@ -161,12 +163,12 @@ TEST(FusedLinearScheduler, AutomaticBudgetComesFromTheExecutor) {
     Recorder rec(cpu.get());
     rec.auto_bytes = bytes;
     loss::FusedLinearProblem p = hp.problem(loss::LossKind::CrossEntropy, 0);
-    p.memory_budget = kFusedLinearAutoBudget;
+    p.logits_budget = kFusedLinearAutoBudget;
     loss::run_fused_linear(rec, p);
     EXPECT_EQ(rec.max_logits_rows, rows) << bytes;
     Recorder fixed(cpu.get());
     fixed.auto_bytes = bytes;
-    p.memory_budget = 2 * row;
+    p.logits_budget = 2 * row;
     loss::run_fused_linear(fixed, p);
     EXPECT_EQ(fixed.max_logits_rows, 2) << bytes;
   }
@@ -176,7 +178,7 @@ TEST(FusedLinearScheduler, AutomaticBudgetComesFromTheExecutor) {
   EXPECT_EQ(fused_linear_auto_budget(size_t(80) << 30, kFusedLinearAutoMaxGpu), kFusedLinearAutoMaxGpu);
   EXPECT_EQ(fused_linear_auto_budget(size_t(80) << 30, kFusedLinearAutoMaxCpu), kFusedLinearAutoMaxCpu);
   // The CPU executor's own: within those bounds.
-  const size_t b = cpu->auto_budget();
+  const size_t b = cpu->caps().auto_budget;
   EXPECT_GE(b, kFusedLinearAutoMin);
   EXPECT_LE(b, kFusedLinearAutoMaxCpu);
 }

@@ -626,7 +626,7 @@ void build_runs(CudaExec& ex, const loss::TopKSide& side, int64_t rows, int64_t 
                 SparseRuns& runs, const Block& out) {
   const int64_t count = rows * kk;
   RT_CHECK(count < (int64_t(1) << 31) && v < (int64_t(1) << 31), "fused top-K: ", rows, " rows x K = ", kk,
-           " slots (or V = ", v, ") is too many for one chunk's sort; lower memory_budget or chunk_rows");
+           " slots (or V = ", v, ") is too many for one chunk's sort; lower logits_budget or chunk_rows");
   // keys_in, vals_in, keys, vals, first, last (ints), then CUB's temporary storage.
   const size_t ints = 4 * size_t(count) + 2 * size_t(v);
   int* keys_in = nullptr;

@@ -14,7 +14,6 @@
 
 namespace retort::cuda::distk {
 
-using rowk::check;
 using rowk::dispatch;
 using rowk::grad_vec_ok;
 using rowk::vec_ok;
@@ -268,8 +267,8 @@ __device__ inline void bitonic_sort(unsigned long long* keys, int64_t n) {
 inline int grid_for(int64_t rows) {
   static const int sms = [] {
     int dev = 0, n = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    RT_CUDA_CHECK(cudaGetDevice(&dev));
+    RT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     return n > 0 ? n : 80;
   }();
   return int(std::min<int64_t>(rows, int64_t(sms) * 2));

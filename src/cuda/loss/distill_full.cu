@@ -191,27 +191,11 @@ constexpr int kMaxBufs = 2;
 // two CTAs of different clusters per SM with 108 KB of row segments each, so one computes while the other
 // waits at a barrier or for its bulk copy (H100, JSD fwd+bwd at N = 8192, V = 151936, bf16: 7.7 ms, against
 // 10.5 ms with one double-buffered 1024-thread CTA per SM). Otherwise (long f32 rows) one 1024-thread CTA
-// per SM with 200 KB. RETORT_DISTILL_THREADS=1024 forces the latter.
-bool distill_force_1024() {
-  static const bool v = [] {
-    const char* e = std::getenv("RETORT_DISTILL_THREADS");
-    return e && std::atoi(e) == 1024;
-  }();
-  return v;
-}
+// per SM with 200 KB.
 // Where two 512-thread CTAs per SM hold one row pair each (single-buffered), three CTAs of 320 threads (the
 // 512-thread build: 64 registers) hold smaller segments of one row pair each when those fit in 8 CTAs:
-// while one CTA waits for its row's copy or at a barrier the other two compute. H100, JSD at
-// 2048 x 128,256 bf16 (row bench): 0.911 -> 0.857 ms; fused online JSD 1 GiB 1.161 -> 1.144 in the same run
-// (session 16; four CTAs of 256 threads in 10 segments, a non-portable cluster, gave 0.874 ms).
-// RETORT_DISTILL_PER_SM=2 keeps two, for comparisons.
-bool distill_three_per_sm() {
-  static const bool v = [] {
-    const char* e = std::getenv("RETORT_DISTILL_PER_SM");
-    return !(e && std::atoi(e) == 2);
-  }();
-  return v;
-}
+// while one CTA waits for its row's copy or at a barrier the other two compute (bench/HISTORY.md,
+// session 16).
 // Row-segment shared memory per CTA with k CTAs per SM (each also has ~1.5 KB static and 1 KB reserved).
 int64_t cluster_smem(int per_sm) {
   return per_sm == 1 ? 200 * 1024 : per_sm == 2 ? 108 * 1024 : 70 * 1024;
@@ -651,34 +635,22 @@ struct ClusterPlan {
 
 ClusterPlan cluster_plan(const RowBlock& b, const DistillRows& o, size_t elsize) {
   ClusterPlan p;
-  static const bool off = [] {
-    const char* e = std::getenv("RETORT_NO_CLUSTER");
-    return e && e[0] == '1';
-  }();
   int dev = 0, major = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-  if (off || major < 9 || b.dtype != o.teacher_dtype || !vec_ok(b.logits, b.V, b.stride, elsize) ||
+  RT_CUDA_CHECK(cudaGetDevice(&dev));
+  RT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (major < 9 || b.dtype != o.teacher_dtype || !vec_ok(b.logits, b.V, b.stride, elsize) ||
       !vec_ok(o.teacher, b.V, o.teacher_stride, elsize))
     return p;
-  // RETORT_DISTILL_CTAS=n asks for n CTAs per row (for tuning: cluster sizes pack the GPCs differently).
-  static const int want = [] {
-    const char* e = std::getenv("RETORT_DISTILL_CTAS");
-    return e ? std::atoi(e) : 0;
-  }();
   // The fewest CTAs whose segments (student + teacher, two buffers) fit; one buffer when two never do: 512
-  // threads with two CTAs per SM, or three of 320 (see distill_three_per_sm) where two would hold one buffer
-  // each, else 1024 threads with one CTA per SM. RETORT_DISTILL_THREADS=n (a multiple of 32, at most the
-  // build's bound) launches fewer, for tuning. (Counts that split a segment's vectors more evenly, as the
-  // cross-entropy kernel picks, were slower here: 480 threads for V = 128,256 in 5 segments, fused JSD
-  // 1.172 / 1.164 against 1.156 / 1.149 at 512, H100, session 15: two CTAs per SM need every warp to hide the
-  // latency. Double-buffered plans with more, smaller segments were slower too: 10 CTAs of 512 threads per
-  // row at V = 128,256, 1.133 against 0.911 ms; one 1024-thread CTA per SM, 1.246 ms; session 16.)
+  // threads with two CTAs per SM, or three of 320 (above) where two would hold one buffer each, else 1024
+  // threads with one CTA per SM. Two CTAs per SM need every warp to hide the latency, so thread counts that
+  // split a segment's vectors more evenly (the cross-entropy kernel's rule) and double-buffered plans with
+  // more, smaller segments lose here (bench/HISTORY.md, sessions 15 and 16).
   // The fewest CTAs of `block` threads (k per SM) whose segments fit in up to max_nbuf buffers.
   auto search = [&](int block, int per_sm, int max_nbuf) {
     ClusterPlan q;
     for (int nbuf = max_nbuf; nbuf >= 1 && q.cs == 0; --nbuf)
-      for (int cs = want > 0 ? std::min(want, kMaxClusterCtas) : 1; cs <= kMaxClusterCtas; ++cs) {
+      for (int cs = 1; cs <= kMaxClusterCtas; ++cs) {
         const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
         if (int64_t(nbuf) * 2 * seg * int64_t(elsize) <= cluster_smem(per_sm)) {
           q = ClusterPlan{cs, nbuf, block <= 512 ? 512 : 1024, block, seg};
@@ -687,22 +659,12 @@ ClusterPlan cluster_plan(const RowBlock& b, const DistillRows& o, size_t elsize)
       }
     return q;
   };
-  if (!distill_force_1024()) {
-    p = search(512, 2, kMaxBufs);
-    if (p.cs && p.nbuf == 1 && distill_three_per_sm()) {
-      const ClusterPlan q = search(320, 3, 1);
-      if (q.cs) p = q;
-    }
+  p = search(512, 2, kMaxBufs);
+  if (p.cs && p.nbuf == 1) {
+    const ClusterPlan q = search(320, 3, 1);
+    if (q.cs) p = q;
   }
   if (p.cs == 0) p = search(1024, 1, kMaxBufs);
-  if (p.cs) {
-    static const int forced = [] {
-      const char* e = std::getenv("RETORT_DISTILL_THREADS");
-      const int v = e ? std::atoi(e) : 0;
-      return v >= 64 && v % 32 == 0 ? v : 0;
-    }();
-    if (forced && forced <= p.threads) p.block = forced;
-  }
   return p;
 }
 
@@ -763,25 +725,20 @@ void distill_rows(const RowBlock& b, const DistillRows& o, const ErrorSink& err,
       cfg.stream = s;
       cfg.attrs = attr;
       cfg.numAttrs = 1;
-      int clusters = rowk::max_active_clusters(kernel, cfg, cp.cs, "distill_cluster_kernel");
+      int clusters = rowk::max_active_clusters(kernel, cfg, cp.cs);
       if (clusters <= 0) {  // no cluster of this shape fits (another process's partition of the GPU, say)
         portable();
         return;
       }
       clusters = int(std::min<int64_t>(b.rows, clusters));
       cfg.gridDim = dim3(unsigned(clusters * cp.cs));
-      if (std::getenv("RETORT_ROWLOSS_DEBUG"))
-        std::fprintf(stderr,
-                     "distill_rows: cluster path, %d CTAs per row, segment %lld, %d buffers, %d clusters, "
-                     "%d threads\n",
-                     cp.cs, static_cast<long long>(cp.seg), cp.nbuf, clusters, cp.block);
       const bool gvec = !b.grad || vec_ok(b.grad, b.V, b.grad_stride, sizeof(G));
       int64_t seg = cp.seg;
       int nbuf = cp.nbuf;
-      check(cudaLaunchKernelEx(&cfg, kernel, b, o, err, f, seg, nbuf, gvec), "distill_cluster_kernel launch");
+      RT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, b, o, err, f, seg, nbuf, gvec));
     }
   });
-  check(cudaGetLastError(), "distill_kernel launch");
+  RT_CUDA_LAUNCH_CHECK("distill_kernel");
 }
 
 }  // namespace retort::cuda

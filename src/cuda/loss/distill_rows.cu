@@ -371,7 +371,7 @@ void topk_distill_rows(const RowBlock& b, const TopKRows& o, const ErrorSink& er
     dispatch(b.dtype, b.grad_dtype, op, [&]<typename T, typename G>() {
       topk_gather_kernel<T><<<grid, kFastWarps * 32, 0, s>>>(b, o, err, w, hard_on);
     });
-    check(cudaGetLastError(), "topk_gather_kernel launch");
+    RT_CUDA_LAUNCH_CHECK("topk_gather_kernel");
     RowBlock bc = b;
     bc.loss = w.hard;
     bc.lse = w.lse;
@@ -385,7 +385,7 @@ void topk_distill_rows(const RowBlock& b, const TopKRows& o, const ErrorSink& er
     dispatch(b.dtype, b.grad_dtype, op, [&]<typename T, typename G>() {
       topk_fixup_kernel<G><<<grid, kFastWarps * 32, 0, s>>>(b, o, w, hard_on);
     });
-    check(cudaGetLastError(), "topk_fixup_kernel launch");
+    RT_CUDA_LAUNCH_CHECK("topk_fixup_kernel");
     return;
   }
   TopKFlags f{};
@@ -401,17 +401,15 @@ void topk_distill_rows(const RowBlock& b, const TopKRows& o, const ErrorSink& er
   dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, op, [&]<typename T, typename G>() {
     auto kernel = topk_kernel<T, G>;
     int dev = 0, optin = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-          "cudaDeviceGetAttribute");
+    RT_CUDA_CHECK(cudaGetDevice(&dev));
+    RT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     cudaFuncAttributes attr{};
-    check(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes(topk_kernel)");
+    RT_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
     RT_CHECK(smem + attr.sharedSizeBytes <= size_t(optin), op, ": K = ", o.K, " teacher slots need ",
              smem + attr.sharedSizeBytes, " bytes of shared memory per block, more than the ", optin,
              " this device allows");
     if (smem > 48 * 1024)
-      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-            "cudaFuncSetAttribute(topk_kernel, max dynamic shared memory)");
+      RT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const bool vec = true;  // for_row's vector path takes any row
     const bool gvec = grad_vec_ok(b.logits, b.stride, sizeof(T), b.grad, b.grad_stride, sizeof(G));
     // Short rows (the K-sparse path's gathered [N, K] logits): a 512-thread CTA would idle most of its
@@ -424,7 +422,7 @@ void topk_distill_rows(const RowBlock& b, const TopKRows& o, const ErrorSink& er
     }
     kernel<<<grid, threads, smem, s>>>(b, o, err, f, vec, gvec);
   });
-  check(cudaGetLastError(), "topk_kernel launch");
+  RT_CUDA_LAUNCH_CHECK("topk_kernel");
 }
 
 }  // namespace retort::cuda

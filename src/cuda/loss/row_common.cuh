@@ -15,6 +15,7 @@
 
 #include "../../core/dtype.h"
 #include "../../core/error.h"
+#include "../cuda_internal.h"
 
 namespace retort::cuda::rowk {
 
@@ -422,14 +423,6 @@ void dispatch(DType t, DType g, const char* op, F&& f) {
   }
 }
 
-// Host side: throws on a failed CUDA call, after clearing a non-sticky error (a launch refused for its
-// configuration) so the next op's launch check does not report it a second time.
-inline void check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  (void)cudaGetLastError();
-  RT_FAIL("cuda: ", what, " failed: ", cudaGetErrorString(e));
-}
-
 // Host side: the most clusters of cfg's shape that fit on the device at once, with the kernel's dynamic
 // shared memory limit raised to cfg.dynamicSmemBytes first. Both calls cost host time on every launch (and
 // the GPU waits for it when nothing is queued ahead), so the count is kept per kernel, shared memory size,
@@ -437,28 +430,25 @@ inline void check(cudaError_t e, const char* what) {
 // ever grows (to the largest size asked for on that device), so a launch with a size seen before still fits
 // after one with a smaller size set the limit.
 template <typename Kernel>
-int max_active_clusters(Kernel kernel, const cudaLaunchConfig_t& cfg, int cluster_size, const char* what) {
+int max_active_clusters(Kernel kernel, const cudaLaunchConfig_t& cfg, int cluster_size) {
   static std::mutex mu;
   static std::map<std::tuple<const void*, size_t, int, int, unsigned>, int> known;
   static std::map<std::pair<const void*, int>, size_t> limit;  // (kernel, device) -> the limit set
   int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) RT_FAIL("cuda: cudaGetDevice failed: ", cudaGetErrorString(e));
+  RT_CUDA_CHECK(cudaGetDevice(&dev));
   const void* fn = reinterpret_cast<const void*>(kernel);
   const auto key = std::make_tuple(fn, cfg.dynamicSmemBytes, cluster_size, dev, cfg.blockDim.x);
   std::lock_guard<std::mutex> lock(mu);
   size_t& lim = limit[{fn, dev}];
   if (cfg.dynamicSmemBytes > lim) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cfg.dynamicSmemBytes));
-    if (e != cudaSuccess) RT_FAIL("cuda: cudaFuncSetAttribute(", what, ") failed: ", cudaGetErrorString(e));
+    RT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cfg.dynamicSmemBytes)));
     lim = cfg.dynamicSmemBytes;
   }
   auto it = known.find(key);
   if (it == known.end()) {
     int clusters = 0;
-    e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
-    if (e != cudaSuccess)
-      RT_FAIL("cuda: cudaOccupancyMaxActiveClusters(", what, ") failed: ", cudaGetErrorString(e));
+    RT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
     it = known.emplace(key, clusters).first;
   }
   return it->second;

@@ -26,18 +26,8 @@ constexpr int kThreads = 512;
 // Threads per cluster CTA (one CTA per SM) for a segment of nv 8-wide vectors: of 512, 640, ..., 1024, the
 // count whose last round of vectors is fullest (every thread of a CTA waits at each row's barriers for the
 // threads with one vector more: V = 128,256 in 3 segments is 5.2 vectors per thread at 1024 threads, 6.96 at
-// 768), the larger one on a tie (fewer vectors, so less latency, per thread). RETORT_CLUSTER_THREADS=n (a
-// multiple of 32 in [256, 1024]) overrides, for tuning.
-int forced_cluster_threads() {
-  static const int forced = [] {
-    const char* e = std::getenv("RETORT_CLUSTER_THREADS");
-    const int v = e ? std::atoi(e) : 0;
-    return v >= 256 && v <= 1024 && v % 32 == 0 ? v : 0;
-  }();
-  return forced;
-}
+// 768), the larger one on a tie (fewer vectors, so less latency, per thread).
 int cluster_threads(int64_t nv) {
-  if (const int forced = forced_cluster_threads()) return forced;
   int best = 1024;
   double best_fill = 0.0;
   for (int t = 1024; t >= 512; t -= 128) {
@@ -49,15 +39,8 @@ int cluster_threads(int64_t nv) {
   }
   return best;
 }
-// Shared memory for one row segment of a cluster CTA (it holds two: RETORT_SEGMENT_KB overrides, for tuning).
-int64_t segment_bytes() {
-  static int64_t v = [] {
-    const char* e = std::getenv("RETORT_SEGMENT_KB");
-    int64_t kb = e ? std::atoll(e) : 100;
-    return std::max<int64_t>(16, std::min<int64_t>(kb, 110)) * 1024;
-  }();
-  return v;
-}
+// Shared memory for one row segment of a cluster CTA (it holds two).
+constexpr int64_t kSegmentBytes = 100 * 1024;
 constexpr int kMaxCluster = 8;
 constexpr int64_t kSmemBudget = 220 * 1024;  // of the 227 KB a CTA may use on H100
 constexpr int kUnroll = 4;
@@ -71,15 +54,6 @@ int grid_for(int64_t rows) {
   }();
   // Two 512-thread CTAs per SM keep enough loads in flight; more rows are visited grid-stride.
   return int(std::min<int64_t>(rows, int64_t(sms) * 2));
-}
-
-// RETORT_NO_CLUSTER=1 forces the two-pass kernel (to compare the two in a benchmark).
-bool cluster_disabled() {
-  static bool off = [] {
-    const char* e = std::getenv("RETORT_NO_CLUSTER");
-    return e && e[0] == '1';
-  }();
-  return off;
 }
 
 __device__ __forceinline__ float grad_scale(const RowBlock& b) {
@@ -708,9 +682,9 @@ int device_sm_count_and_arch(int* major) {
   static int sms = 0, maj = 0;
   if (sms == 0) {
     int dev = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-    check(cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+    RT_CUDA_CHECK(cudaGetDevice(&dev));
+    RT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    RT_CUDA_CHECK(cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev));
   }
   *major = maj;
   return sms;
@@ -728,28 +702,18 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
     int major = 0;
     (void)device_sm_count_and_arch(&major);
     const int64_t row_bytes = b.V * int64_t(sizeof(T));
-    const int cs = int((row_bytes + segment_bytes() - 1) / segment_bytes());
+    const int cs = int((row_bytes + kSegmentBytes - 1) / kSegmentBytes);
     bool launched = false;
-    if (b.grad && vec && major >= 9 && cs <= kMaxCluster && !cluster_disabled()) {
+    if (b.grad && vec && major >= 9 && cs <= kMaxCluster) {
       // Segments are whole 8-element vectors so every CTA's slice stays 16-byte aligned.
       const int64_t seg = ((b.V + cs - 1) / cs + 7) / 8 * 8;
       // Three buffers when they fit (two rows streaming in while one is used). Else, for rows of three or
-      // more segments, two CTAs of 512 threads per SM with one buffer each (one CTA computes while the other
-      // waits for its copy or at a barrier, as in the distillation kernel; H100, 2048 x 128,256 bf16 row
-      // bench: CE fwd+bwd 0.471 -> 0.453 ms, top-K as CE rows 0.508 -> 0.484 ms; fused top-K + hard CE
-      // 1.142 / 1.141 against 1.161 / 1.145 alternated, session 16); else two buffers in one CTA per SM.
-      // RETORT_CLUSTER_NBUF=1, 2 or 3 forces a count, for tuning.
-      static const int force_nbuf = [] {
-        const char* e = std::getenv("RETORT_CLUSTER_NBUF");
-        const int v = e ? std::atoi(e) : 0;
-        return v >= 1 && v <= 3 ? v : 0;
-      }();
-      const int nbuf = force_nbuf                                    ? force_nbuf
-                       : 3 * seg * int64_t(sizeof(T)) <= kSmemBudget ? 3
-                       : cs >= 3                                     ? 1
-                                                                     : 2;
+      // more segments, two CTAs of 512 threads per SM with one buffer each, so that one CTA computes while
+      // the other waits for its copy or at a barrier, as in the distillation kernel (bench/HISTORY.md,
+      // session 16); else two buffers in one CTA per SM.
+      const int nbuf = 3 * seg * int64_t(sizeof(T)) <= kSmemBudget ? 3 : cs >= 3 ? 1 : 2;
       const size_t smem = size_t(nbuf) * size_t(seg) * sizeof(T);
-      const int threads = nbuf == 1 && !forced_cluster_threads() ? 512 : cluster_threads(seg / 8);
+      const int threads = nbuf == 1 ? 512 : cluster_threads(seg / 8);
       auto kernel = rows_cluster_kernel<P, T, G>;
       cudaLaunchConfig_t cfg = {};
       cudaLaunchAttribute attr[1];
@@ -764,25 +728,15 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       cfg.numAttrs = 1;
       cfg.gridDim = dim3(cs);
       // No cluster of this shape fits (another process's partition of the GPU, say): the two-pass kernel.
-      int clusters = max_active_clusters(kernel, cfg, cs, what);
+      int clusters = max_active_clusters(kernel, cfg, cs);
       if (clusters > 0) {
         clusters = int(std::min<int64_t>(b.rows, clusters));
         cfg.gridDim = dim3(clusters * cs);
-        if (std::getenv("RETORT_ROWLOSS_DEBUG"))
-          std::fprintf(stderr,
-                       "%s: cluster path, %d CTAs per row, segment %lld elements, %d buffers, %d clusters, "
-                       "%d threads\n",
-                       what, cs, (long long)seg, nbuf, clusters, threads);
-        // A single buffer is split in halves (rows_cluster_kernel); RETORT_CLUSTER_HALVES=0 keeps it whole,
-        // for comparisons.
-        static const bool halves_on = [] {
-          const char* e = std::getenv("RETORT_CLUSTER_HALVES");
-          return !(e && e[0] == '0');
-        }();
+        // A single buffer is split in halves (rows_cluster_kernel).
         int64_t seg_arg = seg;
         int nbuf_arg = nbuf;
-        bool gvec_arg = gvec, halves_arg = halves_on;
-        check(cudaLaunchKernelEx(&cfg, kernel, b, p, seg_arg, nbuf_arg, gvec_arg, halves_arg), what);
+        bool gvec_arg = gvec, halves_arg = true;
+        RT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, b, p, seg_arg, nbuf_arg, gvec_arg, halves_arg));
         launched = true;
       }
     }
@@ -792,7 +746,7 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       rows_l2_kernel<P, T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, p, true, gshift);
     }
   });
-  check(cudaGetLastError(), what);
+  RT_CUDA_LAUNCH_CHECK(what);
 }
 
 }  // namespace
@@ -830,20 +784,20 @@ void selective_log_softmax_rows(const RowBlock& b, const SelectiveRows& o, int* 
              bool gvec = grad_vec_ok(b.logits, b.stride, sizeof(T), b.grad, b.grad_stride, sizeof(G));
              selective_kernel<T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, o, err, vec, gvec);
            });
-  check(cudaGetLastError(), "selective_log_softmax_rows launch");
+  RT_CUDA_LAUNCH_CHECK("selective_log_softmax_rows");
 }
 
 void count_valid_rows(const void* labels, DType label_dtype, int64_t rows, int64_t ignore_index, float weight,
                       float* inv_count, int* count, void* stream) {
   count_kernel<<<1, 1024, 0, static_cast<cudaStream_t>(stream)>>>(labels, label_dtype == DType::I64, rows,
                                                                   ignore_index, weight, inv_count, count);
-  check(cudaGetLastError(), "count_valid_rows launch");
+  RT_CUDA_LAUNCH_CHECK("count_valid_rows");
 }
 
 void sum_rows_scalar(const float* values, int64_t n, const float* scale_dev, float scale, float* out,
                      void* stream) {
   sum_kernel<<<1, 1024, 0, static_cast<cudaStream_t>(stream)>>>(values, n, scale_dev, scale, out);
-  check(cudaGetLastError(), "sum_rows_scalar launch");
+  RT_CUDA_LAUNCH_CHECK("sum_rows_scalar");
 }
 
 }  // namespace retort::cuda

@@ -1,6 +1,6 @@
 // PTX wrappers for Hopper (sm_90a) kernels: shared-memory addresses and wgmma descriptors for 128-byte
 // swizzled K-major tiles, the m64n256k16 bf16 wgmma, mbarrier waits and arrivals, TMA 2-D loads. Device code
-// only; used by softmax_chunk.cu and by the probes in tools/probes (which include it by path). Calling any of
+// only; used by softmax_chunk.cu. Calling any of
 // them from code built for another target is a ptxas error, so they belong in sm_90a-only paths.
 #pragma once
 #include <cuda.h>

@@ -2,7 +2,7 @@
 // -gencode): the GEMM uses TMA and wgmma, which exist only there; on other targets the kernels compile to
 // nothing and softmax_epilogue_supported() says no.
 //
-// The GEMM (tools/probes/lse_probe.cu measured it; bench/HISTORY.md, session 18): persistent CTAs, one per
+// The GEMM (measured alone against cuBLAS: bench/HISTORY.md, session 18): persistent CTAs, one per
 // SM, walk the 128 x 256 output tiles m-fastest (so the CTAs in flight share a few W tiles and the whole
 // hidden chunk in L2). Per CTA a producer warp issues TMA loads of 64-wide K tiles of x [128 rows] and W
 // [256 rows] (128-byte swizzle) into a ring of stages with full / empty mbarriers, running ahead across

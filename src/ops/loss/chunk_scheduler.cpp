@@ -76,7 +76,7 @@ size_t padded_bytes(const Block& w, int64_t vp) {
 
 ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shadow, bool logits16) {
   ChunkPlan plan;
-  const size_t total = p.memory_budget > 0 ? p.memory_budget : kFusedLinearAutoMin;
+  const size_t total = p.logits_budget > 0 ? p.logits_budget : kFusedLinearAutoMin;
   const int64_t n = p.hidden.rows, v = p.weight.rows;
   plan.padded_vocab = (v + kVocabPad - 1) / kVocabPad * kVocabPad;
   plan.sparse = sparse_topk(p);
@@ -98,7 +98,8 @@ ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shad
     const size_t ws = padded_bytes(p.weight, plan.padded_vocab);
     const size_t ts = p.online_teacher() ? padded_bytes(p.teacher_weight, plan.padded_vocab) : 0;
     // Unaligned GEMMs run several times slower than aligned ones (bench/RESULTS.md, "Fast by default"), so
-    // the copies are worth most of the budget: pad whenever a chunk of kRowAlign rows (or all rows) still fits.
+    // the copies are worth most of the budget: pad whenever a chunk of kRowAlign rows (or all rows) still
+    // fits.
     const size_t keep = size_t(std::min<int64_t>(n, kRowAlign)) * budget_per_row;
     if (ws > 0 && (!p.online_teacher() || ts > 0) && ws + ts + keep <= total) {
       plan.pad_weights = true;
@@ -124,17 +125,219 @@ ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights, size_t shad
   return plan;
 }
 
+namespace {
+
+// 16-bit logits when asked for and the executor can compute them for every logits GEMM: both operands of
+// the student's (and an online teacher's) GEMM of the logits' dtype.
+bool use_16bit_logits(const FusedLinearProblem& p, const ExecutorCaps& caps) {
+  if (!wants_16bit_logits(p) || !caps.logits16) return false;
+  auto same = [&](const Block& a, const Block& b) {
+    return a.dtype == p.logits_dtype && b.dtype == p.logits_dtype;
+  };
+  return same(p.hidden, p.weight) && (!p.online_teacher() || same(p.teacher_hidden, p.teacher_weight));
+}
+
+// The whole problem as one dense fast-path job: asked about before planning, then cut per chunk.
+SoftmaxChunk whole_job(const FusedLinearProblem& p) {
+  SoftmaxChunk whole;
+  whole.hidden = p.hidden;
+  whole.weight = p.weight;
+  whole.v = p.weight.rows;
+  whole.vp = (whole.v + kVocabPad - 1) / kVocabPad * kVocabPad;
+  whole.spec = p.spec;
+  whole.grad = p.wants_grad();
+  if (whole.grad) whole.row_upstream = p.row_upstream;
+  whole.dhidden = p.dhidden;
+  whole.accumulate_dhidden = p.accumulate_dhidden;
+  whole.dweight = p.dweight;
+  whole.accumulate_dweight = p.accumulate_dweight;
+  return whole;
+}
+
+// One problem's run: the plan, the scratch carved from it, and the per-chunk steps.
+class ChunkRun {
+ public:
+  ChunkRun(ChunkExecutor& ex, const FusedLinearProblem& p, float inv) : ex_(ex), p_(p) {
+    const ExecutorCaps caps = ex.caps();
+    const LossKind kind = p.spec.kind;
+    // Chunks an executor may run whole; when it takes all of them, W needs no padded copy.
+    offer_dense_ = (kind == LossKind::CrossEntropy || kind == LossKind::TopK) && p.bias.empty() &&
+                   p.dbias.empty() && !p.online_teacher() && !sparse_topk(p);
+    whole_ = whole_job(p);
+    FastPath ask;
+    ask.kind = FastPath::Kind::DenseWhole;
+    ask.dense = whole_;
+    const bool dense_all = offer_dense_ && ex.fast_path(ask);
+    plan_ =
+        plan_chunks(p, caps.pads_vocab && !dense_all, caps.shadow_bytes_per_logit, use_16bit_logits(p, caps));
+    base_ = static_cast<char*>(ex.scratch(plan_.scratch_bytes));
+    carve_buffers(inv);
+  }
+
+  void chunk(int64_t r0) {
+    const int64_t c = std::min(plan_.chunk_rows, p_.hidden.rows - r0);
+    if (plan_.sparse)
+      sparse(r0, c);
+    else
+      dense(r0, c);
+  }
+  int64_t chunk_rows() const { return plan_.chunk_rows; }
+  const RowOut& all() const { return all_; }
+
+ private:
+  char* carve(size_t bytes) {
+    char* q = base_ + off_;
+    off_ += align_up(bytes);
+    RT_ASSERT(off_ <= plan_.scratch_bytes);
+    return q;
+  }
+  // W (or the teacher's) as the GEMMs see it: copied into zero-padded [Vp, H] scratch when the plan pads.
+  Block padded(const Block& w) {
+    if (!plan_.pad_weights) return w;
+    const int64_t vp = plan_.padded_vocab, v = w.rows;
+    const size_t es = dtype_size(w.dtype), row = size_t(w.cols) * es;
+    char* q = carve(size_t(vp) * row);
+    const Block dst{q, w.dtype, vp, w.cols, row, es};
+    ex_.copy(w, dst.sub_rows(0, v));
+    ex_.zero(
+        Block{q + size_t(v) * row, DType::F32, vp - v, int64_t(row / sizeof(float)), row, sizeof(float)});
+    return dst;
+  }
+  float* row_buffer() { return reinterpret_cast<float*>(carve(size_t(p_.hidden.rows) * sizeof(float))); }
+
+  void carve_buffers(float inv) {
+    const bool online = p_.online_teacher();
+    const int64_t kk = plan_.sparse ? p_.spec.topk.logprobs.cols : 0;
+    // Student logits [C, Vp] (gathered [C, K] f32 on the sparse path) and the teacher's [C, Vp] after them.
+    // With 16-bit logits a row is Vp·2 bytes, a multiple of 256: the teacher's block stays aligned.
+    const size_t logits_bytes = size_t(plan_.chunk_rows) *
+                                (plan_.sparse ? size_t(kk) : size_t(plan_.padded_vocab)) *
+                                dtype_size(plan_.logits_dtype);
+    logits_buf_ = carve(online ? 2 * logits_bytes : logits_bytes);
+    teacher_buf_ = online ? logits_buf_ + logits_bytes : nullptr;
+    weight_g_ = padded(p_.weight);
+    if (online) teacher_weight_g_ = padded(p_.teacher_weight);
+    // Per-row outputs over all N rows; sub_rows() cuts them per chunk.
+    const bool red = reduced(p_);
+    const RowBuffers rb = row_buffers(p_);
+    if (p_.spec.kind != LossKind::SelectiveLogSoftmax) {
+      all_.loss = !red ? p_.loss : rb.loss ? row_buffer() : p_.per_row;
+      all_.hard = !red ? p_.hard : rb.hard ? row_buffer() : nullptr;
+      all_.soft = !red ? p_.soft : rb.soft ? row_buffer() : nullptr;
+    }
+    all_.lse = p_.lse;
+    all_.grad_scale = p_.grad_scale * inv;
+  }
+
+  void sparse(int64_t r0, int64_t c) {
+    const int64_t kk = p_.spec.topk.logprobs.cols;
+    const bool first = r0 == 0, grad = p_.wants_grad();
+    const Block hc = p_.hidden.sub_rows(r0, c);
+    const LossSpec spec = p_.spec.sub_rows(r0, c);
+    RowOut out = all_.sub_rows(r0, c);
+    const Block g = f32_rows(logits_buf_, c, kk, kk);
+    // The first chunk overwrites dW and dbias (zero where no slot points) unless they are accumulators.
+    SparseGrads sg;
+    sg.dhidden = p_.dhidden.sub_rows(r0, c);
+    sg.dweight = p_.dweight;
+    sg.dbias = p_.dbias;
+    sg.accumulate_dhidden = p_.accumulate_dhidden;
+    sg.accumulate_dweight = !first || p_.accumulate_dweight;
+    sg.accumulate_dbias = !first || p_.accumulate_dbias;
+    if (grad && p_.row_upstream.empty() && !sg.dhidden.empty() && !out.hard) {
+      FastPath job;
+      job.kind = FastPath::Kind::SparseChunk;
+      job.sparse = {hc, p_.weight, p_.bias, spec.topk, g, out, sg.dhidden, sg.accumulate_dhidden};
+      job.sparse.out.grad = g;
+      if (ex_.fast_path(job)) {
+        sg.dhidden = Block{};
+        if (!sg.dweight.empty() || !sg.dbias.empty()) ex_.scatter_grads(g, hc, p_.weight, spec.topk, sg);
+        return;
+      }
+    }
+    ex_.gather_logits(hc, p_.weight, p_.bias, spec.topk, g);
+    // The row loss sees the gathered block: slot k is column k, normalized over the valid slots.
+    LossSpec gathered = spec;
+    gathered.topk.ids = Block{};
+    if (grad) out.grad = g;
+    ex_.row_loss(gathered, g, out);
+    if (!grad) return;
+    if (!p_.row_upstream.empty()) ex_.scale_rows(g, p_.row_upstream.sub_rows(r0, c));
+    ex_.scatter_grads(g, hc, p_.weight, spec.topk, sg);
+  }
+
+  void dense(int64_t r0, int64_t c) {
+    const bool first = r0 == 0, grad = p_.wants_grad(), online = p_.online_teacher();
+    const int64_t v = p_.weight.rows, vp = plan_.padded_vocab, vg = plan_.pad_weights ? vp : v;
+    const DType ldt = plan_.logits_dtype;
+    const Block hc = p_.hidden.sub_rows(r0, c);
+    LossSpec spec = p_.spec.sub_rows(r0, c);
+    RowOut out = all_.sub_rows(r0, c);
+    if (offer_dense_) {
+      FastPath job;
+      job.dense = whole_;
+      job.dense.hidden = hc;
+      job.dense.weight = weight_g_;
+      job.dense.logits = logits_buf_;
+      job.dense.logits_dtype = ldt;
+      job.dense.spec = spec;
+      job.dense.out = out;
+      job.dense.row_upstream = whole_.row_upstream.sub_rows(r0, c);
+      job.dense.dhidden = whole_.dhidden.sub_rows(r0, c);
+      job.dense.accumulate_dweight = !first || p_.accumulate_dweight;
+      if (ex_.fast_path(job)) return;
+    }
+    // The pad columns (when padded) are written by the logits GEMM only: h·0 = 0 from the zero W rows, in
+    // any dtype. Bias, row loss and scale_rows touch the first V columns.
+    const Block logits = rows_of(logits_buf_, ldt, c, v, vp);
+    const Block logits_g = rows_of(logits_buf_, ldt, c, vg, vp);  // with the pad columns when padded
+    ex_.gemm(hc, false, weight_g_, true, logits_g, 1.0f, 0.0f);
+    if (!p_.bias.empty()) ex_.add_bias(logits, p_.bias);
+    if (online) {
+      const Block teacher = rows_of(teacher_buf_, ldt, c, v, vp);
+      ex_.gemm(p_.teacher_hidden.sub_rows(r0, c), false, teacher_weight_g_, true,
+               rows_of(teacher_buf_, ldt, c, vg, vp), 1.0f, 0.0f);
+      if (!p_.teacher_bias.empty()) ex_.add_bias(teacher, p_.teacher_bias);
+      spec.distill.teacher = teacher;
+    }
+    if (grad) out.grad = logits;  // in place: each row is read before its gradient overwrites it
+    ex_.row_loss(spec, logits, out);
+    if (!grad) return;
+    if (!p_.row_upstream.empty()) ex_.scale_rows(logits, p_.row_upstream.sub_rows(r0, c));
+    // The pad columns of the gradient are the GEMM's zeros (the row loss writes only V columns).
+    if (!p_.dhidden.empty())
+      ex_.gemm(logits_g, false, weight_g_, false, p_.dhidden.sub_rows(r0, c), 1.0f,
+               p_.accumulate_dhidden ? 1.0f : 0.0f);
+    if (!p_.dweight.empty())
+      ex_.gemm(logits, true, hc, false, p_.dweight, 1.0f, first && !p_.accumulate_dweight ? 0.0f : 1.0f);
+    if (!p_.dbias.empty()) ex_.column_sums(logits, p_.dbias, !first || p_.accumulate_dbias);
+  }
+
+  ChunkExecutor& ex_;
+  const FusedLinearProblem& p_;
+  ChunkPlan plan_;
+  bool offer_dense_ = false;
+  SoftmaxChunk whole_;
+  char* base_ = nullptr;
+  size_t off_ = 0;
+  char* logits_buf_ = nullptr;
+  char* teacher_buf_ = nullptr;
+  Block weight_g_, teacher_weight_g_;
+  RowOut all_;
+};
+
+}  // namespace
+
 void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& problem) {
   FusedLinearProblem p = problem;
-  if (p.memory_budget == kFusedLinearAutoBudget) p.memory_budget = ex.auto_budget();
+  if (p.logits_budget == kFusedLinearAutoBudget) p.logits_budget = ex.caps().auto_budget;
   const int64_t n = p.hidden.rows, v = p.weight.rows;
   RT_ASSERT(n > 0 && v > 0 && p.weight.cols == p.hidden.cols);
   const LossKind kind = p.spec.kind;
-  const bool online = p.online_teacher();
-  RT_ASSERT(!online || (kind == LossKind::Distill && p.teacher_weight.rows == v &&
-                        p.teacher_hidden.rows == n && p.teacher_hidden.cols == p.teacher_weight.cols));
-  const bool grad = p.wants_grad();
-  RT_ASSERT(!grad || kind != LossKind::SelectiveLogSoftmax || p.spec.selective.lse);
+  RT_ASSERT(!p.online_teacher() ||
+            (kind == LossKind::Distill && p.teacher_weight.rows == v && p.teacher_hidden.rows == n &&
+             p.teacher_hidden.cols == p.teacher_weight.cols));
+  RT_ASSERT(!p.wants_grad() || kind != LossKind::SelectiveLogSoftmax || p.spec.selective.lse);
 
   // Validation first: nothing is written when the side data is bad, and the mean's divisor is known before
   // the first chunk, so every gradient is scaled in the row loss's own pass.
@@ -145,203 +348,13 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& problem) {
   float inv = 1.0f;  // kCountOnDevice: the executor applies 1/count itself
   if (mean && valid != ChunkExecutor::kCountOnDevice) inv = valid > 0 ? 1.0f / float(valid) : 0.0f;
 
-  // 16-bit logits when asked for and the executor can compute them for every logits GEMM.
-  bool logits16 = false;
-  if (wants_16bit_logits(p)) {
-    logits16 = ex.supports_16bit_logits(p.logits_dtype, p.hidden.dtype, p.weight.dtype);
-    if (online)
-      logits16 = logits16 &&
-                 ex.supports_16bit_logits(p.logits_dtype, p.teacher_hidden.dtype, p.teacher_weight.dtype);
-  }
-  // Chunks an executor may run whole (ChunkExecutor::softmax_chunk); when it takes all of them, W needs no
-  // padded copy.
-  const bool offer_softmax = (kind == LossKind::CrossEntropy || kind == LossKind::TopK) && p.bias.empty() &&
-                             p.dbias.empty() && !online && !sparse_topk(p);
-  // The whole problem as one job: asked about before planning, then cut per chunk.
-  SoftmaxChunk whole;
-  whole.hidden = p.hidden;
-  whole.weight = p.weight;
-  whole.v = v;
-  whole.vp = (v + kVocabPad - 1) / kVocabPad * kVocabPad;
-  whole.spec = p.spec;
-  whole.grad = grad;
-  if (grad) whole.row_upstream = p.row_upstream;
-  whole.dhidden = p.dhidden;
-  whole.accumulate_dhidden = p.accumulate_dhidden;
-  whole.dweight = p.dweight;
-  whole.accumulate_dweight = p.accumulate_dweight;
-  const bool softmax_all = offer_softmax && ex.softmax_whole(whole);
-  const ChunkPlan plan =
-      plan_chunks(p, ex.pads_vocab() && !softmax_all, ex.shadow_bytes_per_logit(), logits16);
-  const int64_t c_max = plan.chunk_rows, vp = plan.padded_vocab;
-  const DType ldt = plan.logits_dtype;
-  char* base = static_cast<char*>(ex.scratch(plan.scratch_bytes));
-  size_t off = 0;
-  auto carve = [&](size_t bytes) {
-    char* q = base + off;
-    off += align_up(bytes);
-    RT_ASSERT(off <= plan.scratch_bytes);
-    return q;
-  };
-  const int64_t kk = plan.sparse ? p.spec.topk.logprobs.cols : 0;
-  // Student logits [C, Vp] (gathered [C, K] f32 on the sparse path) and the teacher's [C, Vp] after them.
-  // With 16-bit logits a row is Vp·2 bytes, a multiple of 256: the teacher's block stays aligned.
-  const size_t logits_bytes = size_t(c_max) * (plan.sparse ? size_t(kk) : size_t(vp)) * dtype_size(ldt);
-  char* chunk = carve(online ? 2 * logits_bytes : logits_bytes);
-  char* logits_buf = chunk;
-  char* teacher_buf = online ? chunk + logits_bytes : nullptr;
-
-  // The GEMMs' view of the weights and of the vocabulary: padded to Vp when the executor wants it.
-  const int64_t vg = plan.pad_weights ? vp : v;
-  auto padded = [&](const Block& w) {
-    if (!plan.pad_weights) return w;
-    const size_t es = dtype_size(w.dtype), row = size_t(w.cols) * es;
-    char* q = carve(size_t(vp) * row);
-    const Block dst{q, w.dtype, vp, w.cols, row, es};
-    ex.copy(w, dst.sub_rows(0, v));
-    ex.zero(Block{q + size_t(v) * row, DType::F32, vp - v, int64_t(row / sizeof(float)), row, sizeof(float)});
-    return dst;
-  };
-  const Block weight_g = padded(p.weight);
-  const Block teacher_weight_g = online ? padded(p.teacher_weight) : Block{};
-
-  // Per-row outputs over all N rows; sub_rows() cuts them per chunk.
-  const RowBuffers rb = row_buffers(p);
-  RowOut all;
-  if (kind != LossKind::SelectiveLogSoftmax) {
-    if (!red)
-      all.loss = p.loss;
-    else
-      all.loss = rb.loss ? reinterpret_cast<float*>(carve(size_t(n) * sizeof(float))) : p.per_row;
-    all.hard = !red ? p.hard : rb.hard ? reinterpret_cast<float*>(carve(size_t(n) * sizeof(float))) : nullptr;
-    all.soft = !red ? p.soft : rb.soft ? reinterpret_cast<float*>(carve(size_t(n) * sizeof(float))) : nullptr;
-  }
-  all.lse = p.lse;
-  all.grad_scale = p.grad_scale * inv;
-
-  for (int64_t r0 = 0; r0 < n; r0 += c_max) {
-    const int64_t c = std::min(c_max, n - r0);
-    const bool first = r0 == 0;
-    const Block hc = p.hidden.sub_rows(r0, c);
-    LossSpec spec = p.spec.sub_rows(r0, c);
-    RowOut out = all.sub_rows(r0, c);
-
-    if (plan.sparse) {
-      const Block g = f32_rows(logits_buf, c, kk, kk);
-      // The first chunk overwrites dW and dbias (zero where no slot points) unless they are accumulators.
-      SparseGrads sg;
-      sg.dhidden = p.dhidden.sub_rows(r0, c);
-      sg.dweight = p.dweight;
-      sg.dbias = p.dbias;
-      sg.accumulate_dhidden = p.accumulate_dhidden;
-      sg.accumulate_dweight = !first || p.accumulate_dweight;
-      sg.accumulate_dbias = !first || p.accumulate_dbias;
-      if (grad && p.row_upstream.empty() && !sg.dhidden.empty() && !out.hard) {
-        RowOut fo = out;
-        fo.grad = g;
-        if (ex.sparse_fused(hc, p.weight, p.bias, spec.topk, g, fo, sg.dhidden, sg.accumulate_dhidden)) {
-          sg.dhidden = Block{};
-          if (!sg.dweight.empty() || !sg.dbias.empty()) ex.scatter_grads(g, hc, p.weight, spec.topk, sg);
-          continue;
-        }
-      }
-      ex.gather_logits(hc, p.weight, p.bias, spec.topk, g);
-      // The row loss sees the gathered block: slot k is column k, normalized over the valid slots.
-      LossSpec gathered = spec;
-      gathered.topk.ids = Block{};
-      if (grad) out.grad = g;
-      ex.row_loss(gathered, g, out);
-      if (!grad) continue;
-      if (!p.row_upstream.empty()) ex.scale_rows(g, p.row_upstream.sub_rows(r0, c));
-      ex.scatter_grads(g, hc, p.weight, spec.topk, sg);
-      continue;
-    }
-
-    if (offer_softmax) {
-      SoftmaxChunk job = whole;
-      job.hidden = hc;
-      job.weight = weight_g;
-      job.logits = logits_buf;
-      job.logits_dtype = ldt;
-      job.spec = spec;
-      job.out = out;
-      job.row_upstream = whole.row_upstream.sub_rows(r0, c);
-      job.dhidden = whole.dhidden.sub_rows(r0, c);
-      job.accumulate_dweight = !first || p.accumulate_dweight;
-      if (ex.softmax_chunk(job)) continue;
-    }
-
-    // The pad columns (when padded) are written by the logits GEMM only: h·0 = 0 from the zero W rows, in
-    // any dtype. Bias, row loss and scale_rows touch the first V columns.
-    const Block logits = rows_of(logits_buf, ldt, c, v, vp);
-    const Block logits_g = rows_of(logits_buf, ldt, c, vg, vp);  // with the pad columns when padded
-    const Block teacher = online ? rows_of(teacher_buf, ldt, c, v, vp) : Block{};
-    const Block teacher_g = online ? rows_of(teacher_buf, ldt, c, vg, vp) : Block{};
-    if (online) spec.distill.teacher = teacher;
-    if (grad) out.grad = logits;  // in place: each row is read before its gradient overwrites it
-
-    // Pieces of the chunk (see ChunkExecutor::overlap_pieces): logits GEMMs on lane 0, the row loss of each
-    // piece on lane 1 once its logits are there. One piece: everything in order on lane 0.
-    const int pieces = int(std::clamp<int64_t>(ex.overlap_pieces(c, ldt), 1, c));
-    const int64_t step = (c + pieces - 1) / pieces;
-    int64_t last_row_fence = 0, before_last_fence = 0;
-    int64_t last_r0 = 0;
-    for (int64_t q0 = 0; q0 < c; q0 += step) {
-      const int64_t qn = std::min(step, c - q0);
-      ex.gemm(hc.sub_rows(q0, qn), false, weight_g, true, logits_g.sub_rows(q0, qn), 1.0f, 0.0f);
-      if (!p.bias.empty()) ex.add_bias(logits.sub_rows(q0, qn), p.bias);
-      if (online) {
-        ex.gemm(p.teacher_hidden.sub_rows(r0 + q0, qn), false, teacher_weight_g, true,
-                teacher_g.sub_rows(q0, qn), 1.0f, 0.0f);
-        if (!p.teacher_bias.empty()) ex.add_bias(teacher.sub_rows(q0, qn), p.teacher_bias);
-      }
-      if (pieces > 1) {
-        const int64_t f = ex.fence();
-        ex.set_lane(1);
-        ex.wait(f);
-      }
-      ex.row_loss(q0 == 0 && qn == c ? spec : spec.sub_rows(q0, qn), logits.sub_rows(q0, qn),
-                  q0 == 0 && qn == c ? out : out.sub_rows(q0, qn));
-      if (grad && !p.row_upstream.empty())
-        ex.scale_rows(logits.sub_rows(q0, qn), p.row_upstream.sub_rows(r0 + q0, qn));
-      if (pieces > 1) {
-        before_last_fence = last_row_fence;
-        last_row_fence = ex.fence();
-        ex.set_lane(0);
-      }
-      last_r0 = q0;
-    }
-    // From here on lane 0 again: the gradient GEMMs read the row losses' gradients.
-    if (!grad) {
-      if (pieces > 1) ex.wait(last_row_fence);  // the next chunk's GEMM overwrites the logits
-      continue;
-    }
-    // The pad columns of the gradient are the GEMM's zeros (the row loss writes only V columns).
-    if (!p.dhidden.empty()) {
-      const float beta = p.accumulate_dhidden ? 1.0f : 0.0f;
-      const Block dh = p.dhidden.sub_rows(r0, c);
-      if (pieces > 1 && last_r0 > 0) {  // the first pieces while the last one's row loss runs
-        ex.wait(before_last_fence);
-        ex.gemm(logits_g.sub_rows(0, last_r0), false, weight_g, false, dh.sub_rows(0, last_r0), 1.0f, beta);
-        ex.wait(last_row_fence);
-        ex.gemm(logits_g.sub_rows(last_r0, c - last_r0), false, weight_g, false,
-                dh.sub_rows(last_r0, c - last_r0), 1.0f, beta);
-      } else {
-        if (pieces > 1) ex.wait(last_row_fence);
-        ex.gemm(logits_g, false, weight_g, false, dh, 1.0f, beta);
-      }
-    } else if (pieces > 1) {
-      ex.wait(last_row_fence);
-    }
-    if (!p.dweight.empty())
-      ex.gemm(logits, true, hc, false, p.dweight, 1.0f, first && !p.accumulate_dweight ? 0.0f : 1.0f);
-    if (!p.dbias.empty()) ex.column_sums(logits, p.dbias, !first || p.accumulate_dbias);
-  }
+  ChunkRun run(ex, p, inv);
+  for (int64_t r0 = 0; r0 < n; r0 += run.chunk_rows()) run.chunk(r0);
 
   if (!red) return;
-  if (p.loss) ex.reduce(all.loss, n, inv, p.loss);
-  if (p.hard) ex.reduce(all.hard, n, inv, p.hard);
-  if (p.soft) ex.reduce(all.soft, n, inv, p.soft);
+  if (p.loss) ex.reduce(run.all().loss, n, inv, p.loss);
+  if (p.hard) ex.reduce(run.all().hard, n, inv, p.hard);
+  if (p.soft) ex.reduce(run.all().soft, n, inv, p.soft);
 }
 
 }  // namespace retort::loss

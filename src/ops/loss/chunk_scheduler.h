@@ -75,6 +75,56 @@ struct SoftmaxChunk {
   bool accumulate_dweight = false;
 };
 
+// A K-sparse top-K chunk handed whole to an executor (FastPath::Kind::SparseChunk): gather_logits, the
+// gathered row loss (loss, soft part and LSE into out, its gradient into g) and the dhidden half of
+// scatter_grads in one pass.
+struct SparseChunk {
+  Block hidden, weight, bias;  // the chunk's rows, W [V, H], bias [1, V] or empty
+  TopKSide side;               // cut to the chunk
+  Block g;                     // f32 [rows, K]: d loss / d gathered logit
+  RowOut out;
+  Block dhidden;  // [rows, H] f32
+  bool accumulate_dhidden = false;
+};
+
+// Work an executor may take whole instead of the scheduler's generic steps (ChunkExecutor::fast_path).
+struct FastPath {
+  enum class Kind {
+    DenseWhole,   // a question, asked once before planning: would every DenseChunk of this problem be taken?
+                  // dense holds all N rows, W as the caller gave it (unpadded) and no logits pointer. A yes
+                  // lets the scheduler skip the zero-padded W copy, which such a path does not need.
+    DenseChunk,   // a dense chunk (logits GEMM, row loss, gradient GEMMs) without the logits' round trip
+                  // through memory, for a loss whose logits gradient is a scaled softmax plus one entry per
+                  // row
+    SparseChunk,  // a K-sparse top-K chunk in one pass (sparse)
+  };
+  Kind kind = Kind::DenseChunk;
+  SoftmaxChunk dense;  // DenseWhole, DenseChunk
+  SparseChunk sparse;  // SparseChunk
+};
+
+// What an executor can do, asked once per problem (ChunkExecutor::caps).
+struct ExecutorCaps {
+  // The automatic memory budget (FusedLinearOptions::logits_budget 0): fused_linear_auto_budget of the
+  // memory free, read at the backend's first fused call so that every step of a run chunks alike.
+  size_t auto_budget = kFusedLinearAutoMin;
+  // The logits GEMMs should run over the padded vocabulary Vp (a multiple of kVocabPad): the scheduler then
+  // copies W (and an online teacher's W) into zero-padded [Vp, H] scratch with copy(), so that the logits
+  // GEMM's N and the dhidden GEMM's K are multiples of 128 (a GPU's tensor-core kernels need aligned
+  // extents: at V = 50,257 cuBLASLt otherwise falls back to 1-element-aligned kernels, several times
+  // slower). The pad columns of the logits are then h·0 = 0, and the pad rows of W are 0, so they add
+  // nothing.
+  bool pads_vocab = false;
+  // Bytes the executor keeps per student logit of a chunk beside the scheduler's scratch while a gradient is
+  // computed (the CUDA executor's 16-bit copy of the logits gradient): counted in the memory budget when the
+  // logits are f32 (a 16-bit logits block takes its gradient in place: no copy).
+  size_t shadow_bytes_per_logit = 0;
+  // The logits may be kept in 16 bits (BF16 or F16, FusedLinearProblem::logits_dtype) when both operands of
+  // every logits GEMM are of that dtype: gemm() then writes that c (beta 0) and add_bias, scale_rows,
+  // column_sums and row_loss read it.
+  bool logits16 = false;
+};
+
 // What a backend provides. All Blocks and pointers address executor memory (host memory on the CPU, device
 // memory on a GPU); calls are issued in order and may run asynchronously on a device, except validate().
 // f32 blocks the scheduler allocates are row-major with a unit column stride; input blocks keep the
@@ -126,31 +176,10 @@ class ChunkExecutor {
   // out[0] = scale · Σ_{r < n} v[r], summed in a fixed order.
   virtual void reduce(const float* v, int64_t n, float scale, float* out) = 0;
 
-  // The automatic memory budget (FusedLinearOptions::memory_budget 0): fused_linear_auto_budget of the
-  // memory free, read at the backend's first fused call so that every step of a run chunks alike.
-  virtual size_t auto_budget() const { return kFusedLinearAutoMin; }
-  // Whether the logits GEMMs should run over the padded vocabulary Vp (a multiple of kVocabPad): the
-  // scheduler then copies W (and an online teacher's W) into zero-padded [Vp, H] scratch with copy(), so that
-  // the logits GEMM's N and the dhidden GEMM's K are multiples of 128 (a GPU's tensor-core kernels need
-  // aligned extents: at V = 50,257 cuBLASLt otherwise falls back to 1-element-aligned kernels, ~5x slower).
-  // The pad columns of the logits are then h·0 = 0, and the pad rows of W are 0, so they add nothing.
-  virtual bool pads_vocab() const { return false; }
-  // Bytes the executor keeps per student logit of a chunk beside the scheduler's scratch while a gradient is
-  // computed (the CUDA executor's 16-bit copy of the logits gradient): the scheduler counts them in the
-  // memory budget when the logits are f32 (a 16-bit logits block takes its gradient in place: no copy).
-  virtual size_t shadow_bytes_per_logit() const { return 0; }
-  // Whether the logits may be kept in `logits` (BF16 or F16) for GEMM operands of dtypes a and b: gemm()
-  // writes that c (beta 0) and add_bias, scale_rows, column_sums and row_loss read it. The scheduler asks
-  // for the student's operands and, with an online teacher, for the teacher's; a no keeps every logits
-  // block f32. Only asked when FusedLinearProblem::logits_dtype is 16-bit.
-  virtual bool supports_16bit_logits(DType logits, DType a, DType b) const {
-    (void)logits;
-    (void)a;
-    (void)b;
-    return false;
-  }
+  // What this executor can do (see ExecutorCaps), asked once per problem.
+  virtual ExecutorCaps caps() const { return {}; }
   // dst = src, element for element (same dtype, [rows, cols]); dst is row-major. Only called when
-  // pads_vocab().
+  // caps().pads_vocab.
   virtual void copy(const Block& src, const Block& dst) {
     (void)src;
     (void)dst;
@@ -167,49 +196,13 @@ class ChunkExecutor {
   // chunking. Without accumulate_*, every element of that gradient is written (0 where no slot points).
   virtual void scatter_grads(const Block& g, const Block& hidden, const Block& w, const TopKSide& side,
                              const SparseGrads& out) = 0;
-  // Overlap (optional). An executor may queue work on more than one lane (a GPU's streams): work on one lane
-  // runs in order, work on different lanes only in the order fences impose. The scheduler then cuts a dense
-  // chunk into overlap_pieces() row pieces, queues each piece's logits GEMM(s) on lane 0 and its row loss on
-  // lane 1 behind a fence, so that the row pass of one piece runs while the GEMM of the next one does, and
-  // the dhidden GEMM of the first pieces while the row pass of the last. An executor with one lane (the
-  // default) returns 1 and runs everything in call order, which keeps every fence.
-  // rows: the chunk's rows; logits: the dtype of its logits block.
-  virtual int overlap_pieces(int64_t rows, DType logits) const {
-    (void)rows, (void)logits;
-    return 1;
-  }
-  // Later calls queue their work on lane 0 or 1.
-  virtual void set_lane(int lane) { (void)lane; }
-  // Marks the work queued so far on the current lane; wait() makes the current lane's later work wait for it.
-  virtual int64_t fence() { return 0; }
-  virtual void wait(int64_t fence) { (void)fence; }
-
-  // Optional: the whole dense chunk (logits GEMM, row loss, gradient GEMMs) for a loss whose logits gradient
-  // is a scaled softmax plus one entry per row, without the logits' round trip through memory: the CUDA
-  // executor on sm_90a (src/cuda/loss/softmax_chunk.h) for cross-entropy without label smoothing or softcap
-  // and top-K forward KL at T = 1, bf16 operands and no bias. The scheduler offers every dense cross-entropy
-  // and top-K chunk without bias.
-  // Returns false, having done nothing, when the executor has no such path for it.
-  virtual bool softmax_chunk(const SoftmaxChunk& job) {
+  // Optional: runs job (or, for Kind::DenseWhole, answers for it) on a faster path than the generic steps
+  // and returns true; returns false, having done nothing, when the executor has none for it. The CUDA
+  // executor's are the softmax epilogue on sm_90a (src/cuda/loss/softmax_chunk.h: cross-entropy without
+  // label smoothing or softcap, top-K forward KL at T = 1, bf16 operands, no bias), offered every dense
+  // cross-entropy and top-K chunk without bias, and the one-pass K-sparse forward KL.
+  virtual bool fast_path(const FastPath& job) {
     (void)job;
-    return false;
-  }
-  // Optional: whether softmax_chunk() takes every chunk of a problem, asked before the loop with a job for
-  // all N rows, the weight as the caller gave it (unpadded) and no logits pointer (the scratch is 256-byte
-  // aligned). A yes lets the scheduler skip the zero-padded weight copy (pads_vocab), which that path does
-  // not need: its chunks then see W unpadded.
-  virtual bool softmax_whole(const SoftmaxChunk& job) const {
-    (void)job;
-    return false;
-  }
-  // Optional: gather_logits, the gathered row loss (loss, soft part and LSE into out, its gradient into g)
-  // and the dhidden half of scatter_grads in one pass, when the executor has one for these options and
-  // layouts (the CUDA executor: forward KL). Returns false, having done nothing, otherwise.
-  virtual bool sparse_fused(const Block& hidden, const Block& w, const Block& bias, const TopKSide& side,
-                            const Block& g, const RowOut& out, const Block& dhidden,
-                            bool accumulate_dhidden) {
-    (void)hidden, (void)w, (void)bias, (void)side, (void)g, (void)out, (void)dhidden,
-        (void)accumulate_dhidden;
     return false;
   }
 };
@@ -248,13 +241,14 @@ struct FusedLinearProblem {
   float grad_scale = 1.0f;
   Block row_upstream;
 
-  // Bytes of chunk logits (FusedLinearOptions::memory_budget); 0: automatic, resolved by run_fused_linear
-  // from ChunkExecutor::auto_budget() (plan_chunks, which has no executor, takes 0 as kFusedLinearAutoMin).
-  size_t memory_budget = kFusedLinearAutoBudget;
+  // Bytes of chunk logits (FusedLinearOptions::logits_budget); 0: automatic, resolved by run_fused_linear
+  // from the executor's caps().auto_budget (plan_chunks, which has no executor, takes 0 as
+  // kFusedLinearAutoMin).
+  size_t logits_budget = kFusedLinearAutoBudget;
   int64_t chunk_rows = 0;  // > 0: exactly this many rows per chunk, whatever the budget
   std::string what;        // the op and shapes, for error messages
   // FusedLinearOptions::logits_dtype: BF16 / F16 asks for 16-bit chunk logits, which the scheduler uses when
-  // the executor supports them (supports_16bit_logits), the loss is not selective log-softmax and the path
+  // the executor supports them (caps().logits16), the loss is not selective log-softmax and the path
   // is not K-sparse; otherwise (and for F32) the logits are f32.
   DType logits_dtype = DType::F32;
 
@@ -272,12 +266,12 @@ struct ChunkPlan {
   bool pad_weights = false;  // W (and the teacher's) copied into zero-padded [Vp, H] scratch
   DType logits_dtype = DType::F32;  // of the logits blocks (student and online teacher)
 };
-// pad_weights: the executor's pads_vocab() (only honoured when Vp > V, the padded rows can be zeroed as whole
-// floats, and the padded copies leave room in the memory budget for a chunk of kRowAlign rows or of all
+// pad_weights: the executor's caps().pads_vocab (only honoured when Vp > V, the padded rows can be zeroed as
+// whole floats, and the padded copies leave room in the memory budget for a chunk of kRowAlign rows or of all
 // rows; the copies are then counted in it);
-// shadow: the executor's shadow_bytes_per_logit() (not counted with 16-bit logits); logits16: the executor
-// supports the problem's 16-bit logits_dtype (supports_16bit_logits for the student's and the teacher's
-// operands).
+// shadow: the executor's caps().shadow_bytes_per_logit (not counted with 16-bit logits); logits16: the
+// executor supports the problem's 16-bit logits_dtype (caps().logits16 and every logits GEMM's operands of
+// that dtype).
 ChunkPlan plan_chunks(const FusedLinearProblem& p, bool pad_weights = false, size_t shadow = 0,
                       bool logits16 = false);
 // Bytes of a zero-padded [vp, cols] copy of w (aligned), or 0 when w cannot be padded.

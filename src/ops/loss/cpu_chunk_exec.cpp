@@ -151,8 +151,12 @@ size_t available_memory() {
 
 class CpuChunkExecutor final : public ChunkExecutor {
  public:
-  size_t auto_budget() const override {
-    return fused_linear_auto_budget(available_memory(), kFusedLinearAutoMaxCpu);
+  // FusedLinearOptions::logits_dtype is a GPU speed option: the CPU's row kernels and GEMM are f32 end to
+  // end, so the logits stay f32 here (logits16 off) and a 16-bit request gives exactly the f32 results.
+  ExecutorCaps caps() const override {
+    ExecutorCaps c;
+    c.auto_budget = fused_linear_auto_budget(available_memory(), kFusedLinearAutoMaxCpu);
+    return c;
   }
 
   explicit CpuChunkExecutor(ThreadPool& pool) : pool_(pool), kernel_(gemm::best_kernel()) {}
@@ -239,10 +243,6 @@ class CpuChunkExecutor final : public ChunkExecutor {
       }
     });
   }
-
-  // FusedLinearOptions::logits_dtype is a GPU speed option: the CPU's row kernels and GEMM are f32 end to
-  // end, so the logits stay f32 here and a 16-bit request gives exactly the f32 results.
-  bool supports_16bit_logits(DType, DType, DType) const override { return false; }
 
   void zero(const Block& b) override {
     for_rows(b, [&](float* row) { std::memset(row, 0, size_t(b.cols) * sizeof(float)); });

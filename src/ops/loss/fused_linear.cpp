@@ -137,7 +137,7 @@ Tensor* fused_node(Context& ctx, Op op, const Checker& ck, Tensor* bias, Reducti
                    const FusedLinearOptions& f, const int64_t ne[kMaxDims]) {
   RT_CHECK(f.chunk_rows >= 0, ck.op, ": chunk_rows must be >= 0 (0: from the memory budget), got ",
            f.chunk_rows, ck.shapes());
-  RT_CHECK(f.memory_budget <= size_t(INT64_MAX), ck.op, ": memory_budget ", f.memory_budget, " is too large");
+  RT_CHECK(f.logits_budget <= size_t(INT64_MAX), ck.op, ": logits_budget ", f.logits_budget, " is too large");
   RT_CHECK(!f.logits_dtype || is_float(*f.logits_dtype), ck.op,
            ": logits_dtype must be f32, bf16 or f16, got ", f.logits_dtype ? dtype_name(*f.logits_dtype) : "",
            ck.shapes());
@@ -146,7 +146,7 @@ Tensor* fused_node(Context& ctx, Op op, const Checker& ck, Tensor* bias, Reducti
   t->src[1] = ck.weight;
   t->src[2] = bias;
   t->ip[kIpReduction] = int64_t(red);
-  t->ip[kIpBudget] = int64_t(f.memory_budget);
+  t->ip[kIpBudget] = int64_t(f.logits_budget);
   t->ip[kIpChunk] = f.chunk_rows;
   t->ip[kIpAllow] = (f.grad_hidden ? 1 : 0) | (f.grad_weight ? 2 : 0) | (f.grad_bias ? 4 : 0);
   t->ip[kIpLogits] = f.logits_dtype ? int64_t(*f.logits_dtype) : kLogitsAuto;
@@ -241,7 +241,7 @@ loss::FusedLinearProblem inputs_of(const Tensor* node) {
   p.weight = matrix(node->src[1]);
   p.bias = row_vector(node->src[2]);
   p.reduction = Reduction(node->ip[kIpReduction]);
-  p.memory_budget = size_t(node->ip[kIpBudget]);
+  p.logits_budget = size_t(node->ip[kIpBudget]);
   p.chunk_rows = node->ip[kIpChunk];
   p.what = what(node);
   loss::LossSpec& s = p.spec;

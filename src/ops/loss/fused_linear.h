@@ -26,7 +26,7 @@
 
 namespace retort {
 
-// memory_budget 0 (the default): derived from the memory free on the backend the op runs on, read when a
+// logits_budget 0 (the default): derived from the memory free on the backend the op runs on, read when a
 // fused op first runs there (so every later step chunks alike): an eighth of it, at least 32 MiB and at most
 // 1 GiB on a GPU (on an 80 GB H100: 1 GiB, chunks of 8,192 rows of GPT-2's vocabulary in bf16; with 4 GB
 // free, 512 MiB; larger budgets measured no faster: bench/HISTORY.md, session 19) or 256 MiB on the CPU (its
@@ -42,15 +42,17 @@ constexpr size_t fused_linear_auto_budget(size_t free_bytes, size_t cap) {
 }
 
 struct FusedLinearOptions {
-  // Bytes of chunk logits (student, plus teacher when computed online): at most budget / (es·Vp·(1 or 2))
-  // rows fit (es = 4 for f32 logits, 2 for 16-bit ones, see logits_dtype; Vp = V rounded up to 128; the
-  // K-sparse top-K path: budget / (4·K)); the chunks are the fewest that allows, evened out and rounded up to
-  // a multiple of 128 rows where that still fits, at least 1 row and at most N. Not counted:
+  // Bytes of chunk logits, and only those (hence the name): the student's, plus the teacher's when computed
+  // online, the CUDA executor's 16-bit copy of their gradient, and the zero-padded weight copies made for
+  // them. At most budget / (es·Vp·(1 or 2)) rows fit (es = 4 for f32 logits, 2 for 16-bit ones, see
+  // logits_dtype; Vp = V rounded up to 128; the K-sparse top-K path: budget / (4·K)); the chunks are the
+  // fewest that allows, evened out and rounded up to a multiple of 128 rows where that still fits, at least 1
+  // row and at most N. Not counted:
   // the gradients themselves (f32, shaped like hidden, W and bias), per-row vectors, and a backend's own
   // temporaries (on the CPU: GEMM packing buffers, an 8 MiB staging block for dW, and the chunk's hidden rows
   // as f32 on the K-sparse path).
   // (0: automatic, from the backend's free memory; see kFusedLinearAutoBudget.)
-  size_t memory_budget = kFusedLinearAutoBudget;
+  size_t logits_budget = kFusedLinearAutoBudget;
   int64_t chunk_rows = 0;  // > 0: exactly this many rows per chunk, overriding the budget (tests, tuning)
   // Which gradients flow. Off: no gradient reaches that input through this loss, as if it were detached
   // (e.g. a frozen lm-head tied to a trained embedding). On: produced when the input needs one.
