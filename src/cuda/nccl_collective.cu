@@ -4,6 +4,7 @@
 // backend's stream.
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -71,7 +72,7 @@ class NcclCollective final : public Collective {
     }
   }
   ~NcclCollective() override {
-    if (comm_) ncclCommDestroy(comm_);
+    if (comm_ && !aborted_) ncclCommDestroy(comm_);
     cudaEventDestroy(ready_);
     cudaEventDestroy(done_);
     cudaStreamDestroy(stream_);
@@ -102,6 +103,9 @@ class NcclCollective final : public Collective {
     RT_NCCL_CHECK(ncclReduceScatter(send, recv, size_t(n), nccl_type(dtype), ncclSum, comm_, stream_));
     settle();
   }
+  void abort() noexcept {
+    if (!aborted_.exchange(true) && comm_) ncclCommAbort(comm_);
+  }
   void join() override {
     RT_CUDA_CHECK(cudaEventRecord(done_, stream_));
     RT_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
@@ -109,6 +113,7 @@ class NcclCollective final : public Collective {
 
  private:
   void after_compute() {
+    RT_CHECK(!aborted_, "nccl: the communicator was aborted (another rank died or hangs)");
     RT_CUDA_CHECK(cudaEventRecord(ready_, compute_));
     RT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   }
@@ -124,6 +129,7 @@ class NcclCollective final : public Collective {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   ncclComm_t comm_ = nullptr;
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace
@@ -141,6 +147,10 @@ std::vector<uint8_t> nccl_unique_id() {
   ncclUniqueId id;
   RT_NCCL_CHECK(ncclGetUniqueId(&id));
   return std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id);
+}
+
+void nccl_abort(Collective& c) noexcept {
+  if (auto* n = dynamic_cast<NcclCollective*>(&c)) n->abort();
 }
 
 std::unique_ptr<Collective> make_nccl_collective(Backend& backend, int rank, int size,

@@ -23,5 +23,8 @@ std::vector<uint8_t> nccl_unique_id();
 // not join within timeout_s.
 std::unique_ptr<Collective> make_nccl_collective(Backend& backend, int rank, int size,
                                                  const std::vector<uint8_t>& id, double timeout_s);
+// Aborts c (made by make_nccl_collective) from any thread: its pending calls end, later ones fail. What a
+// watchdog does when a peer stops answering. Never throws.
+void nccl_abort(Collective& c) noexcept;
 
 }  // namespace retort

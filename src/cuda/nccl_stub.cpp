@@ -25,4 +25,6 @@ std::unique_ptr<Collective> make_nccl_collective(Backend&, int, int, const std::
   RT_FAIL("multi-GPU data parallelism needs NCCL: ", kNoNccl);
 }
 
+void nccl_abort(Collective&) noexcept {}
+
 }  // namespace retort

@@ -446,7 +446,8 @@ LmTrainer::StepResult LmTrainer::step(const std::function<void(const Batch&)>& b
   graph_->zero_grad();
   graph_->compute();
   // The step's one wait for the device: {loss, grad norm, clip scale, applied, hard?, soft?}.
-  const std::vector<float> s = get_data(summary_);
+  const std::vector<float> s =
+      opt_.group ? opt_.group->read_bounded(summary_, detail::concat("training step ", step)) : get_data(summary_);
   const bool applied = s[kStatOk] != 0.0f;
   optimizer_->end_step(applied);
   r.loss = s[kStatLoss];
