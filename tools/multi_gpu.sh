@@ -31,12 +31,18 @@ echo "GPUs: $ngpu | nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1
 [ "$ngpu" -ge 2 ] || echo "warning: fewer than 2 GPUs visible: the multi-GPU runs are skipped"
 
 gtest_opt=()
-if [ -f .gtest/googletest/src/gtest-all.cc ]; then gtest_opt=(-Dgtest_source="$ROOT/.gtest"); fi
+if [ -f .gtest/googletest/src/gtest-all.cc ]; then
+  gtest_opt=(-Dgtest_source="$ROOT/.gtest")
+elif ! pkg-config --exists gtest 2>/dev/null && [ ! -d /usr/src/googletest ]; then
+  die "no GoogleTest: run 'cp -r /usr/src/googletest .gtest' on a machine that has it, and carry .gtest here"
+fi
 t0=$(date +%s)
-setup_build build-gpu -Dcuda=enabled -Dnccl=enabled -Dsm_arch="${SM_ARCH:-90}" -Dpython=disabled \
+setup_build build-gpu -Dcuda=enabled -Dnccl=auto -Dsm_arch="${SM_ARCH:-90}" -Dpython=disabled \
   -Dtests=true -Dexamples=true -Dbench=true -Dbuildtype=release "${gtest_opt[@]}"
+nccl=$(grep -m1 -o "RETORT_HAS_NCCL [01]" build-gpu/retort_config.h 2>/dev/null | cut -d' ' -f2)
+[ "$nccl" = 1 ] || echo "warning: NCCL was not found at build time: the multi-GPU checks will say so and fail"
 if ninja -C build-gpu tests/dist_check tests/test_dist bench/bench_distill_step >"$logs/build.log" 2>&1; then
-  row build ok "$(($(date +%s) - t0))s" "build-gpu (sm ${SM_ARCH:-90}, NCCL)"
+  row build ok "$(($(date +%s) - t0))s" "build-gpu (sm ${SM_ARCH:-90}, NCCL ${nccl:-?})"
 else
   grep -v '^\[[0-9]*/[0-9]*\] ' "$logs/build.log" | grep -m 40 -B2 -A8 'error\|FAILED'
   die "build failed (log: $logs/build.log)"
@@ -54,7 +60,11 @@ launch() {  # name log n args...
     st=FAIL
     failures=$((failures + 1))
   fi
-  row "$name" "$st" "$(($(date +%s) - t0))s" "$(grep -v '^[[:space:]]*$' "$log" | tail -1 | cut -c1-110)"
+  # The verdict line when there is one, else the last line.
+  local last
+  last=$(grep -E 'dist_check: |summary: |launch.sh: ' "$log" | tail -1)
+  [ -n "$last" ] || last=$(grep -v '^[[:space:]]*$' "$log" | tail -1)
+  row "$name" "$st" "$(($(date +%s) - t0))s" "$(cut -c1-110 <<<"$last")"
 }
 
 # ---- checks ---------------------------------------------------------------------------------------------
