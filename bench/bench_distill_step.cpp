@@ -11,6 +11,11 @@
 //   meson setup build-cuda -Dcuda=enabled -Dsm_arch=90 && ninja -C build-cuda bench/bench_distill_step
 //   ./build-cuda/bench/bench_distill_step
 // Anywhere, a tiny shape to check the program itself: ./build/bench/bench_distill_step --cpu
+//
+// Data parallel: started by a launcher (tools/launch.sh -n 4 build-cuda/bench/bench_distill_step), each rank
+// runs the same per-GPU batch, the gradients are summed over NCCL, and rank 0 reports the world's tokens/s;
+// it then times the gradients' all-reduce alone, the figure the exposed communication is measured against
+// (tools/multi_gpu.sh compares worlds of 1, 2 and 4).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -43,7 +48,8 @@ struct Options {
           k = 64;
   int64_t steps = 10, warmup = 3;
   float w_hard = 0.5f;
-  std::string mode = "both", compute = "bf16";
+  std::string mode = "both", compute = "bf16", bucket_dtype = "f32";
+  int64_t bucket_mib = kDefaultBucketMiB;
   double peak_tflops = 0;  // 0: from the device name
   bool graphs = true;      // CudaOptions::graphs
 };
@@ -72,6 +78,10 @@ Each mode: --warmup untimed steps, then --steps timed steps between device synch
   --peak-tflops F    the dense peak for MFU (default: from the device name; H100 SXM / H200: 989)
   --graphs 0|1       CUDA Graph replay of the step (default 1); with it on, the warm-up goes on until the step
                      is replayed (the fused loss's GEMM timings settle first: about 2 s), at most 30 s
+  --bucket-dtype D   data parallel: gradient buckets travel as f32 or bf16 (default f32)
+  --bucket-mib N     data parallel: gradient bucket size in MiB (default 25)
+Under a launcher (RANK, WORLD_SIZE, ... set: tools/launch.sh -n N) every rank runs --batch sequences and
+rank 0 prints the world's tokens/s.
 )";
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -141,6 +151,10 @@ Options parse(int argc, char** argv) {
       o.mode = v;
     else if (f == "--compute-dtype")
       o.compute = v;
+    else if (f == "--bucket-dtype")
+      o.bucket_dtype = v;
+    else if (f == "--bucket-mib")
+      o.bucket_mib = integer();
     else
       usage_error("unknown option " + f);
   }
@@ -154,6 +168,8 @@ Options parse(int argc, char** argv) {
     def("--k", o.k, 16), def("--steps", o.steps, 3), def("--warmup", o.warmup, 1);
     if (!given.count("--compute-dtype")) o.compute = "f32";
   }
+  if (o.bucket_dtype != "f32" && o.bucket_dtype != "bf16")
+    usage_error("--bucket-dtype is f32 or bf16, got '" + o.bucket_dtype + "'");
   if (o.mode != "both" && o.mode != "dense" && o.mode != "sparse" && o.mode != "teacher")
     usage_error("--mode is both, dense, sparse or teacher");
   if (o.compute != "bf16" && o.compute != "f16" && o.compute != "f32")
@@ -289,13 +305,20 @@ TransformerConfig model_config(const Options& o) {
 }
 
 // --warmup steps, then (on CUDA with --graphs 1) more until the step replays from its CUDA Graph.
-void warm_up(const Options& o, Backend& backend, bool cuda, ModeResult& r, const std::function<double()>& step) {
+void warm_up(const Options& o, Backend& backend, bool cuda, ModeResult& r, const std::function<double()>& step,
+             dist::ProcessGroup& pg) {
   for (int64_t s = 0; s < o.warmup; ++s) r.first_loss = step();
   if (cuda && o.graphs) {
     const size_t replays = cuda_graph_stats(backend).replays;
     const auto t0 = Clock::now();
-    while (cuda_graph_stats(backend).replays == replays &&
-           std::chrono::duration<double>(Clock::now() - t0).count() < 30) {
+    // Every rank runs as many steps (their collectives pair up): on while any rank still waits to replay.
+    auto waiting = [&] {
+      std::vector<int64_t> w{cuda_graph_stats(backend).replays == replays &&
+                             std::chrono::duration<double>(Clock::now() - t0).count() < 30};
+      if (pg.size() > 1) pg.host().all_reduce_sum(w);
+      return w[0] > 0;
+    };
+    while (waiting()) {
       r.first_loss = step();
       ++r.extra_warmup;
     }
@@ -305,12 +328,13 @@ void warm_up(const Options& o, Backend& backend, bool cuda, ModeResult& r, const
     r.graph = cuda ? "eager (--graphs 0)" : "eager";
   }
   backend.synchronize();
+  pg.host().barrier();  // every rank starts the clock together
   if (cuda) cuda_reset_peak(backend);  // the timed steps' peak (and RETORT_OP_PROFILE table) only
 }
 
 // --steps timed steps; fills the rates from the FLOPs per token.
 void time_steps(const Options& o, Backend& backend, bool cuda, const DeviceInfo& dev, ModeResult& r,
-                const std::function<double()>& step) {
+                const std::function<double()>& step, int world) {
   const auto t0 = Clock::now();
   for (int64_t s = 0; s < o.steps; ++s) {
     const double loss = step();
@@ -319,7 +343,7 @@ void time_steps(const Options& o, Backend& backend, bool cuda, const DeviceInfo&
   }
   backend.synchronize();
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double tokens = double(o.steps * o.batch * o.context);
+  const double tokens = double(o.steps * o.batch * o.context * world);  // the world's
   r.ms_per_step = secs * 1e3 / double(o.steps);
   r.tokens_per_s = tokens / secs;
   r.tflops = r.flops_per_token * r.tokens_per_s / 1e12;
@@ -329,7 +353,8 @@ void time_steps(const Options& o, Backend& backend, bool cuda, const DeviceInfo&
 }
 
 // The teacher's side of distillation as teacher-cache runs it: forward, top K, summed CE, top K to the host.
-ModeResult run_teacher(const Options& o, Backend& backend, bool cuda, const DeviceInfo& dev) {
+ModeResult run_teacher(const Options& o, Backend& backend, bool cuda, const DeviceInfo& dev,
+                       dist::ProcessGroup& pg) {
   ModeResult r;
   r.name = "teacher forward (top-" + std::to_string(o.k) + " log-probs + summed CE, read back each batch)";
   r.tag = "teacher";
@@ -373,13 +398,13 @@ ModeResult run_teacher(const Options& o, Backend& backend, bool cuda, const Devi
   };
   // Forward only: a third of the training FLOPs per token.
   r.flops_per_token = flops_per_token(c, o.k, false) / 3;
-  warm_up(o, backend, cuda, r, step);
-  time_steps(o, backend, cuda, dev, r, step);
+  warm_up(o, backend, cuda, r, step, pg);
+  time_steps(o, backend, cuda, dev, r, step, pg.size());
   return r;
 }
 
 ModeResult run_mode(const Options& o, bool sparse, Backend& backend, bool cuda, const DeviceInfo& dev,
-                    const ScratchShard& shard, const std::vector<TeacherSet>& teacher) {
+                    const ScratchShard& shard, const std::vector<TeacherSet>& teacher, dist::ProcessGroup& pg) {
   ModeResult r;
   r.name = sparse ? "K-sparse KD (w_hard 0, normalize_topk)"
                   : "KD + CE (dense head, w_hard " + std::to_string(o.w_hard).substr(0, 4) + ")";
@@ -397,6 +422,9 @@ ModeResult run_mode(const Options& o, bool sparse, Backend& backend, bool cuda, 
   to.seq_len = o.context;
   to.lr = 3e-4f;
   to.min_lr = 3e-5f;
+  to.group = &pg;
+  to.bucket_dtype = o.bucket_dtype == "bf16" ? DType::BF16 : DType::F32;
+  to.bucket_mib = o.bucket_mib;
   DistillHead head;
   head.enabled = true;
   head.k = o.k;
@@ -413,9 +441,31 @@ ModeResult run_mode(const Options& o, bool sparse, Backend& backend, bool cuda, 
   };
   const auto step = [&] { return trainer.step(fill).loss; };
   r.flops_per_token = flops_per_token(model.config(), o.k, sparse);
-  warm_up(o, backend, cuda, r, step);
-  time_steps(o, backend, cuda, dev, r, step);
+  warm_up(o, backend, cuda, r, step, pg);
+  time_steps(o, backend, cuda, dev, r, step, pg.size());
   return r;
+}
+
+// The time of summing every gradient once over the world with nothing to overlap: what a step would add if
+// none of its all-reduce were hidden behind backward.
+double allreduce_ms(const Options& o, const TransformerConfig& c, Backend& backend, dist::ProcessGroup& pg) {
+  Context ctx(backend);
+  Transformer model(ctx, c, 1);
+  const DType wire = o.bucket_dtype == "bf16" ? DType::BF16 : DType::F32;
+  Tensor* buf = ctx.tensor(wire, {model.parameter_count()}, "grads");
+  Collective& comm = *pg.device();
+  auto once = [&] {
+    comm.all_reduce_sum(buf->data, buf->nelements(), wire);
+    comm.join();
+  };
+  for (int i = 0; i < 3; ++i) once();
+  backend.synchronize();
+  pg.host().barrier();
+  const int reps = 10;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < reps; ++i) once();
+  backend.synchronize();
+  return std::chrono::duration<double>(Clock::now() - t0).count() * 1e3 / reps;
 }
 
 }  // namespace
@@ -427,19 +477,27 @@ int main(int argc, char** argv) {
     const bool cuda = !o.cpu && cuda_available(&why);
     if (!o.cpu && !cuda) usage_error("no usable GPU (" + why + "); run with --cpu for the tiny CPU shape");
     std::unique_ptr<Backend> backend;
+    const dist::World world = dist::world_from_env();
+    // Only rank 0 reports; the others' errors still reach stderr.
+    if (world.rank != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;
     CudaOptions co;
     co.graphs = o.graphs;
     if (cuda)
-      backend = make_cuda_backend(0, co);
+      backend = make_cuda_backend(world.local_rank, co);
     else
       backend = std::make_unique<CpuBackend>(o.threads);
     const DeviceInfo dev = device_info(cuda);
+    dist::ProcessGroup pg(world, *backend);
     const double peak = o.peak_tflops > 0 ? o.peak_tflops : dev.peak_tflops;
     const int64_t N = o.batch * o.context;
 
     const TransformerConfig shown = model_config(o);
     std::printf("bench_distill_step | retort %s | device: %s (%s)\n", RETORT_VERSION, dev.name.c_str(),
                 backend->name().c_str());
+    if (pg.size() > 1)
+      std::printf("world: %d ranks over %s (%s), per-rank batch %lld, gradient buckets %s %lld MiB\n", pg.size(),
+                  pg.transport().c_str(), world.source.c_str(), (long long)o.batch, o.bucket_dtype.c_str(),
+                  (long long)o.bucket_mib);
     std::printf("student: %s, compute %s (f32 master weights)\n", shown.describe().c_str(),
                 o.compute.c_str());
     std::printf(
@@ -464,11 +522,11 @@ int main(int argc, char** argv) {
     for (uint64_t s = 0; s < 2; ++s) teacher.push_back(make_teacher(N, o.k, o.vocab, 100 + s));
 
     std::vector<ModeResult> results;
-    if (o.mode == "teacher") results.push_back(run_teacher(o, *backend, cuda, dev));
+    if (o.mode == "teacher") results.push_back(run_teacher(o, *backend, cuda, dev, pg));
     if (o.mode == "both" || o.mode == "dense")
-      results.push_back(run_mode(o, false, *backend, cuda, dev, shard, teacher));
+      results.push_back(run_mode(o, false, *backend, cuda, dev, shard, teacher, pg));
     if (o.mode == "both" || o.mode == "sparse")
-      results.push_back(run_mode(o, true, *backend, cuda, dev, shard, teacher));
+      results.push_back(run_mode(o, true, *backend, cuda, dev, shard, teacher, pg));
     for (const ModeResult& r : results) {
       std::printf("%s:\n", r.name.c_str());
       std::printf("  %.0f tokens/s, %.2f ms/step; loss %.4f (last warmup step) -> %.4f (last timed step)\n",
@@ -482,7 +540,7 @@ int main(int argc, char** argv) {
       if (r.peak_gib >= 0) std::printf("  peak device memory %.2f GiB (retort's allocator)\n", r.peak_gib);
       std::printf("  launches: %s, after %lld extra warm-up steps\n", r.graph.c_str(), (long long)r.extra_warmup);
     }
-    std::string line = "summary: " + dev.name + ", L" + std::to_string(o.layers) + " d" +
+    std::string line = "summary: " + dev.name + (pg.size() > 1 ? " x" + std::to_string(pg.size()) : "") + ", L" + std::to_string(o.layers) + " d" +
                        std::to_string(o.d_model) + " T" + std::to_string(o.context) + " V" +
                        std::to_string(o.vocab) + " B" + std::to_string(o.batch) + " K" + std::to_string(o.k) +
                        " " + o.compute;
@@ -499,6 +557,11 @@ int main(int argc, char** argv) {
         std::snprintf(buf, sizeof buf, " %.1f GiB", r.peak_gib);
         line += buf;
       }
+    }
+    if (pg.size() > 1) {
+      char buf[200];
+      std::snprintf(buf, sizeof buf, " | allreduce alone %.2f ms", allreduce_ms(o, shown, *backend, pg));
+      line += buf;
     }
     std::printf("%s\n", line.c_str());
     return 0;

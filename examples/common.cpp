@@ -29,8 +29,9 @@ Device pick_device(const std::string& choice, int threads) {
   Device d;
   d.cuda = choice == "cuda" || (choice == "auto" && has_cuda);
   if (d.cuda) {
-    d.backend = make_cuda_backend(0);
-    d.desc = "cuda";
+    const int local = dist::world_from_env().local_rank;
+    d.backend = make_cuda_backend(local);
+    d.desc = local ? "cuda:" + std::to_string(local) : std::string("cuda");
   } else {
     auto cpu = std::make_unique<CpuBackend>(threads);
     d.desc = "cpu, " + std::to_string(cpu->threads()) + " threads";
@@ -38,6 +39,29 @@ Device pick_device(const std::string& choice, int threads) {
     d.backend = std::move(cpu);
   }
   return d;
+}
+
+std::unique_ptr<dist::ProcessGroup> join_world(const Device& dev) {
+  const dist::World w = dist::world_from_env();
+  auto g = std::make_unique<dist::ProcessGroup>(w, *dev.backend);
+  if (w.rank != 0) RT_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr, "cannot silence rank ", w.rank);
+  if (w.size > 1)
+    std::printf("world: %d processes over %s (%s); batches are per process\n", w.size, g->transport().c_str(),
+                w.source.c_str());
+  return g;
+}
+
+void resume_batch(const Args& a, const Checkpoint& ck, int world, int64_t* batch) {
+  const std::string r = ck.meta("train.batch");
+  if (r.empty()) return;
+  const int64_t global = std::stoll(r), w = world;
+  a.check(global % w == 0, "--resume " + ck.path() + ": the run's batch of " + r +
+                               " windows per step does not split over " + std::to_string(w) +
+                               " processes (use a number of processes that divides it)");
+  a.check(!a.given("--batch") || *batch == global / w,
+          "--batch " + std::to_string(*batch) + " differs from the run's " + std::to_string(global / w) +
+              " per process (" + r + " over " + std::to_string(w) + " processes): drop the flag");
+  *batch = global / w;
 }
 
 DType pick_compute_dtype(const std::string& choice, const Device& device) {

@@ -92,8 +92,17 @@ struct Device {
   std::string note;  // why auto chose the CPU ("no usable GPU (...): running on the CPU"), to print once
   bool cuda = false;
 };
-// choice: auto (cuda when usable), cpu, cuda. Throws retort::Error for cuda without a usable GPU.
+// choice: auto (cuda when usable), cpu, cuda. Throws retort::Error for cuda without a usable GPU. On CUDA
+// the device is LOCAL_RANK's (0 without a launcher).
 Device pick_device(const std::string& choice, int threads);
+// Joins the world the launcher environment describes (RANK, WORLD_SIZE, ...; a world of 1 without them) on
+// dev's backend. On every rank but 0, stdout goes to /dev/null, so a run prints its progress once; errors
+// still reach stderr. Throws retort::Error on bad variables or a failed rendezvous.
+std::unique_ptr<dist::ProcessGroup> join_world(const Device& dev);
+// --resume at any number of processes: a checkpoint records the whole step's batch (all processes, key
+// "train.batch"), and each of `world` processes takes its share; --batch, when given, must be that share.
+// Fails (UsageError) when the batch does not split over world.
+void resume_batch(const Args& a, const Checkpoint& ck, int world, int64_t* batch);
 // True when auto would pick CUDA (for GPU-sized defaults).
 bool gpu_usable();
 // --compute-dtype: auto (bf16 on CUDA, f32 on the CPU: default_compute_dtype), f32, bf16 or f16. Throws

@@ -79,6 +79,9 @@ Output
 Machine
   --device D  --threads N  --compute-dtype D      as in train (auto: bf16 matmuls on CUDA, f32 on the CPU;
                                                  an online teacher runs in the same compute dtype)
+  --bucket-dtype D  --bucket-mib N                as in train: several GPUs or processes under a launcher
+                                                 (tools/launch.sh -n N); --batch is per process, rank 0
+                                                 prints and saves; a cache is read at any world size
   --help              this text
 
 Examples: distill --teacher build/demo/teacher.safetensors --cache build/data/kjv.bytes.topk16 --steps 500
@@ -94,6 +97,7 @@ std::string fstr(double v) {
 
 struct Run {
   std::string teacher, cache_prefix, save, resume, svg, curves, device = "auto", compute = "auto", shards_opt;
+  std::string bucket_dtype = "f32";
   DataOptions data;
   bool init_from_teacher = false, continue_on_new_data = false;
   int64_t k = 0, log_every = -1, eval_every = -1, eval_windows = kValidationWindows, save_every = 0;
@@ -172,7 +176,7 @@ int run(Args& a, Run& o, int argc, char** argv) {
       }
       *v = static_cast<std::remove_pointer_t<decltype(v)>>(std::stod(r));
     };
-    rec("--batch", "train.batch", &to.batch);
+    resume_batch(a, *ck, dist::world_from_env().size, &to.batch);
     rec("--lr", "train.lr", &to.lr);
     rec("--warmup", "train.warmup", &to.warmup);
     rec("--weight-decay", "train.weight_decay", &to.weight_decay);
@@ -248,11 +252,21 @@ int run(Args& a, Run& o, int argc, char** argv) {
   } else if (o.k <= 0) {
     o.k = 16;
   }
+  a.check(o.bucket_dtype == "f32" || o.bucket_dtype == "bf16",
+          "--bucket-dtype is f32 or bf16, got '" + o.bucket_dtype + "'");
+  a.check(to.bucket_mib >= 1 && to.bucket_mib <= 4096, "--bucket-mib must be in [1, 4096]");
+  to.bucket_dtype = o.bucket_dtype == "bf16" ? DType::BF16 : DType::F32;
+  Device dev = pick_device(o.device, o.threads);
+  const auto group = join_world(dev);
+  to.group = group.get();
   std::string shards = o.shards_opt;
   if (!o.data.data.empty()) {
+    // Rank 0 makes the shards; the others wait for it, then find them made.
+    if (!group->is_root()) group->host().barrier();
     o.data.shards = shards;
     prepare_shards(o.data, codec);
     shards = o.data.shards;
+    if (group->is_root()) group->host().barrier();
   }
   if (shards.empty() && cache) shards = field("shards");  // the tokens the cache was made for
   if (shards.empty() && tfile.checkpoint()) shards = tfile.checkpoint()->meta("shards");
@@ -298,7 +312,6 @@ int run(Args& a, Run& o, int argc, char** argv) {
   }
   RT_CHECK(o.k <= tcfg.vocab, "--k ", o.k, " exceeds the vocabulary ", tcfg.vocab);
 
-  Device dev = pick_device(o.device, o.threads);
   sc.compute_dtype = pick_compute_dtype(o.compute, dev);
   Context ctx(*dev.backend);
   // Online: the teacher in its own context (its parameters are constants here), same backend.
@@ -388,7 +401,7 @@ int run(Args& a, Run& o, int argc, char** argv) {
   meta["compute_dtype"] = dtype_name(cfg.compute_dtype);  // informative: checkpoints load in any
   meta["teacher"] = std::filesystem::absolute(o.teacher).lexically_normal().string();
   meta["teacher.fingerprint"] = teacher_fp;
-  meta["train.batch"] = std::to_string(to.batch);
+  meta["train.batch"] = std::to_string(to.batch * group->size());  // the whole step's
   meta["train.lr"] = fstr(to.lr);
   meta["train.warmup"] = std::to_string(to.warmup);
   meta["train.weight_decay"] = fstr(to.weight_decay);
@@ -403,7 +416,7 @@ int run(Args& a, Run& o, int argc, char** argv) {
   Series s_loss{"train loss", "#1f77b4", {}, {}}, s_soft{"soft part (T²·D)", "#ff7f0e", {}, {}},
       s_hard{"hard part (CE)", "#2ca02c", {}, {}}, s_val{"validation CE", "#d62728", {}, {}};
   Curves table;
-  const int64_t step_tokens = to.batch * cfg.context;
+  const int64_t step_tokens = to.batch * cfg.context * group->size();
   auto report_val = [&](int64_t step, double v) {
     table.validation(step, step * step_tokens, v);
     s_val.x.push_back(double(step));
@@ -417,11 +430,11 @@ int run(Args& a, Run& o, int argc, char** argv) {
   double val_after = val_before;
   auto save_ckpt = [&](const std::string& path) {
     meta["val_loss"] = fstr(val_after);
-    trainer.save(path, meta);
+    if (group->is_root()) trainer.save(path, meta);  // every rank holds the same state
   };
   install_stop_handler("distill");
   const int64_t first = trainer.steps_done();
-  Progress progress(to.steps, to.batch * cfg.context, o.log_every, first);
+  Progress progress(to.steps, step_tokens, o.log_every, first);
   auto last_save = Clock::now();
   // Where the run is kept: --save, else (periodic and Ctrl-C saves only) distill-run.safetensors here.
   const std::string keep = o.save.empty() ? std::string("distill-run.safetensors") : o.save;
@@ -472,8 +485,10 @@ int run(Args& a, Run& o, int argc, char** argv) {
   std::vector<Series> curves = {s_loss, s_soft};
   if (kd.w_hard > 0) curves.push_back(s_hard);
   curves.push_back(s_val);
-  write_svg(o.svg, "distill: student loss (nats/token)", curves);
-  if (!o.curves.empty()) table.write(o.curves);
+  if (group->is_root()) {
+    write_svg(o.svg, "distill: student loss (nats/token)", curves);
+    if (!o.curves.empty()) table.write(o.curves);
+  }
   if (!o.save.empty() || kept) std::printf("checkpoint: %s\n", keep.c_str());
   std::printf("loss curves: %s\n", o.svg.c_str());
 
@@ -484,7 +499,7 @@ int run(Args& a, Run& o, int argc, char** argv) {
     std::printf("\n---- sample (temperature %.2g) ----\n%s\n---- end of sample ----\n", double(o.temperature),
                 printable(codec.decode(out)).c_str());
   }
-  print_summary(to.steps - first, to.batch * cfg.context, train_seconds, progress, dev.desc, t_start, "",
+  print_summary(to.steps - first, step_tokens, train_seconds, progress, dev.desc, t_start, "",
                 val_before, val_after, evaluator.windows());
   return 0;
 }
@@ -520,6 +535,7 @@ int main(int argc, char** argv) {
       a.add("--eval-windows", &o.eval_windows);
   a.add("--sample-len", &o.sample_len), a.add("--temperature", &o.temperature);
   a.add("--device", &o.device), a.add("--threads", &o.threads), a.add("--compute-dtype", &o.compute);
+  a.add("--bucket-dtype", &o.bucket_dtype), a.add("--bucket-mib", &o.to.bucket_mib);
   return run_main(
       "distill", [&] { return run(a, o, argc, argv); },
       [&] {

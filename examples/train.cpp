@@ -79,6 +79,10 @@ Machine
   --threads N         CPU threads (default 0: all cores)
   --compute-dtype D   auto, f32, bf16 or f16: the dtype every matmul runs in; the weights stay f32
                       (default auto: bf16 on CUDA, f32 on the CPU)
+Several GPUs or processes (started by tools/launch.sh -n N, torchrun, mpirun or srun: see README)
+  --bucket-dtype D    f32 or bf16: the dtype gradients travel in between processes (default f32)
+  --bucket-mib N      gradient bucket size in MiB, each summed as soon as backward finishes it (default 25)
+                      --batch is per process; rank 0 prints and writes the checkpoints
 Output
   --log-every N       progress line every N steps (default: steps/15)
   --eval-every N      validation every N steps, 0 for before and after only (default: steps/3)
@@ -102,7 +106,7 @@ struct Options {
   TransformerConfig model;
   TrainerOptions train;
   float temperature = 0.8f;
-  std::string device = "auto", compute = "auto";
+  std::string device = "auto", compute = "auto", bucket_dtype = "f32";
   int threads = 0;
 };
 
@@ -171,8 +175,7 @@ int run(Args& a, Options& o, int argc, char** argv) {
     same_as_run(a, "--d-ff", o.model.d_ff, c.d_ff);
     same_as_run(a, "--context", o.model.context, c.context);
     same_as_run(a, "--seed", int64_t(o.train.seed), int64_t(ck->state().seed));
-    same_as_run(a, "--batch", o.train.batch,
-                std::stoll(ck->meta("train.batch", std::to_string(o.train.batch))));
+    resume_batch(a, *ck, dist::world_from_env().size, &o.train.batch);
     o.model = c;
     o.train.seed = ck->state().seed;
     codec = TextCodec::from_checkpoint(*ck);
@@ -184,7 +187,6 @@ int run(Args& a, Options& o, int argc, char** argv) {
     a.check(o.train.steps >= ck->state().step, "--steps " + std::to_string(o.train.steps) +
                                                    " is fewer than the run has done (" +
                                                    std::to_string(ck->state().step) + ")");
-    recorded(*ck, a, "--batch", "train.batch", &o.train.batch);
     recorded(*ck, a, "--lr", "train.lr", &o.train.lr);
     recorded(*ck, a, "--weight-decay", "train.weight_decay", &o.train.weight_decay);
     recorded(*ck, a, "--clip", "train.clip", &o.train.clip);
@@ -227,7 +229,16 @@ int run(Args& a, Options& o, int argc, char** argv) {
   o.train.min_lr = o.train.lr / 10;
 
   const auto t_start = Clock::now();
+  a.check(o.bucket_dtype == "f32" || o.bucket_dtype == "bf16",
+          "--bucket-dtype is f32 or bf16, got '" + o.bucket_dtype + "'");
+  a.check(o.train.bucket_mib >= 1 && o.train.bucket_mib <= 4096, "--bucket-mib must be in [1, 4096]");
+  o.train.bucket_dtype = o.bucket_dtype == "bf16" ? DType::BF16 : DType::F32;
+  Device dev = pick_device(o.device, o.threads);
+  const auto group = join_world(dev);
+  o.train.group = group.get();
   // ---- tokenizer and shards -----------------------------------------------------------------------------
+  // Rank 0 makes them; the others wait for it, then find them made and read them.
+  if (!group->is_root()) group->host().barrier();
   if (ck) {
     // The recorded shards when they are still there; else the recorded text tokenized again.
     const bool have = !data.shards.empty() && !list_shards(data.shards, "train").empty() &&
@@ -278,6 +289,7 @@ int run(Args& a, Options& o, int argc, char** argv) {
   } else {
     set = prepare_shards(data, codec);
   }
+  if (group->is_root()) group->host().barrier();
   o.shards = std::filesystem::absolute(data.shards).lexically_normal().string();
   const std::string fingerprint = shards_fingerprint(o.shards);
   if (ck) {
@@ -300,7 +312,6 @@ int run(Args& a, Options& o, int argc, char** argv) {
            " tokens (made with another tokenizer?)");
 
   // ---- model ------------------------------------------------------------------------------------------
-  Device dev = pick_device(o.device, o.threads);
   o.model.compute_dtype = pick_compute_dtype(o.compute, dev);
   Context ctx(*dev.backend);
   Transformer model(ctx, o.model, o.train.seed);
@@ -333,7 +344,7 @@ int run(Args& a, Options& o, int argc, char** argv) {
   meta["data"] = std::filesystem::absolute(data.data).lexically_normal().string();
   meta["data.max_bytes"] = std::to_string(data.max_bytes);
   meta["data.val_frac"] = fstr(data.val_frac);
-  meta["train.batch"] = std::to_string(o.train.batch);
+  meta["train.batch"] = std::to_string(o.train.batch * group->size());  // the whole step's
   meta["train.lr"] = fstr(o.train.lr);
   meta["train.warmup"] = std::to_string(o.train.warmup);
   meta["train.weight_decay"] = fstr(o.train.weight_decay);
@@ -341,12 +352,13 @@ int run(Args& a, Options& o, int argc, char** argv) {
   meta["program"] = "train";
   meta["compute_dtype"] = dtype_name(cfg.compute_dtype);  // informative: checkpoints load in any
   meta["val_windows"] = std::to_string(evaluator.windows());
+  // Every rank holds the same parameters and moments: rank 0 alone writes them.
   auto save = [&](const std::string& path, double val) {
     meta["val_loss"] = fstr(val);
-    trainer.save(path, meta);
+    if (group->is_root()) trainer.save(path, meta);
   };
   Curves curves;
-  const int64_t step_tokens = o.train.batch * cfg.context;
+  const int64_t step_tokens = o.train.batch * cfg.context * group->size();
   auto report_val = [&](int64_t step, double v) {
     curves.validation(step, step * step_tokens, v);
     std::printf("  validation @ step %lld: loss %.4f nats/token, perplexity %.2f\n", (long long)step, v,
@@ -360,7 +372,7 @@ int run(Args& a, Options& o, int argc, char** argv) {
   // ---- training loop ----------------------------------------------------------------------------------
   install_stop_handler("train");
   const int64_t first = trainer.steps_done();
-  Progress progress(o.train.steps, o.train.batch * cfg.context, o.log_every, first);
+  Progress progress(o.train.steps, step_tokens, o.log_every, first);
   std::vector<double> losses;
   auto last_save = Clock::now();
   // Where the run is kept: --save, else (periodic and Ctrl-C saves only) train-run.safetensors here.
@@ -433,7 +445,7 @@ int run(Args& a, Options& o, int argc, char** argv) {
                   losses[0], last / double(tail), tail);
     middle = line;
   }
-  print_summary(o.train.steps - first, o.train.batch * cfg.context, train_seconds, progress, dev.desc,
+  print_summary(o.train.steps - first, step_tokens, train_seconds, progress, dev.desc,
                 t_start, middle, val_before, val_after, evaluator.windows());
   return 0;
 }
@@ -455,6 +467,7 @@ int main(int argc, char** argv) {
   a.add("--save", &o.save), a.add("--save-every", &o.save_every), a.add("--save-minutes", &o.save_minutes);
   a.add("--resume", &o.resume), a.add("--continue-on-new-data", &o.continue_on_new_data);
   a.add("--device", &o.device), a.add("--threads", &o.threads), a.add("--compute-dtype", &o.compute);
+  a.add("--bucket-dtype", &o.bucket_dtype), a.add("--bucket-mib", &o.train.bucket_mib);
   a.add("--log-every", &o.log_every), a.add("--eval-every", &o.eval_every),
       a.add("--eval-windows", &o.eval_windows);
   a.add("--sample-len", &o.sample_len), a.add("--temperature", &o.temperature), a.add("--prompt", &o.prompt);

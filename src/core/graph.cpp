@@ -1,5 +1,6 @@
 #include "graph.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <unordered_set>
@@ -173,6 +174,7 @@ void Graph::backward(Tensor* loss) {
     upd->flags |= kOutput;
     forward(upd);
     grads_[p] = acc;
+    writers_[p] = upd;
     accumulators_.push_back(acc);
     in_place_.push_back(in_place ? gr : nullptr);
   }
@@ -180,6 +182,28 @@ void Graph::backward(Tensor* loss) {
     if (!t->is_leaf()) grads_[t] = gr;
   has_backward_ = true;
   zero_pending_ = !accumulators_.empty();  // the first run writes the accumulators
+  plan_.reset();
+}
+
+Tensor* Graph::grad_writer(const Tensor* p) const {
+  const auto it = writers_.find(p);
+  return it == writers_.end() ? nullptr : it->second;
+}
+
+void Graph::schedule_early(Tensor* node) {
+  const auto it = index_.find(node);
+  RT_CHECK(node && it != index_.end() && it->second >= 0, "graph.schedule_early: ",
+           node ? node->describe() : std::string("null"), " is not a step of this graph");
+  // Moving a step earlier never breaks the steps that read it (they all come after its old place); only its
+  // sources bound how early it can go.
+  const int at = it->second;
+  int last = -1;
+  for (const Tensor* s : node->src)
+    if (s) last = std::max(last, index_.at(s));
+  if (last + 1 >= at) return;
+  nodes_.erase(nodes_.begin() + at);
+  nodes_.insert(nodes_.begin() + last + 1, node);
+  for (int i = last + 1; i <= at; ++i) index_[nodes_[size_t(i)]] = i;
   plan_.reset();
 }
 

@@ -33,6 +33,12 @@ class Graph {
   // Parameters that reach the loss, in the order backward() found them.
   const std::vector<Tensor*>& params() const { return params_; }
   const std::vector<Tensor*>& nodes() const { return nodes_; }
+  // The node that last writes parameter p's gradient accumulator in a run (null when p has none): what a
+  // gradient all-reduce must wait for.
+  Tensor* grad_writer(const Tensor* p) const;
+  // Moves node, a step of this graph, to run right after the last of its sources instead of where it was
+  // added (a collective then overlaps the rest of backward). Throws retort::Error when node is not a step.
+  void schedule_early(Tensor* node);
   Context& ctx() const { return *ctx_; }
 
   // Plans memory (cached until the graph changes) and returns the plan; peak bytes are known before running.
@@ -51,6 +57,7 @@ class Graph {
   std::vector<Tensor*> params_;
   std::vector<Tensor*> accumulators_;
   std::vector<Tensor*> in_place_;  // per accumulator: the op output that adds into it, or null (Accumulate)
+  std::unordered_map<const Tensor*, Tensor*> writers_;  // parameter -> its accumulator's writer
   mutable bool zero_pending_ = false;
   void clear_pending_zero() const;
   bool has_backward_ = false;

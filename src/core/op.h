@@ -99,6 +99,8 @@ enum class Op : uint16_t {
   GradNorm,   // src = stats, table, scratch, loss?; ip[0] = scale the gradients too, ip[1] = max_norm's bits
   AdamWStep,  // src = stats, table, hparams; fp = beta1, beta2, eps
   SgdStep,    // src = stats, table, hparams; fp = momentum, weight_decay
+  // data parallelism (src/ops/collective.cpp): sums tensors over the ranks of a Collective in place
+  AllReduce,  // src = tensor 0 (aliased), weight?, after?, staging, tensors 1..; ip = Collective*, join, wire
   Count
 };
 
@@ -108,7 +110,7 @@ inline constexpr int kOpCount = static_cast<int>(Op::Count);
 // planner gives it no memory and later readers of the node see the write.
 inline constexpr bool writes_into_src0(Op op) {
   return op == Op::Accumulate || op == Op::SetRows || op == Op::GradNorm || op == Op::AdamWStep ||
-         op == Op::SgdStep;
+         op == Op::SgdStep || op == Op::AllReduce;
 }
 
 enum class ViewKind : int64_t { Reshape, Permute, Slice };

@@ -21,6 +21,7 @@ OpTable build_table() {
   register_topk_ops(t);
   register_attention_ops(t);
   register_optim_ops(t);
+  register_collective_ops(t);
   return t;
 }
 

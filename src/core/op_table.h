@@ -79,5 +79,6 @@ void register_fused_ops(OpTable& t);
 void register_topk_ops(OpTable& t);
 void register_attention_ops(OpTable& t);
 void register_optim_ops(OpTable& t);
+void register_collective_ops(OpTable& t);
 
 }  // namespace retort

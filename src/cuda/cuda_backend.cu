@@ -136,6 +136,7 @@ const CudaOpTable& launcher_table() {
     register_cuda_topk_ops(t);
     register_cuda_attention_ops(t);
     register_cuda_optim_ops(t);
+    register_cuda_collective_ops(t);
     return t;
   }();
   return table;

@@ -231,5 +231,6 @@ void register_cuda_fused_ops(CudaOpTable& t);       // loss/cuda_fused_ops.cu: t
 void register_cuda_topk_ops(CudaOpTable& t);        // cuda_topk.cu: topk_logprobs
 void register_cuda_attention_ops(CudaOpTable& t);   // cuda_attention.cu: flash_attention
 void register_cuda_optim_ops(CudaOpTable& t);       // cuda_optim.cu: grad_norm, adamw_step, sgd_step
+void register_cuda_collective_ops(CudaOpTable& t);  // cuda_collective.cu: all_reduce
 
 }  // namespace retort::cuda

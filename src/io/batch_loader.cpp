@@ -34,6 +34,9 @@ struct SplitMix64 {
 BatchLoader::BatchLoader(const std::vector<std::string>& shard_paths, const BatchLoaderOptions& options)
     : opt_(options) {
   RT_CHECK(opt_.batch > 0, "BatchLoader: batch must be > 0, got ", opt_.batch);
+  RT_CHECK(opt_.world >= 1 && opt_.rank >= 0 && opt_.rank < opt_.world, "BatchLoader: rank ", opt_.rank,
+           " of a world of ", opt_.world, " (expected 0 <= rank < world, world >= 1)");
+  checked_mul(opt_.batch, int64_t(opt_.world), "BatchLoader: batch x world");
   RT_CHECK(opt_.seq_len > 0, "BatchLoader: seq_len must be > 0, got ", opt_.seq_len);
   RT_CHECK(!shard_paths.empty(), "BatchLoader: no shard files given");
   // A batch is B x T int32 inputs and targets held in memory: refuse sizes no machine can hold before any
@@ -86,9 +89,15 @@ void BatchLoader::read_tokens(int64_t pos, int64_t n, int32_t* out) const {
 void BatchLoader::next(int32_t* inputs, int32_t* targets, int64_t* starts) {
   const int64_t T = opt_.seq_len;
   scratch_.resize(size_t(T + 1));
-  for (int64_t b = 0; b < opt_.batch; ++b) {
+  // Every rank walks the whole global batch of B x world windows and keeps its own B: together the ranks
+  // see what one process with the world's batch would, and the position to resume from is the same for all.
+  const int64_t first = int64_t(opt_.rank) * opt_.batch;
+  for (int64_t g = 0; g < opt_.batch * opt_.world; ++g) {
     if (cursor_ == windows_) start_epoch(checked_add(epoch_, int64_t(1), "BatchLoader: epoch"));
-    const int64_t start = window_start(order_[size_t(cursor_++)]);
+    const int64_t w = order_[size_t(cursor_++)];
+    const int64_t b = g - first;
+    if (b < 0 || b >= opt_.batch) continue;
+    const int64_t start = window_start(w);
     read_tokens(start, T + 1, scratch_.data());
     // The alignment rule: the input at t is token start+t, its target the next token, start+t+1.
     std::copy(scratch_.begin(), scratch_.begin() + T, inputs + b * T);

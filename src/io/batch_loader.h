@@ -25,6 +25,9 @@ struct BatchLoaderOptions {
   uint64_t seed = 0;
   bool shuffle = true;  // false: windows in stream order, every epoch alike
   bool verify_checksums = true;
+  // Data parallelism: each step's global batch is batch x world windows, and rank r gets rows
+  // [r*batch, (r+1)*batch) of it, so the ranks never share a window and miss none.
+  int rank = 0, world = 1;
 };
 
 struct Batch {
@@ -53,7 +56,8 @@ class BatchLoader {
   // Tokens [pos, pos + n) of the stream; throws retort::Error when the range leaves a shard.
   void read_tokens(int64_t pos, int64_t n, int32_t* out) const;
 
-  // Where the loader stands, for resuming: epochs begun so far (from 0) and windows used in the current one.
+  // Where the loader stands, for resuming: epochs begun so far (from 0) and windows used in the current one
+  // by the whole world (the same on every rank).
   int64_t epoch() const { return epoch_; }
   int64_t cursor() const { return cursor_; }
   // Continue as if `cursor` windows of `epoch` had been consumed. Throws retort::Error out of range.

@@ -358,6 +358,13 @@ LmTrainer::LmTrainer(Context& ctx, Transformer& model, const std::vector<std::st
   lo.batch = opt_.batch;
   lo.seq_len = opt_.seq_len;
   lo.seed = opt_.seed;
+  const bool parallel = opt_.group && opt_.group->size() > 1;
+  if (parallel) {
+    lo.rank = opt_.group->rank();
+    lo.world = opt_.group->size();
+    RT_CHECK(opt_.bucket_mib >= 1 && opt_.bucket_mib <= 4096, "trainer: bucket size ", opt_.bucket_mib,
+             " MiB must be in [1, 4096]");
+  }
   loader_ = std::make_unique<BatchLoader>(train_shards, lo);
   const int64_t B = opt_.batch, T = opt_.seq_len, N = B * T;
   tokens_ = ctx.input(DType::I32, {B, T}, "tokens");
@@ -388,9 +395,20 @@ LmTrainer::LmTrainer(Context& ctx, Transformer& model, const std::vector<std::st
   adam.beta2 = 0.95f;
   adam.weight_decay = opt_.weight_decay;
   optimizer_ = std::make_unique<AdamW>(model.parameters(), adam);
+  Tensor* loss = out_.loss;
+  if (parallel) {
+    std::vector<Tensor*> parts;
+    for (Tensor* part : {out_.hard, out_.soft})
+      if (part) parts.push_back(part);
+    sync_ = append_grad_sync(*graph_, *opt_.group->device(), out_.loss, parts, opt_.bucket_dtype,
+                             opt_.bucket_mib << 20);
+    loss = sync_.loss;
+  }
   // The update, the clip and the non-finite check run on the device as the graph's last ops; what the host
   // needs to know of a step (loss, parts, norm, applied) is gathered into one tensor, read once.
-  summary_ = optimizer_->append_step(*graph_, out_.loss, opt_.clip > 0 ? opt_.clip : 0.0);
+  summary_ = optimizer_->append_step(*graph_, loss, opt_.clip > 0 ? opt_.clip : 0.0);
+  // With data parallelism the parts are summed in place by the loss's all_reduce, which the update (and so
+  // this concat, made after it) runs after.
   for (Tensor* part : {out_.hard, out_.soft})
     if (part) summary_ = concat(ctx, summary_, reshape(ctx, part, {1}), 0);
   summary_->flags |= kOutput;
@@ -414,6 +432,15 @@ void LmTrainer::stage(const std::function<void(const Batch&)>& before_compute) {
     set_data(t_mask_, topk_.mask);
   }
   if (before_compute) before_compute(batch_);
+  if (sync_.weight) {
+    // This rank's share of the step's valid targets, from one host-side sum (no wait for the device).
+    int64_t mine = 0;
+    for (int32_t y : batch_.targets) mine += y != -100;
+    std::vector<int64_t> all{mine};
+    opt_.group->host().all_reduce_sum(all);
+    set_data(sync_.weight, {all[0] > 0 ? float(double(mine) / double(all[0]))
+                                       : 1.0f / float(opt_.group->size())});
+  }
 }
 
 LmTrainer::StepResult LmTrainer::step(const std::function<void(const Batch&)>& before_compute) {
@@ -440,7 +467,8 @@ LmTrainer::StepResult LmTrainer::step(const std::function<void(const Batch&)>& b
     }
   }
   // The step's one wait for the device: {loss, grad norm, clip scale, applied, hard?, soft?}.
-  const std::vector<float> s = get_data(summary_);
+  const std::vector<float> s =
+      opt_.group ? opt_.group->read_bounded(summary_, detail::concat("training step ", step)) : get_data(summary_);
   const bool applied = s[kStatOk] != 0.0f;
   optimizer_->end_step(applied);
   r.loss = s[kStatLoss];

@@ -16,10 +16,12 @@
 
 #include "../core/context.h"
 #include "../core/graph.h"
+#include "../dist/process_group.h"
 #include "../io/batch_loader.h"
 #include "../io/tokenizer.h"
 #include "../io/topk_cache.h"
 #include "../ops/loss/losses.h"
+#include "data_parallel.h"
 #include "optim.h"
 #include "transformer.h"
 
@@ -121,6 +123,12 @@ struct TrainerOptions {
   // and for a gradient the parameter and its first non-finite value; with this on, the batch is skipped
   // instead (no update, StepResult::skipped set) and training goes on.
   bool skip_nonfinite = false;
+  // Data parallelism over group (null, or a world of 1: this process alone, and nothing is added to the
+  // step). batch is then per rank: each step takes batch x world windows, rank r rows [r*batch, (r+1)*batch);
+  // gradients are summed in buckets of bucket_mib MiB travelling as bucket_dtype (F32 or BF16).
+  dist::ProcessGroup* group = nullptr;
+  DType bucket_dtype = DType::F32;
+  int64_t bucket_mib = kDefaultBucketMiB;
 };
 
 // What the loss is: plain cross-entropy, or top-K distillation from a cache (offline) or from side data the
@@ -176,6 +184,7 @@ class LmTrainer {
   Tensor *t_ids_ = nullptr, *t_logprobs_ = nullptr, *t_mask_ = nullptr;
   LossOutputs out_;
   Tensor* summary_ = nullptr;  // f32 [4 + parts]: the optimizer's stats, then the hard and soft parts
+  GradSync sync_;              // data parallelism: set when the world is larger than 1
   Batch batch_;
   TopKBatch topk_;
   // The next step's batch read and queued ahead (devices only), where the loader stood before it, and an

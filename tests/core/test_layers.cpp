@@ -27,7 +27,8 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
     {"ops", {"core"}},
     {"io", {"core"}},
     {"cuda", {"core", "ops"}},
-    {"nn", {"core", "ops", "io"}},
+    {"dist", {"core", "cuda"}},  // the process group: its GPU collective is NCCL's, made in src/cuda
+    {"nn", {"core", "ops", "io", "dist"}},
 };
 
 // Arrows that still run the wrong way, each with the issue that removes it; the list may only shrink.

@@ -1,0 +1,76 @@
+#include "collective_ops.h"
+
+#include <cstring>
+
+#include "../core/checked.h"
+#include "../core/error.h"
+#include "../core/op_table.h"
+
+namespace retort {
+
+Tensor* all_reduce_op(Context& ctx, Collective& comm, const std::vector<Tensor*>& tensors, Tensor* weight,
+                      Tensor* after, DType wire, bool join) {
+  RT_CHECK(!tensors.empty() && tensors.size() <= size_t(kAllReduceMaxTensors), "all_reduce: ", tensors.size(),
+           " tensors given, expected 1 to ", kAllReduceMaxTensors);
+  RT_CHECK(wire == DType::F32 || wire == DType::BF16, "all_reduce: wire dtype ", dtype_name(wire),
+           " (f32 or bf16 expected)");
+  int64_t total = 0;
+  for (Tensor* t : tensors) {
+    RT_CHECK(t && t->dtype == DType::F32 && t->is_contiguous(), "all_reduce: ",
+             t ? t->describe() : std::string("null"), " must be a contiguous f32 tensor");
+    RT_CHECK(&t->backend() == &ctx.backend(), "all_reduce: ", t->describe(), " lives on ",
+             t->backend().name(), ", the graph on ", ctx.backend().name());
+    total = checked_add(total, t->nelements(), "all_reduce");
+  }
+  RT_CHECK(!weight || (weight->is_leaf() && weight->dtype == DType::F32 && weight->nelements() == 1),
+           "all_reduce: the weight must be an f32 leaf of one element, got ", weight->describe());
+  RT_CHECK(!after || after->op == Op::AllReduce, "all_reduce: `after` must be an all_reduce node, got ",
+           after->describe());
+  Tensor* staging = ctx.tensor(wire, {total}, "all_reduce.staging");
+  Tensor* n = ctx.node(Op::AllReduce, DType::F32, tensors[0]->ne);
+  n->src[0] = tensors[0];
+  n->src[1] = weight;
+  n->src[2] = after;
+  n->src[3] = staging;
+  for (size_t i = 1; i < tensors.size(); ++i) n->src[3 + i] = tensors[i];
+  n->ip[0] = static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm));
+  n->ip[1] = join ? 1 : 0;
+  n->ip[2] = int64_t(wire);
+  return n;
+}
+
+namespace {
+
+void cpu_all_reduce(Tensor* node, ThreadPool&) {
+  Collective& comm = all_reduce_comm(node);
+  Tensor* staging = node->src[3];
+  const DType wire = staging->dtype;
+  const float w = node->src[1] ? *static_cast<const float*>(node->src[1]->data) : 1.0f;
+  int64_t at = 0;
+  for (int i = 0; i < kMaxSrc; ++i) {
+    if (i >= 1 && i <= 3) continue;
+    const Tensor* t = node->src[i];
+    if (!t) continue;
+    const float* x = static_cast<const float*>(t->data);
+    for (int64_t j = 0; j < t->nelements(); ++j) store_f32(staging->data, wire, at + j, x[j] * w);
+    at += t->nelements();
+  }
+  comm.all_reduce_sum(staging->data, at, wire);
+  at = 0;
+  for (int i = 0; i < kMaxSrc; ++i) {
+    if (i >= 1 && i <= 3) continue;
+    Tensor* t = node->src[i];
+    if (!t) continue;
+    float* x = static_cast<float*>(t->data);
+    for (int64_t j = 0; j < t->nelements(); ++j) x[j] = load_f32(staging->data, wire, at + j);
+    at += t->nelements();
+  }
+}
+
+}  // namespace
+
+void register_collective_ops(OpTable& t) {
+  t[size_t(Op::AllReduce)] = {"all_reduce", cpu_all_reduce, nullptr, false};
+}
+
+}  // namespace retort

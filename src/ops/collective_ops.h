@@ -1,0 +1,34 @@
+// The collective as a graph op: data parallelism sums gradient buckets (and the loss) over the ranks of a
+// process group inside the training graph, so a step keeps its single host wait. Placed right after the
+// ops that finish a bucket's gradients (Graph::schedule_early), it runs while the rest of backward computes
+// (on the GPU on the collective's own stream).
+#pragma once
+#include <vector>
+
+#include "../core/collective.h"
+#include "../core/context.h"
+#include "../core/tensor.h"
+
+namespace retort {
+
+// Up to this many tensors per all_reduce node (the others' slots hold weight, order and staging).
+inline constexpr int kAllReduceMaxTensors = kMaxSrc - 3;
+
+// Sums tensors (1..kAllReduceMaxTensors contiguous f32 tensors of ctx's backend, leaves or nodes) over
+// comm's ranks in place: each is first multiplied by weight (an f32 [1] leaf the caller sets before each
+// run, e.g. this rank's share of the step's tokens; null: 1), packed into a staging leaf made here in the
+// wire dtype (F32, or BF16 to halve the bytes sent; summed in f32 either way), summed, and unpacked. The
+// node aliases tensors[0] and runs after `after` (an earlier all_reduce node, or null), so every rank issues
+// its calls in the same order. With join, work after the node sees every sum issued so far; without, only
+// later all_reduce nodes are ordered after it (a join must come before anything reads the sums). Throws
+// retort::Error on an empty or too long list, a tensor that is not contiguous f32, a bad wire dtype or
+// weight, or a communicator of another backend.
+Tensor* all_reduce_op(Context& ctx, Collective& comm, const std::vector<Tensor*>& tensors, Tensor* weight,
+                      Tensor* after, DType wire, bool join);
+
+// The communicator an all_reduce node calls.
+inline Collective& all_reduce_comm(const Tensor* node) {
+  return *reinterpret_cast<Collective*>(static_cast<intptr_t>(node->ip[0]));
+}
+
+}  // namespace retort

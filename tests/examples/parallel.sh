@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Several processes, end to end on the CPU with tiny settings:
+#   - tools/launch.sh gives each rank the launcher environment, stops every rank when one fails (exiting with
+#     its status) and forwards SIGTERM;
+#   - train in a world of 2 with --batch 2 prints the losses of one process with --batch 4;
+#   - a checkpoint written by a world of 2 resumes in a world of 1 and the reverse, each continuing like a run
+#     that never changed size; a batch that does not split over the world is refused;
+#   - a bad RANK / WORLD_SIZE and a rank that never comes are one-line errors, the latter within the timeout.
+# Usage: parallel.sh <build/examples dir> <text file> <tools/launch.sh>
+set -euo pipefail
+X=$(cd "$1" && pwd)
+TEXT=$2
+L=$3
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+port=$((30000 + RANDOM % 20000))
+next_port() { port=$((port + 1)); }
+head -c 150000 "$TEXT" >"$W/t.txt"
+M="--layers 1 --d-model 32 --heads 2 --context 32 --threads 1 --device cpu --sample-len 0 --eval-windows 8"
+M="$M --log-every 1 --eval-every 0"
+# The progress lines' losses, one per line ("[rank 0] " dropped).
+losses() { sed -n 's/^\(\[rank 0\] \)\{0,1\}\[[#.]\{20\}\] *\([0-9]*\)\/[0-9]* | loss \([0-9.]*\).*/\2 \3/p' "$1"; }
+
+# ---- 1. the launcher ------------------------------------------------------------------------------------
+next_port
+out=$(bash "$L" -n 3 --master-port "$port" bash -c 'echo "$RANK/$WORLD_SIZE/$LOCAL_RANK/$MASTER_ADDR:$MASTER_PORT"' | sort)
+want=$(printf '[rank 0] 0/3/0/127.0.0.1:%s\n[rank 1] 1/3/1/127.0.0.1:%s\n[rank 2] 2/3/2/127.0.0.1:%s' "$port" "$port" "$port")
+[ "$out" = "$want" ] || fail "launcher environment: got '$out'"
+rc=0
+start=$(date +%s)
+bash "$L" -n 3 bash -c '[ "$RANK" = 1 ] && exit 7; exec sleep 60' >"$W/l.log" 2>&1 || rc=$?
+[ "$rc" = 7 ] || fail "launcher: a rank exited 7, the launcher $rc"
+[ $(($(date +%s) - start)) -lt 30 ] || fail "launcher: the other ranks were not stopped"
+grep -q "rank 1 exited with status 7; stopping the others" "$W/l.log" || fail "launcher: $(cat "$W/l.log")"
+bash "$L" -n 2 bash -c 'exec sleep 60' >"$W/t.log" 2>&1 &
+lp=$!
+sleep 1
+kill -TERM "$lp"
+rc=0
+wait "$lp" || rc=$?
+[ "$rc" = 130 ] || fail "launcher after SIGTERM exited $rc, not 130"
+rc=0
+bash "$L" -n 0 true 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || fail "launcher -n 0 exited $rc, not 2"
+echo "parallel: launcher environment, fail-all, SIGTERM and bad -n"
+
+# ---- 2. a world of 2 trains like one process with twice the batch ---------------------------------------
+T="--data $W/t.txt --shards $W/s $M"
+"$X"/train $T --steps 6 --batch 4 --save "$W/w1.st" >"$W/w1.log" 2>&1 || fail "train: $(tail -3 "$W/w1.log")"
+next_port
+bash "$L" -n 2 --master-port "$port" "$X"/train $T --steps 6 --batch 2 --save "$W/w2.st" >"$W/w2.log" 2>&1 ||
+  fail "train in a world of 2: $(tail -5 "$W/w2.log")"
+grep -q "world: 2 processes over tcp" "$W/w2.log" || fail "no world line: $(head -3 "$W/w2.log")"
+[ -n "$(losses "$W/w1.log")" ] || fail "no progress lines in $(head -20 "$W/w1.log")"
+[ "$(losses "$W/w1.log")" = "$(losses "$W/w2.log")" ] ||
+  fail "losses differ: one process $(losses "$W/w1.log" | tr '\n' ' '), world of 2 $(losses "$W/w2.log" | tr '\n' ' ')"
+[ "$(grep -c '^\[rank 1\] ' "$W/w2.log" || true)" = 0 ] || fail "rank 1 printed: $(grep '^\[rank 1\]' "$W/w2.log" | head -3)"
+echo "parallel: world of 2 x batch 2 = one process x batch 4 ($(losses "$W/w2.log" | tail -1))"
+
+# ---- 3. resume at another world size ----------------------------------------------------------------------
+R="--steps 9 --threads 1 --device cpu --sample-len 0 --eval-windows 8 --log-every 1 --eval-every 0"
+"$X"/train --resume "$W/w1.st" $R >"$W/r11.log" 2>&1 || fail "resume 1 -> 1: $(tail -3 "$W/r11.log")"
+"$X"/train --resume "$W/w2.st" $R >"$W/r21.log" 2>&1 || fail "resume 2 -> 1: $(tail -3 "$W/r21.log")"
+next_port
+bash "$L" -n 2 --master-port "$port" "$X"/train --resume "$W/w1.st" $R >"$W/r12.log" 2>&1 ||
+  fail "resume 1 -> 2: $(tail -3 "$W/r12.log")"
+[ -n "$(losses "$W/r11.log")" ] || fail "no progress lines in $(head -20 "$W/r11.log")"
+[ "$(losses "$W/r11.log")" = "$(losses "$W/r21.log")" ] || fail "resume 2 -> 1 differs from 1 -> 1"
+[ "$(losses "$W/r11.log")" = "$(losses "$W/r12.log")" ] || fail "resume 1 -> 2 differs from 1 -> 1"
+next_port
+rc=0
+bash "$L" -n 3 --master-port "$port" "$X"/train --resume "$W/w1.st" $R >"$W/r13.log" 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "resume over 3 processes of a batch of 4 exited $rc, not 2"
+grep -q "batch of 4 windows per step does not split over 3 processes" "$W/r13.log" || fail "$(tail -3 "$W/r13.log")"
+echo "parallel: checkpoints resume at 1 and 2 processes alike; a batch that does not split is refused"
+
+# ---- 4. bad environments ----------------------------------------------------------------------------------
+rc=0
+RANK=2 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "$X"/train $T --steps 2 --batch 2 >"$W/e1.log" 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "RANK=2 WORLD_SIZE=2 exited $rc, not 1"
+grep -q "RANK=2 must be below WORLD_SIZE=2" "$W/e1.log" || fail "$(cat "$W/e1.log")"
+next_port
+rc=0
+start=$(date +%s)
+RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RETORT_DIST_TIMEOUT=2 "$X"/train $T --steps 2 --batch 2 \
+  >"$W/e2.log" 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "a rank that never comes: exited $rc, not 1"
+grep -q "rank(s) 1 did not join the rendezvous" "$W/e2.log" || fail "$(cat "$W/e2.log")"
+[ $(($(date +%s) - start)) -lt 20 ] || fail "a rank that never comes: no error within the timeout"
+echo "parallel: bad RANK and a missing rank are one-line errors"
