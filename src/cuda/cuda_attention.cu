@@ -159,12 +159,10 @@ __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// c[m][n] += A_m (16 × 16·KS) · B for M row tiles with B[k][n·8 + j] = s[(n·8 + j)·ld + k]: the tile's rows are
-// B's columns (K in q·kᵀ). ldmatrix hands each lane its B fragment directly (an 8×8 matrix row per 16 bytes),
-// once for all M row tiles.
-template <typename T, int KS, int N, int M>
-__device__ __forceinline__ void mma_nmajor_m(float (&c)[M][N][4], const uint32_t (&a)[M][KS][4], const T* s,
-                                             int ld) {
+// c[n] += A (16 × 16·KS) · B with B[k][n·8 + j] = s[(n·8 + j)·ld + k]: the tile's rows are B's columns (K in
+// q·kᵀ). ldmatrix hands each lane its B fragment directly (an 8×8 matrix row per 16 bytes).
+template <typename T, int KS, int N>
+__device__ __forceinline__ void mma_nmajor(float (&c)[N][4], const uint32_t (&a)[KS][4], const T* s, int ld) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
@@ -174,30 +172,20 @@ __device__ __forceinline__ void mma_nmajor_m(float (&c)[M][N][4], const uint32_t
       uint32_t r[4];
       if (kk + 1 < KS) {
         ldsm_x4(r, row + kk * 16);
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          Mma<T>::run(c[m][n], a[m][kk], r[0], r[1]);
-          Mma<T>::run(c[m][n], a[m][kk + 1], r[2], r[3]);
-        }
+        Mma<T>::run(c[n], a[kk], r[0], r[1]);
+        Mma<T>::run(c[n], a[kk + 1], r[2], r[3]);
       } else {
         ldsm_x2(r, s + (n * 8 + (lane & 7)) * ld + kk * 16 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-        for (int m = 0; m < M; ++m) Mma<T>::run(c[m][n], a[m][kk], r[0], r[1]);
+        Mma<T>::run(c[n], a[kk], r[0], r[1]);
       }
     }
   }
 }
-template <typename T, int KS, int N>
-__device__ __forceinline__ void mma_nmajor(float (&c)[N][4], const uint32_t (&a)[KS][4], const T* s, int ld) {
-  mma_nmajor_m<T, KS, N, 1>(reinterpret_cast<float(&)[1][N][4]>(c),
-                            reinterpret_cast<const uint32_t(&)[1][KS][4]>(a), s, ld);
-}
 
-// c[m][n] += A_m (16 × 16·KS) · B for M row tiles with B[k][n] = s[k·ld + n]: the tile's rows are B's rows (V in
-// p·v), read transposed by ldmatrix.trans once for all M. N is even (D / 8 for D a multiple of 16).
-template <typename T, int KS, int N, int M>
-__device__ __forceinline__ void mma_kmajor_m(float (&c)[M][N][4], const uint32_t (&a)[M][KS][4], const T* s,
-                                             int ld) {
+// c[n] += A (16 × 16·KS) · B with B[k][n] = s[k·ld + n]: the tile's rows are B's rows (V in p·v), read
+// transposed by ldmatrix.trans. N is even (D / 8 for D a multiple of 16).
+template <typename T, int KS, int N>
+__device__ __forceinline__ void mma_kmajor(float (&c)[N][4], const uint32_t (&a)[KS][4], const T* s, int ld) {
   static_assert(N % 2 == 0, "two column tiles per ldmatrix");
   const int lane = threadIdx.x & 31;
   const T* base = s + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8;
@@ -207,18 +195,10 @@ __device__ __forceinline__ void mma_kmajor_m(float (&c)[M][N][4], const uint32_t
     for (int kk = 0; kk < KS; ++kk) {
       uint32_t r[4];
       ldsm_x4_t(r, base + kk * 16 * ld + n * 8);
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        Mma<T>::run(c[m][n], a[m][kk], r[0], r[1]);
-        Mma<T>::run(c[m][n + 1], a[m][kk], r[2], r[3]);
-      }
+      Mma<T>::run(c[n], a[kk], r[0], r[1]);
+      Mma<T>::run(c[n + 1], a[kk], r[2], r[3]);
     }
   }
-}
-template <typename T, int KS, int N>
-__device__ __forceinline__ void mma_kmajor(float (&c)[N][4], const uint32_t (&a)[KS][4], const T* s, int ld) {
-  mma_kmajor_m<T, KS, N, 1>(reinterpret_cast<float(&)[1][N][4]>(c),
-                            reinterpret_cast<const uint32_t(&)[1][KS][4]>(a), s, ld);
 }
 
 template <int N>
@@ -250,41 +230,28 @@ __device__ __forceinline__ int keys_end(const Shape& s, int q0, int rows) {
 }
 
 // ---- forward ------------------------------------------------------------------------------------------------
-// Row tiles of 16 per warp in the forward: two for D <= 64, so each K and V fragment read from shared memory
-// feeds two tiles' products (the registers of a third, or of two at D > 64, would spill).
-template <int D>
-constexpr int kFwdTiles = D <= 64 ? 2 : 1;
-template <int D>
-constexpr int kFwdRows = 16 * kFwdTiles<D> * kWarps;
-
 // Grid (query blocks, H, B). lse in natural log, -inf for a row without a visible key (its output is 0).
 template <typename T, int D>
 __global__ __launch_bounds__(kWarps * 32) void attention_fwd(const T* q, const T* k, const T* v, T* o, float* lse,
                                                             Shape s) {
-  constexpr int M = kFwdTiles<D>, kBlockRows = kFwdRows<D>;
   extern __shared__ __align__(16) unsigned char smem[];
   T* stages = reinterpret_cast<T*>(smem);  // two stages of K, V tiles [kKeys][D + kPad]
   constexpr int kTile = kKeys * (D + kPad);
   const int b = blockIdx.z, h = blockIdx.y, kvh = h / (s.H / s.KV);
   const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   // The last query blocks see the most keys: run them first so the short ones fill the tail.
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockRows, qw = q0 + warp * 16 * M;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kRows, qw = q0 + warp * 16;
   const int64_t qstride = int64_t(s.H) * D, kstride = int64_t(s.KV) * D;
   const T* qb = q + (int64_t(b) * s.Tq * s.H + h) * D;
   const T* kb = k + (int64_t(b) * s.Tk * s.KV + kvh) * D;
   const T* vb = v + (int64_t(b) * s.Tk * s.KV + kvh) * D;
 
-  uint32_t qa[M][D / 16][4];
-  float acc[M][D / 8][4];
-  float m[M][2], l[M][2];
-#pragma unroll
-  for (int i = 0; i < M; ++i) {
-    load_a_rows<T, D>(qa[i], qb + int64_t(qw + 16 * i) * qstride, qstride, s.Tq - qw - 16 * i);
-    zero(acc[i]);
-    m[i][0] = m[i][1] = -INFINITY;
-    l[i][0] = l[i][1] = 0.0f;
-  }
-  const int steps = (keys_end(s, q0, kBlockRows) + kKeys - 1) / kKeys;
+  uint32_t qa[D / 16][4];
+  load_a_rows<T, D>(qa, qb + int64_t(qw) * qstride, qstride, s.Tq - qw);
+  float acc[D / 8][4];
+  zero(acc);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int steps = (keys_end(s, q0, kRows) + kKeys - 1) / kKeys;
   auto fetch = [&](int step) {
     T* st = stages + (step & 1) * 2 * kTile;
     const int k0 = step * kKeys;
@@ -304,76 +271,67 @@ __global__ __launch_bounds__(kWarps * 32) void attention_fwd(const T* q, const T
     __syncthreads();
     const T* ks = stages + (step & 1) * 2 * kTile;
     const T* vs = ks + kTile;
-    float sc[M][kKeys / 8][4];
+    float sc[kKeys / 8][4];
+    zero(sc);
+    mma_nmajor<T, D / 16>(sc, qa, ks, D + kPad);
+    float mx[2] = {-INFINITY, -INFINITY};
+    // The mask only where the tile crosses the diagonal or an edge (a warp-uniform branch).
+    const bool whole = all_visible(s, qw, 16, k0, kKeys);
 #pragma unroll
-    for (int i = 0; i < M; ++i) zero(sc[i]);
-    mma_nmajor_m<T, D / 16, kKeys / 8, M>(sc, qa, ks, D + kPad);
-    uint32_t pa[M][kKeys / 16][4];
+    for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-      const int qi = qw + 16 * i;
-      float mx[2] = {-INFINITY, -INFINITY};
-      // The mask only where the tile crosses the diagonal or an edge (a warp-uniform branch).
-      const bool whole = all_visible(s, qi, 16, k0, kKeys);
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = qi + g + (e >> 1) * 8, key = k0 + n * 8 + 2 * t + (e & 1);
-          sc[i][n][e] = whole || visible(s, row, key) ? sc[i][n][e] * s.scale_log2 : -INFINITY;
-          mx[e >> 1] = fmaxf(mx[e >> 1], sc[i][n][e]);
-        }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      }
-      float alpha[2], base[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float mn = fmaxf(m[i][r], mx[r]);
-        base[r] = mn == -INFINITY ? 0.0f : mn;  // a row with nothing visible yet: every exp2 below is 0
-        alpha[r] = exp2f(m[i][r] - base[r]);
-        m[i][r] = mn;
-        l[i][r] *= alpha[r];
+      for (int e = 0; e < 4; ++e) {
+        const int row = qw + g + (e >> 1) * 8, key = k0 + n * 8 + 2 * t + (e & 1);
+        sc[n][e] = whole || visible(s, row, key) ? sc[n][e] * s.scale_log2 : -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], sc[n][e]);
       }
 #pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          sc[i][n][e] = exp2f(sc[i][n][e] - base[e >> 1]);
-          l[i][e >> 1] += sc[i][n][e];
-        }
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        acc[i][n][0] *= alpha[0];
-        acc[i][n][1] *= alpha[0];
-        acc[i][n][2] *= alpha[1];
-        acc[i][n][3] *= alpha[1];
-      }
-      c_to_a<T, kKeys / 8>(pa[i], sc[i]);
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
     }
-    mma_kmajor_m<T, kKeys / 16, D / 8, M>(acc, pa, vs, D + kPad);
+    float alpha[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float mn = fmaxf(m[r], mx[r]);
+      base[r] = mn == -INFINITY ? 0.0f : mn;  // a row with nothing visible yet: every exp2 below is 0
+      alpha[r] = exp2f(m[r] - base[r]);
+      m[r] = mn;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[n][e] = exp2f(sc[n][e] - base[e >> 1]);
+        l[e >> 1] += sc[n][e];
+      }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      acc[n][0] *= alpha[0];
+      acc[n][1] *= alpha[0];
+      acc[n][2] *= alpha[1];
+      acc[n][3] *= alpha[1];
+    }
+    uint32_t pa[kKeys / 16][4];
+    c_to_a<T, kKeys / 8>(pa, sc);
+    mma_kmajor<T, kKeys / 16>(acc, pa, vs, D + kPad);
     __syncthreads();  // this stage is refilled two steps on
   }
 #pragma unroll
-  for (int i = 0; i < M; ++i) {
-    const int qi = qw + 16 * i;
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  const float f0 = l[0] > 0.0f ? 1.0f / l[0] : 0.0f, f1 = l[1] > 0.0f ? 1.0f / l[1] : 0.0f;
+  store_c_rows<T, D>(o + (int64_t(b) * s.Tq * s.H + h) * D + int64_t(qw) * qstride, qstride, s.Tq - qw, acc, f0,
+                     f1);
+  if (t == 0) {
+    float* lrow = lse + (int64_t(b) * s.H + h) * s.Tq;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      l[i][r] += __shfl_xor_sync(0xffffffffu, l[i][r], 1);
-      l[i][r] += __shfl_xor_sync(0xffffffffu, l[i][r], 2);
-    }
-    const float f0 = l[i][0] > 0.0f ? 1.0f / l[i][0] : 0.0f, f1 = l[i][1] > 0.0f ? 1.0f / l[i][1] : 0.0f;
-    store_c_rows<T, D>(o + (int64_t(b) * s.Tq * s.H + h) * D + int64_t(qi) * qstride, qstride, s.Tq - qi, acc[i],
-                       f0, f1);
-    if (t == 0) {
-      float* lrow = lse + (int64_t(b) * s.H + h) * s.Tq;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = qi + g + 8 * r;
-        if (row < s.Tq) lrow[row] = l[i][r] > 0.0f ? (m[i][r] + log2f(l[i][r])) / kLog2e : -INFINITY;
-      }
+      const int row = qw + g + 8 * r;
+      if (row < s.Tq) lrow[row] = l[r] > 0.0f ? (m[r] + log2f(l[r])) / kLog2e : -INFINITY;
     }
   }
 }
@@ -601,7 +559,7 @@ void forward(CudaExec& ex, Tensor* node) {
   const size_t smem = sizeof(T) * 4 * kKeys * (D + kPad);  // two stages of K and V
   auto kernel = attention_fwd<T, D>;
   allow_smem(kernel, smem);
-  const dim3 grid((s.Tq + kFwdRows<D> - 1) / kFwdRows<D>, s.H, s.B);
+  const dim3 grid((s.Tq + kRows - 1) / kRows, s.H, s.B);
   kernel<<<grid, kWarps * 32, smem, ex.stream>>>(
       static_cast<const T*>(node->src[0]->data), static_cast<const T*>(node->src[1]->data),
       static_cast<const T*>(node->src[2]->data), static_cast<T*>(node->data), static_cast<float*>(node->aux[0]->data),
