@@ -1,5 +1,6 @@
 // The fused layers on the device (src/ops/fused_layers.cpp has the math and the CPU reference).
-// rms_norm_affine and its backward: one block per row, f32 block reductions in a fixed tree (deterministic).
+// rms_norm_affine and its backward: one warp per row up to kWarpRowMax elements, else one block per row; f32
+// reductions in a fixed tree (deterministic).
 // The weight's gradient: each row's r first, then blocks of 32 columns × kColRows rows sum gy·s·r with
 // coalesced reads into a [chunks, n] scratch and one thread per column adds its chunks in order (the same
 // bits every run, no atomics). swiglu and its backward: one grid-stride pass over the elements.
@@ -70,6 +71,65 @@ __global__ __launch_bounds__(1024) void rms_norm_affine_back_kernel(TDesc out, T
   }
 }
 
+// The same two, one warp per row (model widths: no block barriers, 8 rows per block); the second pass reads the
+// row again from L1/L2 rather than keeping it in registers, so occupancy stays high.
+constexpr int kWarpRowMax = 4096;
+
+__global__ void rms_norm_affine_warp_kernel(TDesc out, TDesc x, TDesc w, TDesc delta, TDesc s_out, bool has_delta,
+                                            float eps) {
+  const int64_t rows = nrows(x), n = x.ne[0];
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+    const char* xp = row_at(x, r);
+    const char* dp = has_delta ? row_at(delta, r) : nullptr;
+    char* sp = has_delta ? row_at(s_out, r) : nullptr;
+    float acc = 0.0f;
+    for (int64_t i = lane; i < n; i += 32) {
+      float v = load_f(xp + i * x.nb[0], x.dtype);
+      if (has_delta) {
+        v += load_f(dp + i * delta.nb[0], delta.dtype);
+        store_f(sp + i * s_out.nb[0], s_out.dtype, v);
+      }
+      acc += v * v;
+    }
+    const float inv = 1.0f / sqrtf(warp_reduce(acc, SumOp{}) / float(n) + eps);
+    char* op = row_at(out, r);
+    for (int64_t i = lane; i < n; i += 32) {
+      float v = load_f(xp + i * x.nb[0], x.dtype);
+      if (has_delta) v += load_f(dp + i * delta.nb[0], delta.dtype);
+      store_f(op + i * out.nb[0], out.dtype, v * inv * load_f(w.data + i * w.nb[0], w.dtype));
+    }
+  }
+}
+
+__global__ void rms_norm_affine_back_warp_kernel(TDesc out, TDesc gy, TDesc s, TDesc w, TDesc gs, bool has_gs,
+                                                 float eps) {
+  const int64_t rows = nrows(out), n = out.ne[0];
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+    const char* gp = row_at(gy, r);
+    const char* sp = row_at(s, r);
+    float ass = 0.0f, ags = 0.0f;
+    for (int64_t i = lane; i < n; i += 32) {
+      const float sv = load_f(sp + i * s.nb[0], s.dtype);
+      ass += sv * sv;
+      ags += load_f(gp + i * gy.nb[0], gy.dtype) * load_f(w.data + i * w.nb[0], w.dtype) * sv;
+    }
+    const float inv = 1.0f / sqrtf(warp_reduce(ass, SumOp{}) / float(n) + eps);
+    const float c = (warp_reduce(ags, SumOp{}) / float(n)) * inv * inv * inv;
+    const char* gsp = has_gs ? row_at(gs, r) : nullptr;
+    char* op = row_at(out, r);
+    for (int64_t i = lane; i < n; i += 32) {
+      const float gn = load_f(gp + i * gy.nb[0], gy.dtype) * load_f(w.data + i * w.nb[0], w.dtype);
+      float o = inv * gn - c * load_f(sp + i * s.nb[0], s.dtype);
+      if (has_gs) o += load_f(gsp + i * gs.nb[0], gs.dtype);
+      store_f(op + i * out.nb[0], out.dtype, o);
+    }
+  }
+}
+
 // inv[r] = (mean(s_r²) + eps)^-1/2, one warp per row.
 __global__ void row_inv_rms_kernel(TDesc s, float eps, float* inv) {
   const int64_t rows = nrows(s), n = s.ne[0];
@@ -123,6 +183,23 @@ __device__ __forceinline__ char* elem(const TDesc& t, const TDesc& shape, int64_
   return at(t, c);
 }
 
+// Contiguous operands (always, in a model): flat indices, no per-element unravel.
+__global__ void swiglu_flat_kernel(TDesc out, TDesc g, TDesc u, int64_t n) {
+  RT_GRID_LOOP(k, n) {
+    const float gv = load_f(g.data + k * g.nb[0], g.dtype);
+    store_f(out.data + k * out.nb[0], out.dtype, gv * sigmoid_f(gv) * load_f(u.data + k * u.nb[0], u.dtype));
+  }
+}
+
+__global__ void swiglu_back_flat_kernel(TDesc dg, TDesc du, TDesc dy, TDesc g, TDesc u, int64_t n) {
+  RT_GRID_LOOP(k, n) {
+    const float gv = load_f(g.data + k * g.nb[0], g.dtype), uv = load_f(u.data + k * u.nb[0], u.dtype);
+    const float d = load_f(dy.data + k * dy.nb[0], dy.dtype), sg = sigmoid_f(gv);
+    store_f(dg.data + k * dg.nb[0], dg.dtype, d * uv * sg * (1.0f + gv * (1.0f - sg)));
+    store_f(du.data + k * du.nb[0], du.dtype, d * gv * sg);
+  }
+}
+
 __global__ void swiglu_kernel(TDesc out, TDesc g, TDesc u, int64_t n) {
   RT_GRID_LOOP(k, n) {
     const float gv = load_f(elem(g, out, k), g.dtype);
@@ -159,6 +236,13 @@ void rms_norm_affine_l(CudaExec& ex, Tensor* t) {
     check_like(t, t->aux[0], "the residual sum");
   }
   const TDesc none = desc(x);
+  if (x->ne[0] <= kWarpRowMax) {
+    rms_norm_affine_warp_kernel<<<ex.grid_for(x->nrows() * 32, kBlock), kBlock, 0, ex.stream>>>(
+        desc(t), desc(x), desc(w), has_delta ? desc(delta) : none, has_delta ? desc(t->aux[0]) : none, has_delta,
+        t->fp[0]);
+    RT_CUDA_LAUNCH_CHECK("rms_norm_affine_warp_kernel");
+    return;
+  }
   rms_norm_affine_kernel<<<row_grid(x->nrows()), row_block(x->ne[0]), 0, ex.stream>>>(
       desc(t), desc(x), desc(w), has_delta ? desc(delta) : none, has_delta ? desc(t->aux[0]) : none, has_delta,
       t->fp[0]);
@@ -171,6 +255,12 @@ void rms_norm_affine_back_l(CudaExec& ex, Tensor* t) {
   check_like(t, s, "the normalized input");
   check_weight(t, w);
   if (gs) check_like(t, gs, "the residual sum's gradient");
+  if (t->ne[0] <= kWarpRowMax) {
+    rms_norm_affine_back_warp_kernel<<<ex.grid_for(t->nrows() * 32, kBlock), kBlock, 0, ex.stream>>>(
+        desc(t), desc(gy), desc(s), desc(w), gs ? desc(gs) : desc(s), gs != nullptr, t->fp[0]);
+    RT_CUDA_LAUNCH_CHECK("rms_norm_affine_back_warp_kernel");
+    return;
+  }
   rms_norm_affine_back_kernel<<<row_grid(t->nrows()), row_block(t->ne[0]), 0, ex.stream>>>(
       desc(t), desc(gy), desc(s), desc(w), gs ? desc(gs) : desc(s), gs != nullptr, t->fp[0]);
   RT_CUDA_LAUNCH_CHECK("rms_norm_affine_back_kernel");
@@ -199,6 +289,12 @@ void swiglu_l(CudaExec& ex, Tensor* t) {
   check_like(t, t->src[0], "gate");
   check_like(t, t->src[1], "up");
   const int64_t n = t->nelements();
+  if (t->is_contiguous() && t->src[0]->is_contiguous() && t->src[1]->is_contiguous()) {
+    swiglu_flat_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(desc(t), desc(t->src[0]),
+                                                                         desc(t->src[1]), n);
+    RT_CUDA_LAUNCH_CHECK("swiglu_flat_kernel");
+    return;
+  }
   swiglu_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(desc(t), desc(t->src[0]), desc(t->src[1]), n);
   RT_CUDA_LAUNCH_CHECK("swiglu_kernel");
 }
@@ -209,6 +305,14 @@ void swiglu_back_l(CudaExec& ex, Tensor* t) {
   check_like(t, t->src[2], "up");
   check_like(t, t->aux[0], "dup");
   const int64_t n = t->nelements();
+  bool flat = t->is_contiguous() && t->aux[0]->is_contiguous();
+  for (int i = 0; i < 3; ++i) flat = flat && t->src[size_t(i)]->is_contiguous();
+  if (flat) {
+    swiglu_back_flat_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(
+        desc(t), desc(t->aux[0]), desc(t->src[0]), desc(t->src[1]), desc(t->src[2]), n);
+    RT_CUDA_LAUNCH_CHECK("swiglu_back_flat_kernel");
+    return;
+  }
   swiglu_back_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(
       desc(t), desc(t->aux[0]), desc(t->src[0]), desc(t->src[1]), desc(t->src[2]), n);
   RT_CUDA_LAUNCH_CHECK("swiglu_back_kernel");
