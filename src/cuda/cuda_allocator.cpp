@@ -79,30 +79,21 @@ void* CudaAllocator::allocate(size_t bytes, size_t* block_bytes) {
   ++st_.alloc_calls;
   // Take the smallest cached block that fits and wastes at most a quarter of the request (first from the
   // blocks a capture in progress released).
-  if (capturing_) {
-    auto it = capture_free_.lower_bound(want);
-    if (it != capture_free_.end() && it->first <= want + want / 4) {
-      size_t size = it->first;
-      void* p = it->second;
-      capture_free_.erase(it);
-      st_.bytes_cached -= size;
-      st_.bytes_in_use += size;
-      st_.peak_bytes = std::max(st_.peak_bytes, st_.bytes_in_use);
-      *block_bytes = size;
-      return p;
-    }
-  }
-  auto it = free_.lower_bound(want);
-  if (it != free_.end() && it->first <= want + want / 4) {
-    size_t size = it->first;
+  auto take = [&](std::multimap<size_t, void*>& list) -> void* {
+    auto it = list.lower_bound(want);
+    if (it == list.end() || it->first > want + want / 4) return nullptr;
+    const size_t size = it->first;
     void* p = it->second;
-    free_.erase(it);
+    list.erase(it);
     st_.bytes_cached -= size;
     st_.bytes_in_use += size;
     st_.peak_bytes = std::max(st_.peak_bytes, st_.bytes_in_use);
     *block_bytes = size;
     return p;
-  }
+  };
+  if (capturing_)
+    if (void* p = take(capture_free_)) return p;
+  if (void* p = take(free_)) return p;
   DeviceScope scope(device_);
   void* p = nullptr;
   cudaError_t err = cudaMalloc(&p, want);
