@@ -1,6 +1,5 @@
 // The fused layers on the device (src/ops/fused_layers.cpp has the math and the CPU reference).
-// rms_norm_affine and its backward: one warp per row up to kWarpRowMax elements, else one block per row; f32
-// reductions in a fixed tree (deterministic).
+// rms_norm_affine and its backward: one warp per row, f32 reductions in a fixed tree (deterministic).
 // The weight's gradient: each row's r first, then blocks of 32 columns × kColRows rows sum gy·s·r with
 // coalesced reads into a [chunks, n] scratch and one thread per column adds its chunks in order (the same
 // bits every run, no atomics). swiglu and its backward: one grid-stride pass over the elements.
@@ -14,66 +13,9 @@ namespace {
 
 constexpr int kColRows = 256;
 
-// y = s r w, s = x (+ delta) written to s_out when has_delta.
-__global__ __launch_bounds__(1024) void rms_norm_affine_kernel(TDesc out, TDesc x, TDesc w, TDesc delta,
-                                                               TDesc s_out, bool has_delta, float eps) {
-  __shared__ float sh[32];
-  const int64_t rows = nrows(x), n = x.ne[0];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const char* xp = row_at(x, r);
-    const char* dp = has_delta ? row_at(delta, r) : nullptr;
-    char* sp = has_delta ? row_at(s_out, r) : nullptr;
-    char* op = row_at(out, r);
-    float acc = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      float v = load_f(xp + i * x.nb[0], x.dtype);
-      if (has_delta) {
-        v += load_f(dp + i * delta.nb[0], delta.dtype);
-        store_f(sp + i * s_out.nb[0], s_out.dtype, v);
-      }
-      acc += v * v;
-    }
-    const float inv = 1.0f / sqrtf(block_reduce(acc, SumOp{}, 0.0f, sh) / float(n) + eps);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      float v = load_f(xp + i * x.nb[0], x.dtype);
-      if (has_delta) v += load_f(dp + i * delta.nb[0], delta.dtype);
-      store_f(op + i * out.nb[0], out.dtype, v * inv * load_f(w.data + i * w.nb[0], w.dtype));
-    }
-  }
-}
-
-// ds = r (gy w) − r³ s mean(gy w s) (+ gs).
-__global__ __launch_bounds__(1024) void rms_norm_affine_back_kernel(TDesc out, TDesc gy, TDesc s, TDesc w,
-                                                                    TDesc gs, bool has_gs, float eps) {
-  __shared__ float sh[32];
-  const int64_t rows = nrows(out), n = out.ne[0];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const char* gp = row_at(gy, r);
-    const char* sp = row_at(s, r);
-    char* op = row_at(out, r);
-    float ass = 0.0f, ags = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const float sv = load_f(sp + i * s.nb[0], s.dtype);
-      ass += sv * sv;
-      ags += load_f(gp + i * gy.nb[0], gy.dtype) * load_f(w.data + i * w.nb[0], w.dtype) * sv;
-    }
-    const float ss = block_reduce(ass, SumOp{}, 0.0f, sh);
-    const float gsum = block_reduce(ags, SumOp{}, 0.0f, sh);
-    const float inv = 1.0f / sqrtf(ss / float(n) + eps);
-    const float c = (gsum / float(n)) * inv * inv * inv;
-    const char* gsp = has_gs ? row_at(gs, r) : nullptr;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const float gn = load_f(gp + i * gy.nb[0], gy.dtype) * load_f(w.data + i * w.nb[0], w.dtype);
-      float v = inv * gn - c * load_f(sp + i * s.nb[0], s.dtype);
-      if (has_gs) v += load_f(gsp + i * gs.nb[0], gs.dtype);
-      store_f(op + i * out.nb[0], out.dtype, v);
-    }
-  }
-}
-
-// The same two, one warp per row (model widths: no block barriers, 8 rows per block); the second pass reads the
-// row again from L1/L2 rather than keeping it in registers, so occupancy stays high.
-constexpr int kWarpRowMax = 4096;
+// y = s r w, s = x (+ delta) written to s_out when has_delta; one warp per row (no block barriers, 8 rows per
+// block); the second pass reads the row again from L1/L2 rather than keeping it in registers, so occupancy
+// stays high.
 
 __global__ void rms_norm_affine_warp_kernel(TDesc out, TDesc x, TDesc w, TDesc delta, TDesc s_out, bool has_delta,
                                             float eps) {
@@ -103,6 +45,7 @@ __global__ void rms_norm_affine_warp_kernel(TDesc out, TDesc x, TDesc w, TDesc d
   }
 }
 
+// ds = r (gy w) − r³ s mean(gy w s) (+ gs), one warp per row.
 __global__ void rms_norm_affine_back_warp_kernel(TDesc out, TDesc gy, TDesc s, TDesc w, TDesc gs, bool has_gs,
                                                  float eps) {
   const int64_t rows = nrows(out), n = out.ne[0];
@@ -236,17 +179,10 @@ void rms_norm_affine_l(CudaExec& ex, Tensor* t) {
     check_like(t, t->aux[0], "the residual sum");
   }
   const TDesc none = desc(x);
-  if (x->ne[0] <= kWarpRowMax) {
-    rms_norm_affine_warp_kernel<<<ex.grid_for(x->nrows() * 32, kBlock), kBlock, 0, ex.stream>>>(
-        desc(t), desc(x), desc(w), has_delta ? desc(delta) : none, has_delta ? desc(t->aux[0]) : none, has_delta,
-        t->fp[0]);
-    RT_CUDA_LAUNCH_CHECK("rms_norm_affine_warp_kernel");
-    return;
-  }
-  rms_norm_affine_kernel<<<row_grid(x->nrows()), row_block(x->ne[0]), 0, ex.stream>>>(
+  rms_norm_affine_warp_kernel<<<ex.grid_for(x->nrows() * 32, kBlock), kBlock, 0, ex.stream>>>(
       desc(t), desc(x), desc(w), has_delta ? desc(delta) : none, has_delta ? desc(t->aux[0]) : none, has_delta,
       t->fp[0]);
-  RT_CUDA_LAUNCH_CHECK("rms_norm_affine_kernel");
+  RT_CUDA_LAUNCH_CHECK("rms_norm_affine_warp_kernel");
 }
 
 void rms_norm_affine_back_l(CudaExec& ex, Tensor* t) {
@@ -255,15 +191,9 @@ void rms_norm_affine_back_l(CudaExec& ex, Tensor* t) {
   check_like(t, s, "the normalized input");
   check_weight(t, w);
   if (gs) check_like(t, gs, "the residual sum's gradient");
-  if (t->ne[0] <= kWarpRowMax) {
-    rms_norm_affine_back_warp_kernel<<<ex.grid_for(t->nrows() * 32, kBlock), kBlock, 0, ex.stream>>>(
-        desc(t), desc(gy), desc(s), desc(w), gs ? desc(gs) : desc(s), gs != nullptr, t->fp[0]);
-    RT_CUDA_LAUNCH_CHECK("rms_norm_affine_back_warp_kernel");
-    return;
-  }
-  rms_norm_affine_back_kernel<<<row_grid(t->nrows()), row_block(t->ne[0]), 0, ex.stream>>>(
+  rms_norm_affine_back_warp_kernel<<<ex.grid_for(t->nrows() * 32, kBlock), kBlock, 0, ex.stream>>>(
       desc(t), desc(gy), desc(s), desc(w), gs ? desc(gs) : desc(s), gs != nullptr, t->fp[0]);
-  RT_CUDA_LAUNCH_CHECK("rms_norm_affine_back_kernel");
+  RT_CUDA_LAUNCH_CHECK("rms_norm_affine_back_warp_kernel");
 }
 
 void rms_norm_affine_back_w_l(CudaExec& ex, Tensor* t) {
