@@ -33,6 +33,18 @@ inline TDesc desc(const Tensor* t) {
   return d;
 }
 
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether t's rows take 8-wide access (load8f / store8f): a float dtype, dim 0 dense and a multiple of 8
+// long, every row start 16-byte aligned.
+inline bool rows_vec8(const Tensor* t) {
+  if (!t || !is_float(t->dtype) || t->nb[0] != dtype_size(t->dtype) || t->ne[0] % 8 != 0 || !aligned16(t->data))
+    return false;
+  for (int i = 1; i < 4; ++i)
+    if (t->ne[i] > 1 && t->nb[i] % 16 != 0) return false;
+  return true;
+}
+
 // The descriptor of a contiguous tensor of shape ne at data.
 inline TDesc contiguous_desc(void* data, DType dtype, const int64_t ne[4]) {
   TDesc d;
@@ -88,6 +100,64 @@ __device__ __forceinline__ void store_f(char* p, DType t, float v) {
   }
 }
 
+// ---- 8-wide access: one 16-byte load or store for a 16-bit dtype, two for f32; p 16-byte aligned ----------
+// Eight values per access keep enough bytes in flight per thread for memory-bound kernels to reach the
+// bandwidth; one element per thread leaves them latency-bound at a quarter of it.
+__device__ __forceinline__ void load8f(const char* p, DType t, float (&x)[8]) {
+  if (t == DType::F32) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    return;
+  }
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = t == DType::BF16 ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]))
+                                      : __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
+    x[2 * k] = f.x, x[2 * k + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ void store8f(char* p, DType t, const float (&x)[8]) {
+  if (t == DType::F32) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(x[0], x[1], x[2], x[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
+    return;
+  }
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (t == DType::BF16) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(x[2 * k], x[2 * k + 1]);
+      w[k] = *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const __half2 h = __floats2half2_rn(x[2 * k], x[2 * k + 1]);
+      w[k] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+  }
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// A row's values i .. i + W (W = 8 on the vector path, where every operand passed rows_vec8, else 1).
+template <int W>
+__device__ __forceinline__ void load_w(const char* p, int64_t i, int64_t stride, DType t, float (&x)[W]) {
+  if constexpr (W == 8) {
+    load8f(p + i * stride, t, x);
+  } else {
+    x[0] = load_f(p + i * stride, t);
+  }
+}
+
+template <int W>
+__device__ __forceinline__ void store_w(char* p, int64_t i, int64_t stride, DType t, const float (&x)[W]) {
+  if constexpr (W == 8) {
+    store8f(p + i * stride, t, x);
+  } else {
+    store_f(p + i * stride, t, x[0]);
+  }
+}
+
 __device__ __forceinline__ int dtype_size_dev(DType t) {
   return t == DType::I64 ? 8 : (t == DType::F32 || t == DType::I32 ? 4 : 2);
 }
@@ -137,6 +207,16 @@ __device__ __forceinline__ int64_t nelem(const TDesc& t) {
 #define RT_GRID_LOOP(i, n)                                                  \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += int64_t(gridDim.x) * blockDim.x)
+
+// Flat indices over contiguous operands: f.template operator()<V>(k) handles elements k .. k + V; groups of
+// W = 8 when every operand is 16-byte aligned, then the n % 8 left one by one (V = 1).
+template <int W, typename F>
+__device__ __forceinline__ void flat_groups(int64_t n, F&& f) {
+  RT_GRID_LOOP(q, n / W) { f.template operator()<W>(q * W); }
+  if constexpr (W > 1) {
+    RT_GRID_LOOP(k, n % W) { f.template operator()<1>(n - n % W + k); }
+  }
+}
 
 // ---- device errors
 // ----------------------------------------------------------------------------------------- Records the first

@@ -94,22 +94,39 @@ __global__ void binary_kernel(TDesc out, TDesc a, TDesc b, int64_t n, F f) {
   }
 }
 
-// Contiguous operands (the common case in a model's graph): flat indices, no per-element unravel. b is read
-// at i % bmod: bmod = n (same shape), ne0 (a row broadcast over the rows) or 1 (a scalar).
-template <typename F>
+// Contiguous operands (the common case in a model's graph): flat indices, no per-element unravel, 8 at a
+// time where the operands align (flat_groups). b is read at i % bmod: bmod = n (same shape), ne0 (a row
+// broadcast over the rows, a multiple of 8 on the 8-wide path) or 1 (a scalar).
+template <int W, typename F>
 __global__ void binary_flat_kernel(char* out, DType ot, const char* a, DType at_, const char* b, DType bt, int64_t n,
                                    int64_t bmod, F f) {
   const int os = dtype_size_dev(ot), as = dtype_size_dev(at_), bs = dtype_size_dev(bt);
-  RT_GRID_LOOP(i, n) {
-    const float x = load_f(a + i * as, at_), y = load_f(b + (bmod == n ? i : i % bmod) * bs, bt);
-    store_f(out + i * os, ot, f(x, y));
-  }
+  flat_groups<W>(n, [&]<int V>(int64_t i) {
+    float x[V], y[V];
+    load_w<V>(a, i, as, at_, x);
+    if (bmod == 1) {
+      const float b0 = load_f(b, bt);
+#pragma unroll
+      for (int k = 0; k < V; ++k) y[k] = b0;
+    } else {
+      load_w<V>(b, bmod == n ? i : i % bmod, bs, bt, y);
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) x[k] = f(x[k], y[k]);
+    store_w<V>(out, i, os, ot, x);
+  });
 }
 
-template <typename F>
+template <int W, typename F>
 __global__ void unary_flat_kernel(char* out, DType ot, const char* a, DType at_, int64_t n, F f) {
   const int os = dtype_size_dev(ot), as = dtype_size_dev(at_);
-  RT_GRID_LOOP(i, n) { store_f(out + i * os, ot, f(load_f(a + i * as, at_))); }
+  flat_groups<W>(n, [&]<int V>(int64_t i) {
+    float x[V];
+    load_w<V>(a, i, as, at_, x);
+#pragma unroll
+    for (int k = 0; k < V; ++k) x[k] = f(x[k]);
+    store_w<V>(out, i, os, ot, x);
+  });
 }
 
 template <typename F>
@@ -134,9 +151,14 @@ void launch_binary(CudaExec& ex, Tensor* t, F f) {
     // b's elements line up with out's flat index modulo nb when b is all of out, one row of it, or one value.
     const bool flat = nb == n || nb == 1 || (nb == t->ne[0] && b->ne[0] == t->ne[0]);
     if (flat) {
-      binary_flat_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(
-          static_cast<char*>(t->data), t->dtype, static_cast<const char*>(a->data), a->dtype,
-          static_cast<const char*>(b->data), b->dtype, n, nb, f);
+      const bool v8 = aligned16(t->data) && aligned16(a->data) && aligned16(b->data) &&
+                      (nb == n || nb == 1 || nb % 8 == 0);
+      auto launch = [&]<int W>() {
+        binary_flat_kernel<W><<<ex.grid_for((n + W - 1) / W, kBlock), kBlock, 0, ex.stream>>>(
+            static_cast<char*>(t->data), t->dtype, static_cast<const char*>(a->data), a->dtype,
+            static_cast<const char*>(b->data), b->dtype, n, nb, f);
+      };
+      v8 ? launch.template operator()<8>() : launch.template operator()<1>();
       RT_CUDA_LAUNCH_CHECK("binary_flat_kernel");
       return;
     }
@@ -152,8 +174,11 @@ void launch_unary(CudaExec& ex, Tensor* t, F f) {
            a->describe(), " for ", t->describe());
   int64_t n = t->nelements();
   if (t->is_contiguous() && a->is_contiguous()) {
-    unary_flat_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(
-        static_cast<char*>(t->data), t->dtype, static_cast<const char*>(a->data), a->dtype, n, f);
+    auto launch = [&]<int W>() {
+      unary_flat_kernel<W><<<ex.grid_for((n + W - 1) / W, kBlock), kBlock, 0, ex.stream>>>(
+          static_cast<char*>(t->data), t->dtype, static_cast<const char*>(a->data), a->dtype, n, f);
+    };
+    aligned16(t->data) && aligned16(a->data) ? launch.template operator()<8>() : launch.template operator()<1>();
     RT_CUDA_LAUNCH_CHECK("unary_flat_kernel");
     return;
   }

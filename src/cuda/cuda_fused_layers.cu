@@ -14,9 +14,9 @@ namespace {
 constexpr int kColRows = 256;
 
 // y = s r w, s = x (+ delta) written to s_out when has_delta; one warp per row (no block barriers, 8 rows per
-// block); the second pass reads the row again from L1/L2 rather than keeping it in registers, so occupancy
-// stays high.
-
+// block). The first pass only loads, so the loads of a lane's values are all in flight at once; the second
+// reads the row again from L1/L2 rather than keeping it in registers, so occupancy stays high.
+template <int W>
 __global__ void rms_norm_affine_warp_kernel(TDesc out, TDesc x, TDesc w, TDesc delta, TDesc s_out, bool has_delta,
                                             float eps) {
   const int64_t rows = nrows(x), n = x.ne[0];
@@ -25,27 +25,40 @@ __global__ void rms_norm_affine_warp_kernel(TDesc out, TDesc x, TDesc w, TDesc d
   for (int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
     const char* xp = row_at(x, r);
     const char* dp = has_delta ? row_at(delta, r) : nullptr;
-    char* sp = has_delta ? row_at(s_out, r) : nullptr;
     float acc = 0.0f;
-    for (int64_t i = lane; i < n; i += 32) {
-      float v = load_f(xp + i * x.nb[0], x.dtype);
-      if (has_delta) {
-        v += load_f(dp + i * delta.nb[0], delta.dtype);
-        store_f(sp + i * s_out.nb[0], s_out.dtype, v);
+#pragma unroll 2
+    for (int64_t i = lane * W; i < n; i += 32 * W) {
+      float v[W], d[W];
+      load_w<W>(xp, i, x.nb[0], x.dtype, v);
+      if (has_delta) load_w<W>(dp, i, delta.nb[0], delta.dtype, d);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        if (has_delta) v[k] += d[k];
+        acc += v[k] * v[k];
       }
-      acc += v * v;
     }
     const float inv = 1.0f / sqrtf(warp_reduce(acc, SumOp{}) / float(n) + eps);
     char* op = row_at(out, r);
-    for (int64_t i = lane; i < n; i += 32) {
-      float v = load_f(xp + i * x.nb[0], x.dtype);
-      if (has_delta) v += load_f(dp + i * delta.nb[0], delta.dtype);
-      store_f(op + i * out.nb[0], out.dtype, v * inv * load_f(w.data + i * w.nb[0], w.dtype));
+    char* sp = has_delta ? row_at(s_out, r) : nullptr;
+    for (int64_t i = lane * W; i < n; i += 32 * W) {
+      float v[W], d[W], g[W];
+      load_w<W>(xp, i, x.nb[0], x.dtype, v);
+      load_w<W>(w.data, i, w.nb[0], w.dtype, g);
+      if (has_delta) {
+        load_w<W>(dp, i, delta.nb[0], delta.dtype, d);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] += d[k];
+        store_w<W>(sp, i, s_out.nb[0], s_out.dtype, v);
+      }
+#pragma unroll
+      for (int k = 0; k < W; ++k) v[k] = v[k] * inv * g[k];
+      store_w<W>(op, i, out.nb[0], out.dtype, v);
     }
   }
 }
 
 // ds = r (gy w) − r³ s mean(gy w s) (+ gs), one warp per row.
+template <int W>
 __global__ void rms_norm_affine_back_warp_kernel(TDesc out, TDesc gy, TDesc s, TDesc w, TDesc gs, bool has_gs,
                                                  float eps) {
   const int64_t rows = nrows(out), n = out.ne[0];
@@ -55,57 +68,83 @@ __global__ void rms_norm_affine_back_warp_kernel(TDesc out, TDesc gy, TDesc s, T
     const char* gp = row_at(gy, r);
     const char* sp = row_at(s, r);
     float ass = 0.0f, ags = 0.0f;
-    for (int64_t i = lane; i < n; i += 32) {
-      const float sv = load_f(sp + i * s.nb[0], s.dtype);
-      ass += sv * sv;
-      ags += load_f(gp + i * gy.nb[0], gy.dtype) * load_f(w.data + i * w.nb[0], w.dtype) * sv;
+#pragma unroll 2
+    for (int64_t i = lane * W; i < n; i += 32 * W) {
+      float sv[W], gv[W], wv[W];
+      load_w<W>(sp, i, s.nb[0], s.dtype, sv);
+      load_w<W>(gp, i, gy.nb[0], gy.dtype, gv);
+      load_w<W>(w.data, i, w.nb[0], w.dtype, wv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        ass += sv[k] * sv[k];
+        ags += gv[k] * wv[k] * sv[k];
+      }
     }
     const float inv = 1.0f / sqrtf(warp_reduce(ass, SumOp{}) / float(n) + eps);
     const float c = (warp_reduce(ags, SumOp{}) / float(n)) * inv * inv * inv;
     const char* gsp = has_gs ? row_at(gs, r) : nullptr;
     char* op = row_at(out, r);
-    for (int64_t i = lane; i < n; i += 32) {
-      const float gn = load_f(gp + i * gy.nb[0], gy.dtype) * load_f(w.data + i * w.nb[0], w.dtype);
-      float o = inv * gn - c * load_f(sp + i * s.nb[0], s.dtype);
-      if (has_gs) o += load_f(gsp + i * gs.nb[0], gs.dtype);
-      store_f(op + i * out.nb[0], out.dtype, o);
+    for (int64_t i = lane * W; i < n; i += 32 * W) {
+      float sv[W], gv[W], wv[W], o[W] = {};
+      load_w<W>(sp, i, s.nb[0], s.dtype, sv);
+      load_w<W>(gp, i, gy.nb[0], gy.dtype, gv);
+      load_w<W>(w.data, i, w.nb[0], w.dtype, wv);
+      if (has_gs) load_w<W>(gsp, i, gs.nb[0], gs.dtype, o);
+#pragma unroll
+      for (int k = 0; k < W; ++k) o[k] += inv * (gv[k] * wv[k]) - c * sv[k];
+      store_w<W>(op, i, out.nb[0], out.dtype, o);
     }
   }
 }
 
 // inv[r] = (mean(s_r²) + eps)^-1/2, one warp per row.
+template <int W>
 __global__ void row_inv_rms_kernel(TDesc s, float eps, float* inv) {
   const int64_t rows = nrows(s), n = s.ne[0];
+  const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
     const char* sp = row_at(s, r);
     float acc = 0.0f;
-    for (int64_t i = threadIdx.x % 32; i < n; i += 32) {
-      const float v = load_f(sp + i * s.nb[0], s.dtype);
-      acc += v * v;
+#pragma unroll 2
+    for (int64_t i = lane * W; i < n; i += 32 * W) {
+      float v[W];
+      load_w<W>(sp, i, s.nb[0], s.dtype, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc += v[k] * v[k];
     }
     acc = warp_reduce(acc, SumOp{});
-    if (threadIdx.x % 32 == 0) inv[r] = 1.0f / sqrtf(acc / float(n) + eps);
+    if (lane == 0) inv[r] = 1.0f / sqrtf(acc / float(n) + eps);
   }
 }
 
-// part[chunk, col] = Σ over the chunk's rows of gy·s·inv.
+// part[chunk, col] = Σ over the chunk's rows of gy·s·inv; a thread owns W adjacent columns, 8 rows in step.
+template <int W>
 __global__ void norm_w_partial_kernel(TDesc gy, TDesc s, const float* inv, int64_t m, float* part) {
-  __shared__ float sh[8][33];
+  __shared__ float sh[8][32 * W + 1];
   const int64_t n = s.ne[0];
-  const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t col = (int64_t(blockIdx.x) * 32 + threadIdx.x) * W;
   const int64_t r0 = int64_t(blockIdx.y) * kColRows;
-  float acc = 0.0f;
+  float acc[W] = {};
   if (col < n)
-    for (int64_t r = r0 + threadIdx.y; r < min(m, r0 + kColRows); r += 8)
-      acc += load_f(row_at(gy, r) + col * gy.nb[0], gy.dtype) * load_f(row_at(s, r) + col * s.nb[0], s.dtype) *
-             inv[r];
-  sh[threadIdx.y][threadIdx.x] = acc;
+    for (int64_t r = r0 + threadIdx.y; r < min(m, r0 + kColRows); r += 8) {
+      float gv[W], sv[W];
+      load_w<W>(row_at(gy, r), col, gy.nb[0], gy.dtype, gv);
+      load_w<W>(row_at(s, r), col, s.nb[0], s.dtype, sv);
+      const float ir = inv[r];
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc[k] += gv[k] * sv[k] * ir;
+    }
+#pragma unroll
+  for (int k = 0; k < W; ++k) sh[threadIdx.y][threadIdx.x * W + k] = acc[k];
   __syncthreads();
   if (threadIdx.y == 0 && col < n) {
-    float t = 0.0f;
-    for (int y = 0; y < 8; ++y) t += sh[y][threadIdx.x];
-    part[int64_t(blockIdx.y) * n + col] = t;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      float t = 0.0f;
+      for (int y = 0; y < 8; ++y) t += sh[y][threadIdx.x * W + k];
+      part[int64_t(blockIdx.y) * n + col + k] = t;
+    }
   }
 }
 
@@ -126,21 +165,35 @@ __device__ __forceinline__ char* elem(const TDesc& t, const TDesc& shape, int64_
   return at(t, c);
 }
 
-// Contiguous operands (always, in a model): flat indices, no per-element unravel.
+// Contiguous operands (always, in a model): flat groups (cuda_common.cuh).
+template <int W>
 __global__ void swiglu_flat_kernel(TDesc out, TDesc g, TDesc u, int64_t n) {
-  RT_GRID_LOOP(k, n) {
-    const float gv = load_f(g.data + k * g.nb[0], g.dtype);
-    store_f(out.data + k * out.nb[0], out.dtype, gv * sigmoid_f(gv) * load_f(u.data + k * u.nb[0], u.dtype));
-  }
+  flat_groups<W>(n, [&]<int V>(int64_t k) {
+    float gv[V], uv[V];
+    load_w<V>(g.data, k, g.nb[0], g.dtype, gv);
+    load_w<V>(u.data, k, u.nb[0], u.dtype, uv);
+#pragma unroll
+    for (int j = 0; j < V; ++j) gv[j] = gv[j] * sigmoid_f(gv[j]) * uv[j];
+    store_w<V>(out.data, k, out.nb[0], out.dtype, gv);
+  });
 }
 
+template <int W>
 __global__ void swiglu_back_flat_kernel(TDesc dg, TDesc du, TDesc dy, TDesc g, TDesc u, int64_t n) {
-  RT_GRID_LOOP(k, n) {
-    const float gv = load_f(g.data + k * g.nb[0], g.dtype), uv = load_f(u.data + k * u.nb[0], u.dtype);
-    const float d = load_f(dy.data + k * dy.nb[0], dy.dtype), sg = sigmoid_f(gv);
-    store_f(dg.data + k * dg.nb[0], dg.dtype, d * uv * sg * (1.0f + gv * (1.0f - sg)));
-    store_f(du.data + k * du.nb[0], du.dtype, d * gv * sg);
-  }
+  flat_groups<W>(n, [&]<int V>(int64_t k) {
+    float gv[V], uv[V], d[V], a[V], b[V];
+    load_w<V>(g.data, k, g.nb[0], g.dtype, gv);
+    load_w<V>(u.data, k, u.nb[0], u.dtype, uv);
+    load_w<V>(dy.data, k, dy.nb[0], dy.dtype, d);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float sg = sigmoid_f(gv[j]);
+      a[j] = d[j] * uv[j] * sg * (1.0f + gv[j] * (1.0f - sg));
+      b[j] = d[j] * gv[j] * sg;
+    }
+    store_w<V>(dg.data, k, dg.nb[0], dg.dtype, a);
+    store_w<V>(du.data, k, du.nb[0], du.dtype, b);
+  });
 }
 
 __global__ void swiglu_kernel(TDesc out, TDesc g, TDesc u, int64_t n) {
@@ -157,6 +210,20 @@ __global__ void swiglu_back_kernel(TDesc dg, TDesc du, TDesc dy, TDesc g, TDesc 
     store_f(elem(dg, dg, k), dg.dtype, d * uv * sg * (1.0f + gv * (1.0f - sg)));
     store_f(elem(du, dg, k), du.dtype, d * gv * sg);
   }
+}
+
+// Whether every given tensor (nulls skipped) takes 8-wide row access.
+bool vec8_all(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t && !rows_vec8(t)) return false;
+  return true;
+}
+
+// The same for flat access over contiguous tensors: only the start needs the alignment.
+bool flat_vec8(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (!aligned16(t->data)) return false;
+  return true;
 }
 
 void check_like(const Tensor* t, const Tensor* x, const char* what) {
@@ -179,9 +246,13 @@ void rms_norm_affine_l(CudaExec& ex, Tensor* t) {
     check_like(t, t->aux[0], "the residual sum");
   }
   const TDesc none = desc(x);
-  rms_norm_affine_warp_kernel<<<ex.grid_for(x->nrows() * 32, kBlock), kBlock, 0, ex.stream>>>(
-      desc(t), desc(x), desc(w), has_delta ? desc(delta) : none, has_delta ? desc(t->aux[0]) : none, has_delta,
-      t->fp[0]);
+  const bool v8 = vec8_all({t, x, w, delta, has_delta ? t->aux[0] : nullptr});
+  auto launch = [&]<int W>() {
+    rms_norm_affine_warp_kernel<W><<<ex.grid_for(x->nrows() * 32, kBlock), kBlock, 0, ex.stream>>>(
+        desc(t), desc(x), desc(w), has_delta ? desc(delta) : none, has_delta ? desc(t->aux[0]) : none,
+        has_delta, t->fp[0]);
+  };
+  v8 ? launch.template operator()<8>() : launch.template operator()<1>();
   RT_CUDA_LAUNCH_CHECK("rms_norm_affine_warp_kernel");
 }
 
@@ -191,8 +262,11 @@ void rms_norm_affine_back_l(CudaExec& ex, Tensor* t) {
   check_like(t, s, "the normalized input");
   check_weight(t, w);
   if (gs) check_like(t, gs, "the residual sum's gradient");
-  rms_norm_affine_back_warp_kernel<<<ex.grid_for(t->nrows() * 32, kBlock), kBlock, 0, ex.stream>>>(
-      desc(t), desc(gy), desc(s), desc(w), gs ? desc(gs) : desc(s), gs != nullptr, t->fp[0]);
+  auto launch = [&]<int W>() {
+    rms_norm_affine_back_warp_kernel<W><<<ex.grid_for(t->nrows() * 32, kBlock), kBlock, 0, ex.stream>>>(
+        desc(t), desc(gy), desc(s), desc(w), gs ? desc(gs) : desc(s), gs != nullptr, t->fp[0]);
+  };
+  vec8_all({t, gy, s, w, gs}) ? launch.template operator()<8>() : launch.template operator()<1>();
   RT_CUDA_LAUNCH_CHECK("rms_norm_affine_back_warp_kernel");
 }
 
@@ -206,11 +280,14 @@ void rms_norm_affine_back_w_l(CudaExec& ex, Tensor* t) {
   auto part = ex.temp(sizeof(float) * size_t(chunks) * size_t(n));
   float* ip = static_cast<float*>(inv->data());
   float* pp = static_cast<float*>(part->data());
-  row_inv_rms_kernel<<<ex.grid_for(m * 32, kBlock), kBlock, 0, ex.stream>>>(desc(s), t->fp[0], ip);
-  RT_CUDA_LAUNCH_CHECK("row_inv_rms_kernel");
-  norm_w_partial_kernel<<<dim3(unsigned((n + 31) / 32), unsigned(chunks)), dim3(32, 8), 0, ex.stream>>>(
-      desc(gy), desc(s), ip, m, pp);
-  RT_CUDA_LAUNCH_CHECK("norm_w_partial_kernel");
+  auto launch = [&]<int W>() {
+    row_inv_rms_kernel<W><<<ex.grid_for(m * 32, kBlock), kBlock, 0, ex.stream>>>(desc(s), t->fp[0], ip);
+    RT_CUDA_LAUNCH_CHECK("row_inv_rms_kernel");
+    norm_w_partial_kernel<W><<<dim3(unsigned((n + 32 * W - 1) / (32 * W)), unsigned(chunks)), dim3(32, 8), 0,
+                               ex.stream>>>(desc(gy), desc(s), ip, m, pp);
+    RT_CUDA_LAUNCH_CHECK("norm_w_partial_kernel");
+  };
+  vec8_all({gy, s}) ? launch.template operator()<8>() : launch.template operator()<1>();
   norm_w_final_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(pp, chunks, desc(t));
   RT_CUDA_LAUNCH_CHECK("norm_w_final_kernel");
 }
@@ -220,8 +297,11 @@ void swiglu_l(CudaExec& ex, Tensor* t) {
   check_like(t, t->src[1], "up");
   const int64_t n = t->nelements();
   if (t->is_contiguous() && t->src[0]->is_contiguous() && t->src[1]->is_contiguous()) {
-    swiglu_flat_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(desc(t), desc(t->src[0]),
-                                                                         desc(t->src[1]), n);
+    auto launch = [&]<int W>() {
+      swiglu_flat_kernel<W><<<ex.grid_for((n + W - 1) / W, kBlock), kBlock, 0, ex.stream>>>(
+          desc(t), desc(t->src[0]), desc(t->src[1]), n);
+    };
+    flat_vec8({t, t->src[0], t->src[1]}) ? launch.template operator()<8>() : launch.template operator()<1>();
     RT_CUDA_LAUNCH_CHECK("swiglu_flat_kernel");
     return;
   }
@@ -238,8 +318,12 @@ void swiglu_back_l(CudaExec& ex, Tensor* t) {
   bool flat = t->is_contiguous() && t->aux[0]->is_contiguous();
   for (int i = 0; i < 3; ++i) flat = flat && t->src[size_t(i)]->is_contiguous();
   if (flat) {
-    swiglu_back_flat_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(
-        desc(t), desc(t->aux[0]), desc(t->src[0]), desc(t->src[1]), desc(t->src[2]), n);
+    auto launch = [&]<int W>() {
+      swiglu_back_flat_kernel<W><<<ex.grid_for((n + W - 1) / W, kBlock), kBlock, 0, ex.stream>>>(
+          desc(t), desc(t->aux[0]), desc(t->src[0]), desc(t->src[1]), desc(t->src[2]), n);
+    };
+    flat_vec8({t, t->aux[0], t->src[0], t->src[1], t->src[2]}) ? launch.template operator()<8>()
+                                                                : launch.template operator()<1>();
     RT_CUDA_LAUNCH_CHECK("swiglu_back_flat_kernel");
     return;
   }

@@ -2,6 +2,8 @@
 // device. Norms: one block per row, f32 block reductions in a fixed tree (deterministic); the backward
 // kernels recompute the row statistics from x, like the CPU. Backward nodes: src[0] = upstream gradient,
 // src[1] = x, fp[0] = eps.
+#include <algorithm>
+
 #include "../ops/ops.h"
 #include "cuda_common.cuh"
 
@@ -140,12 +142,14 @@ __global__ void rope_kernel(TDesc out, TDesc x, TDesc pos, bool neox, bool inver
   }
 }
 
-// The same for contiguous x and out: one block per (step, batch) row of [heads, d], whose d/2 angles are
-// computed once (in double, as above) and shared by its heads.
+// The same for contiguous x and out: a block per step computes that step's d/2 angles once (in double, as
+// above) and applies them to the [heads, d] rows of its share of the batch. W = 8: a thread rotates 8 values
+// in one 16-byte access (4 adjacent pairs, or in Neox mode 8 first halves and their partners).
+template <int W>
 __global__ void rope_rows_kernel(char* out, DType ot, const char* x, DType xt, TDesc pos, int64_t heads, int64_t d,
-                                 int64_t T, bool neox, bool inverse, double theta) {
+                                 int64_t T, int64_t B, bool neox, bool inverse, double theta) {
   extern __shared__ float cs[];  // cos [d/2], then sin [d/2]
-  const int64_t half = d / 2, row = blockIdx.x, step = row % T;
+  const int64_t half = d / 2, step = blockIdx.x;
   const double p = double(load_i(pos.data + step * pos.nb[0], pos.dtype));
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
     const double a = (inverse ? -p : p) * pow(theta, -2.0 * double(i) / double(d));
@@ -156,14 +160,57 @@ __global__ void rope_rows_kernel(char* out, DType ot, const char* x, DType xt, T
   }
   __syncthreads();
   const int xs = dtype_size_dev(xt), os = dtype_size_dev(ot);
-  const int64_t base = row * heads * d;
-  for (int64_t k = threadIdx.x; k < heads * half; k += blockDim.x) {
-    const int64_t head = k / half, i = k % half;
-    const int64_t j0 = base + head * d + (neox ? i : 2 * i), j1 = j0 + (neox ? half : 1);
-    const float c = cs[i], s = cs[half + i];
-    const float v0 = load_f(x + j0 * xs, xt), v1 = load_f(x + j1 * xs, xt);
-    store_f(out + j0 * os, ot, v0 * c - v1 * s);
-    store_f(out + j1 * os, ot, v0 * s + v1 * c);
+  // A group is W values of a row: W / 2 pairs (Normal), or W first halves whose partners sit half further.
+  const int64_t per_head = neox ? half / W : d / W, groups = heads * per_head;
+  for (int64_t b = blockIdx.y; b < B; b += gridDim.y) {
+    const int64_t base = (b * T + step) * heads * d;
+    for (int64_t k = threadIdx.x; k < groups; k += blockDim.x) {
+      const int64_t head = k / per_head, g = k % per_head;
+      if (neox) {
+        const int64_t i0 = g * W, j0 = base + head * d + i0, j1 = j0 + half;
+        float v0[W], v1[W];
+        if constexpr (W == 8) {
+          load8f(x + j0 * xs, xt, v0);
+          load8f(x + j1 * xs, xt, v1);
+        } else {
+          v0[0] = load_f(x + j0 * xs, xt);
+          v1[0] = load_f(x + j1 * xs, xt);
+        }
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+          const float c = cs[i0 + e], s = cs[half + i0 + e], a0 = v0[e], a1 = v1[e];
+          v0[e] = a0 * c - a1 * s;
+          v1[e] = a0 * s + a1 * c;
+        }
+        if constexpr (W == 8) {
+          store8f(out + j0 * os, ot, v0);
+          store8f(out + j1 * os, ot, v1);
+        } else {
+          store_f(out + j0 * os, ot, v0[0]);
+          store_f(out + j1 * os, ot, v1[0]);
+        }
+      } else if constexpr (W == 8) {
+        const int64_t j = base + head * d + g * 8, i0 = g * 4;
+        float v[8];
+        load8f(x + j * xs, xt, v);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float c = cs[i0 + e], s = cs[half + i0 + e], a0 = v[2 * e], a1 = v[2 * e + 1];
+          v[2 * e] = a0 * c - a1 * s;
+          v[2 * e + 1] = a0 * s + a1 * c;
+        }
+        store8f(out + j * os, ot, v);
+      } else {
+        // W = 1 in Normal mode: a group is one pair.
+        const int64_t i = g / 2;
+        if (g % 2) continue;
+        const int64_t j0 = base + head * d + 2 * i, j1 = j0 + 1;
+        const float c = cs[i], s = cs[half + i];
+        const float v0 = load_f(x + j0 * xs, xt), v1 = load_f(x + j1 * xs, xt);
+        store_f(out + j0 * os, ot, v0 * c - v1 * s);
+        store_f(out + j1 * os, ot, v0 * s + v1 * c);
+      }
+    }
   }
 }
 
@@ -209,11 +256,20 @@ void rope_l(CudaExec& ex, Tensor* t) {
   RT_CHECK(x->ne[0] % 2 == 0 && is_int(pos->dtype) && pos->ne[0] == x->ne[2], "cuda rope: positions ",
            pos->describe(), " do not fit x ", x->describe());
   const bool neox = RopeMode(t->ip[0]) == RopeMode::Neox, inverse = t->ip[1] != 0;
-  if (x->is_contiguous() && t->is_contiguous() && x->ne[0] <= 8192 && x->ne[2] * x->ne[3] < (int64_t(1) << 31)) {
-    const int64_t rows = x->ne[2] * x->ne[3], half = x->ne[0] / 2;
-    rope_rows_kernel<<<unsigned(rows), 128, sizeof(float) * 2 * size_t(half), ex.stream>>>(
-        static_cast<char*>(t->data), t->dtype, static_cast<const char*>(x->data), x->dtype, desc(pos), x->ne[1],
-        x->ne[0], x->ne[2], neox, inverse, double(t->fp[0]));
+  if (x->is_contiguous() && t->is_contiguous() && x->ne[0] <= 8192 && x->ne[2] < (int64_t(1) << 31)) {
+    const int64_t T = x->ne[2], B = x->ne[3], half = x->ne[0] / 2;
+    // 8-wide when a group of 8 never crosses a head's half (Neox) or a head (Normal), and the rows align.
+    const bool v8 = aligned16(x->data) && aligned16(t->data) && (neox ? half % 8 == 0 : x->ne[0] % 8 == 0);
+    // Enough blocks to fill the device: steps × a share of the batch, each block at least one sequence.
+    const unsigned by = unsigned(std::min<int64_t>({B, 65535, std::max<int64_t>(1, (4 * 2048 + T - 1) / T)}));
+    auto launch = [&]<int W>() {
+      const int64_t groups = x->ne[1] * (neox ? half / W : x->ne[0] / W);
+      const unsigned threads = unsigned(std::clamp<int64_t>((groups + 31) / 32 * 32, 32, 256));
+      rope_rows_kernel<W><<<dim3(unsigned(T), by), threads, sizeof(float) * 2 * size_t(half), ex.stream>>>(
+          static_cast<char*>(t->data), t->dtype, static_cast<const char*>(x->data), x->dtype, desc(pos),
+          x->ne[1], x->ne[0], T, B, neox, inverse, double(t->fp[0]));
+    };
+    v8 ? launch.template operator()<8>() : launch.template operator()<1>();
     RT_CUDA_LAUNCH_CHECK("rope_rows_kernel");
     return;
   }

@@ -424,11 +424,13 @@ TEST_F(CudaOps, NormsMatchFloat64AndFiniteDifferences) {
   }
 }
 
+// d 8: Neox one value at a time, Normal 8-wide; d 16: both 8-wide; d 6: both one at a time.
 TEST_F(CudaOps, RopeMatchesFloat64AndFiniteDifferences) {
+  for (const Shape& shape : {Shape{2, 3, 2, 8}, Shape{2, 5, 3, 16}, Shape{1, 4, 2, 6}})
   for (RopeMode mode : {RopeMode::Normal, RopeMode::Neox}) {
     OpCase c;
-    c.name = std::string("cuda_rope") + (mode == RopeMode::Neox ? "_neox" : "_normal");
-    c.inputs = {{Shape{2, 3, 2, 8}}, {Shape{3}, DType::I32, false, 0, 2000}};
+    c.name = std::string("cuda_rope") + (mode == RopeMode::Neox ? "_neox" : "_normal") + std::to_string(shape[3]);
+    c.inputs = {{shape}, {Shape{shape[1]}, DType::I32, false, 0, 2000}};
     c.build = [mode](Context& ctx, const std::vector<Tensor*>& in) {
       return rope(ctx, in[0], in[1], mode, 10000.0f);
     };
