@@ -276,6 +276,7 @@ struct ModeResult {
   double peak_gib = -1, first_loss = 0, last_loss = 0;
   int64_t extra_warmup = 0;  // warm-up steps beyond --warmup until the step replayed
   std::string graph;         // how the timed steps ran
+  std::string host;          // where the host's time per step went, where a mode measures it
 };
 
 // Model FLOPs per token (forward + backward = 3 × forward, 2 FLOPs per multiply-add): 6·P for every weight
@@ -385,21 +386,41 @@ ModeResult run_teacher(const Options& o, Backend& backend, bool cuda, const Devi
     sets.push_back(std::move(v));
   }
   int64_t calls = 0;
+  // Host seconds per phase, summed over the steps: inputs, launch, the first read (waits for the device),
+  // the other reads (the device is idle meanwhile).
+  double phase[4] = {};
   const auto step = [&] {
+    using clock = std::chrono::steady_clock;
     const std::vector<int64_t>& x = sets[size_t(calls++ % 2)];
+    const auto t0 = clock::now();
     set_data_int(tokens, x);
     set_data_int(targets, x);
+    const auto t1 = clock::now();
     g.compute();
+    const auto t2 = clock::now();
     // What teacher-cache reads back per batch: the top K (the program then writes them to its cache).
     const std::vector<float> lp = get_data(top.logprobs);
+    const auto t3 = clock::now();
     const std::vector<uint8_t> ids = get_bytes(top.ids);
     (void)lp, (void)ids;
-    return double(get_data(nll)[0]) / double(B * T);
+    const double loss = double(get_data(nll)[0]) / double(B * T);
+    const auto t4 = clock::now();
+    const std::chrono::duration<double> d[4] = {t1 - t0, t2 - t1, t3 - t2, t4 - t3};
+    for (int i = 0; i < 4; ++i) phase[i] += d[i].count();
+    return loss;
   };
   // Forward only: a third of the training FLOPs per token.
   r.flops_per_token = flops_per_token(c, o.k, false) / 3;
   warm_up(o, backend, cuda, r, step, pg);
+  for (double& p : phase) p = 0;
+  const int64_t before = calls;
   time_steps(o, backend, cuda, dev, r, step, pg.size());
+  const double per = 1e3 / double(std::max<int64_t>(1, calls - before));
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "inputs %.2f ms, launch %.2f, first read (waits for the device) %.2f, other reads %.2f",
+                phase[0] * per, phase[1] * per, phase[2] * per, phase[3] * per);
+  r.host = buf;
   return r;
 }
 
@@ -539,6 +560,7 @@ int main(int argc, char** argv) {
       std::printf("\n");
       if (r.peak_gib >= 0) std::printf("  peak device memory %.2f GiB (retort's allocator)\n", r.peak_gib);
       std::printf("  launches: %s, after %lld extra warm-up steps\n", r.graph.c_str(), (long long)r.extra_warmup);
+      if (!r.host.empty()) std::printf("  host per step: %s\n", r.host.c_str());
     }
     std::string line = "summary: " + dev.name + (pg.size() > 1 ? " x" + std::to_string(pg.size()) : "") + ", L" + std::to_string(o.layers) + " d" +
                        std::to_string(o.d_model) + " T" + std::to_string(o.context) + " V" +

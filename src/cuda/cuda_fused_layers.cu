@@ -1,6 +1,6 @@
 // The fused layers on the device (src/ops/fused_layers.cpp has the math and the CPU reference).
 // rms_norm_affine and its backward: one warp per row, f32 reductions in a fixed tree (deterministic).
-// The weight's gradient: each row's r first, then blocks of 32 columns × kColRows rows sum gy·s·r with
+// The weight's gradient: each row's r first, then blocks of 32·W columns × a chunk of rows sum gy·s·r with
 // coalesced reads into a [chunks, n] scratch and one thread per column adds its chunks in order (the same
 // bits every run, no atomics). swiglu and its backward: one grid-stride pass over the elements.
 // No host synchronization and no cudaMalloc here: scratch comes from the backend's allocator (ex.temp).
@@ -10,8 +10,6 @@
 namespace retort::cuda {
 
 namespace {
-
-constexpr int kColRows = 256;
 
 // y = s r w, s = x (+ delta) written to s_out when has_delta; one warp per row (no block barriers, 8 rows per
 // block). The first pass only loads, so the loads of a lane's values are all in flight at once; the second
@@ -120,14 +118,15 @@ __global__ void row_inv_rms_kernel(TDesc s, float eps, float* inv) {
 
 // part[chunk, col] = Σ over the chunk's rows of gy·s·inv; a thread owns W adjacent columns, 8 rows in step.
 template <int W>
-__global__ void norm_w_partial_kernel(TDesc gy, TDesc s, const float* inv, int64_t m, float* part) {
+__global__ void norm_w_partial_kernel(TDesc gy, TDesc s, const float* inv, int64_t m, int64_t chunk_rows,
+                                      float* part) {
   __shared__ float sh[8][32 * W + 1];
   const int64_t n = s.ne[0];
   const int64_t col = (int64_t(blockIdx.x) * 32 + threadIdx.x) * W;
-  const int64_t r0 = int64_t(blockIdx.y) * kColRows;
+  const int64_t r0 = int64_t(blockIdx.y) * chunk_rows;
   float acc[W] = {};
   if (col < n)
-    for (int64_t r = r0 + threadIdx.y; r < min(m, r0 + kColRows); r += 8) {
+    for (int64_t r = r0 + threadIdx.y; r < min(m, r0 + chunk_rows); r += 8) {
       float gv[W], sv[W];
       load_w<W>(row_at(gy, r), col, gy.nb[0], gy.dtype, gv);
       load_w<W>(row_at(s, r), col, s.nb[0], s.dtype, sv);
@@ -148,12 +147,23 @@ __global__ void norm_w_partial_kernel(TDesc gy, TDesc s, const float* inv, int64
   }
 }
 
+// out[col] = Σ_c part[c, col]: 32 columns per block, 32 threads stepping over the chunks of each, then a fixed
+// shared-memory tree (the same bits every run).
 __global__ void norm_w_final_kernel(const float* part, int64_t chunks, TDesc out) {
-  RT_GRID_LOOP(col, out.ne[0]) {
-    float t = 0.0f;
-    for (int64_t c = 0; c < chunks; ++c) t += part[c * out.ne[0] + col];
-    store_f(out.data + col * out.nb[0], out.dtype, t);
+  __shared__ float sh[32][33];
+  const int64_t n = out.ne[0], col = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  float t = 0.0f;
+  if (col < n) {
+#pragma unroll 4
+    for (int64_t c = threadIdx.y; c < chunks; c += 32) t += part[c * n + col];
   }
+  sh[threadIdx.y][threadIdx.x] = t;
+  __syncthreads();
+  for (int h = 16; h > 0; h >>= 1) {
+    if (threadIdx.y < h) sh[threadIdx.y][threadIdx.x] += sh[threadIdx.y + h][threadIdx.x];
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && col < n) store_f(out.data + col * out.nb[0], out.dtype, sh[0][threadIdx.x]);
 }
 
 __device__ __forceinline__ float sigmoid_f(float g) { return 1.0f / (1.0f + __expf(-g)); }
@@ -274,21 +284,28 @@ void rms_norm_affine_back_w_l(CudaExec& ex, Tensor* t) {
   const Tensor *gy = t->src[0], *s = t->src[1];
   RT_CHECK(same_shape(gy, s) && s->ne[0] == t->ne[0] && t->nelements() == t->ne[0], "cuda ", op_name(t->op),
            ": ", gy->describe(), " and ", s->describe(), " do not give the weight gradient ", t->describe());
-  const int64_t m = s->nrows(), n = s->ne[0], chunks = (m + kColRows - 1) / kColRows;
+  const int64_t m = s->nrows(), n = s->ne[0];
+  const int W = vec8_all({gy, s}) ? 8 : 1;
+  // Rows per chunk: halved from 256 (down to 32) until the column blocks × chunks give ~4 blocks per SM.
+  const int64_t col_blocks = (n + 32 * W - 1) / (32 * W);
+  int64_t chunk_rows = 256;
+  while (chunk_rows > 32 && col_blocks * ((m + chunk_rows - 1) / chunk_rows) < 4 * int64_t(ex.sm_count))
+    chunk_rows /= 2;
+  const int64_t chunks = (m + chunk_rows - 1) / chunk_rows;
   RT_CHECK(chunks < 65536, "cuda ", op_name(t->op), ": ", s->describe(), " has too many rows");
   auto inv = ex.temp(sizeof(float) * size_t(m));
   auto part = ex.temp(sizeof(float) * size_t(chunks) * size_t(n));
   float* ip = static_cast<float*>(inv->data());
   float* pp = static_cast<float*>(part->data());
-  auto launch = [&]<int W>() {
-    row_inv_rms_kernel<W><<<ex.grid_for(m * 32, kBlock), kBlock, 0, ex.stream>>>(desc(s), t->fp[0], ip);
+  auto launch = [&]<int V>() {
+    row_inv_rms_kernel<V><<<ex.grid_for(m * 32, kBlock), kBlock, 0, ex.stream>>>(desc(s), t->fp[0], ip);
     RT_CUDA_LAUNCH_CHECK("row_inv_rms_kernel");
-    norm_w_partial_kernel<W><<<dim3(unsigned((n + 32 * W - 1) / (32 * W)), unsigned(chunks)), dim3(32, 8), 0,
-                               ex.stream>>>(desc(gy), desc(s), ip, m, pp);
+    norm_w_partial_kernel<V><<<dim3(unsigned(col_blocks), unsigned(chunks)), dim3(32, 8), 0, ex.stream>>>(
+        desc(gy), desc(s), ip, m, chunk_rows, pp);
     RT_CUDA_LAUNCH_CHECK("norm_w_partial_kernel");
   };
-  vec8_all({gy, s}) ? launch.template operator()<8>() : launch.template operator()<1>();
-  norm_w_final_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(pp, chunks, desc(t));
+  W == 8 ? launch.template operator()<8>() : launch.template operator()<1>();
+  norm_w_final_kernel<<<unsigned((n + 31) / 32), dim3(32, 32), 0, ex.stream>>>(pp, chunks, desc(t));
   RT_CUDA_LAUNCH_CHECK("norm_w_final_kernel");
 }
 
