@@ -61,6 +61,51 @@ void Graph::clear_pending_zero() const {
   zero_pending_ = false;
 }
 
+namespace {
+
+// How many readers each gradient node has (nodes, and the parameters' accumulators): a matmul read only by
+// a sum can take the other addend as its GEMM's C (the sum node itself becomes the matmul, so its readers
+// need no rewiring), or add into its parameter's accumulator in place (Graph::backward). A non-leaf
+// tensor whose gradient is such a matmul then shows the accumulated gradient in grad().
+std::unordered_map<const Tensor*, int> fold_matmul_sums(const std::unordered_map<const Tensor*, Tensor*>& g,
+                                                        const std::vector<Tensor*>& sums) {
+  std::unordered_map<const Tensor*, int> readers, shown;  // shown: as a non-leaf tensor's gradient
+  std::unordered_set<const Tensor*> walked;
+  std::vector<Tensor*> stack;
+  for (auto& [t, gr] : g) {
+    ++(t->is_leaf() ? readers : shown)[gr];
+    stack.push_back(gr);
+  }
+  while (!stack.empty()) {
+    Tensor* n = stack.back();
+    stack.pop_back();
+    if (!walked.insert(n).second) continue;
+    for (Tensor* src : n->src)
+      if (src) {
+        ++readers[src];
+        stack.push_back(src);
+      }
+  }
+  for (Tensor* sum : sums)
+    for (int k : {1, 0}) {
+      Tensor* mm = sum->src[size_t(k)];
+      Tensor* other = sum->src[size_t(1 - k)];
+      const bool f32 = mm->dtype == DType::F32 && sum->dtype == DType::F32 && other->dtype == DType::F32;
+      if (!takes_addend(mm) || readers[mm] != 1 || shown[mm] != 0 || !f32 || !other->is_contiguous() ||
+          !same_shape(other, mm) || !same_shape(sum, mm))
+        continue;
+      sum->op = Op::Matmul;
+      sum->src = mm->src;
+      sum->src[2] = other;
+      sum->ip = mm->ip;
+      sum->fp = mm->fp;
+      break;
+    }
+  return readers;
+}
+
+}  // namespace
+
 void Graph::backward(Tensor* loss) {
   RT_CHECK(loss != nullptr, "graph.backward: no loss given");
   RT_CHECK(!has_backward_, "graph.backward: this graph already has a backward pass");
@@ -107,9 +152,11 @@ void Graph::backward(Tensor* loss) {
 
   // Autodiff makes its two nodes itself (a sum of gradients, the seed), so the graph needs nothing of the
   // op layer above it.
+  std::vector<Tensor*> sums;
   auto sum_grads = [&](Tensor* a, Tensor* b) {
     RT_ASSERT(is_float(a->dtype) && is_float(b->dtype) && can_broadcast(b, a));
     Tensor* t = ctx_->node(Op::Add, a->dtype, a->ne);
+    sums.push_back(t);
     t->src[0] = a;
     t->src[1] = b;
     return t;
@@ -151,6 +198,7 @@ void Graph::backward(Tensor* loss) {
              n->describe(), " has no gradient, but a parameter's gradient flows through it");
     info.backward(bc, n, it == g.end() ? nullptr : it->second);
   }
+  const std::unordered_map<const Tensor*, int> readers = fold_matmul_sums(g, sums);
   for (Tensor* p : params_) {
     auto it = g.find(p);
     RT_ASSERT(it != g.end());
@@ -161,9 +209,13 @@ void Graph::backward(Tensor* loss) {
     for (int d = 0; d < kMaxDims; ++d) same_shape = same_shape && gr->ne[d] == acc->ne[d];
     const bool aux = gr->op == Op::AuxOutput && gr->src[0] && !gr->view_src;
     auto offer = op_info(aux ? gr->src[0]->op : Op::None).accumulate_aux;
-    // Either the owner adds into the accumulator itself (no copy of the gradient, no Accumulate pass) or an
-    // Accumulate node does: both write through the accumulator's storage.
-    const bool in_place = aux && same_shape && offer && offer(gr);
+    // Either the owner adds into the accumulator itself (no copy of the gradient, no Accumulate pass: a
+    // fused loss's aux output, or a matmul whose GEMM takes the accumulator as its C) or an Accumulate node
+    // does: both write through the accumulator's storage.
+    const auto rd = readers.find(gr);
+    const bool mm = same_shape && takes_addend(gr) && rd != readers.end() && rd->second == 1;
+    if (mm) gr->src[2] = acc;
+    const bool in_place = mm || (aux && same_shape && offer && offer(gr));
     Tensor* upd = in_place ? gr : ctx_->node(Op::Accumulate, DType::F32, acc->ne);
     if (!in_place) {
       upd->src[0] = acc;
@@ -261,7 +313,7 @@ void Graph::compute() {
   for (Tensor* n : nodes_) {
     if (n->op == Op::View) n->data = static_cast<char*>(n->view_src->data) + n->view_offs;
     if (writes_into_src0(n->op)) n->data = n->src[0]->data;
-    if (n->op == Op::AuxOutput && n->view_src) n->data = n->view_src->data;  // an accumulator (backward)
+    if (writes_accumulator(n)) n->data = n->view_src->data;  // an accumulator (backward)
   }
   // A pending zero_grad(): the in-place writers overwrite their accumulator in this run; the others are
   // cleared now. The flags come off however the run ends; if it throws, the zero_grad() stays pending.

@@ -12,14 +12,14 @@ namespace retort {
 Tensor* storage_root(Tensor* t) {
   if (t->op == Op::View) return t->view_src;
   if (writes_into_src0(t->op)) return storage_root(t->src[0]);
-  if (t->op == Op::AuxOutput && t->view_src) return t->view_src;  // written into an accumulator
+  if (writes_accumulator(t)) return t->view_src;  // written into an accumulator
   return t;
 }
 
 namespace {
 
 bool owns_storage(const Tensor* t) {
-  if (t->op == Op::AuxOutput && t->view_src) return false;  // Graph::backward pointed it at an accumulator
+  if (writes_accumulator(t)) return false;  // Graph::backward pointed it at an accumulator
   return t->op != Op::None && t->op != Op::View && !writes_into_src0(t->op);
 }
 

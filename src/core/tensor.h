@@ -80,6 +80,20 @@ struct Tensor {
   }
 };
 
+// A node Graph::backward pointed at an accumulator's storage (view_src) that is neither a view nor an op
+// writing into src[0]: a fused loss's gradient output, or a matmul adding into a parameter's gradient.
+inline bool writes_accumulator(const Tensor* t) {
+  return t->view_src && t->op != Op::View && !writes_into_src0(t->op);
+}
+
+// A 2-D matmul that can take a third operand src[2] (shaped like its result) and give op(A) op(B) + src[2]:
+// its GEMM's C. Graph::backward gives it one in place of a sum of gradients. The result adds no src[2] in
+// a run that overwrites its accumulator (kFresh).
+inline bool takes_addend(const Tensor* t) {
+  return t->op == Op::Matmul && !t->src[2] && !t->view_src && t->ne[2] == 1 && t->ne[3] == 1 &&
+         t->is_contiguous();
+}
+
 // Shape helpers shared by the op constructors.
 bool same_shape(const Tensor* a, const Tensor* b);
 // True when b can be broadcast over a (each dim of b is 1 or equal to a's).

@@ -33,12 +33,15 @@ inline TDesc desc(const Tensor* t) {
   return d;
 }
 
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+inline bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 // Whether t's rows take 8-wide access (load8f / store8f): a float dtype, dim 0 dense and a multiple of 8
 // long, every row start 16-byte aligned.
 inline bool rows_vec8(const Tensor* t) {
-  if (!t || !is_float(t->dtype) || t->nb[0] != dtype_size(t->dtype) || t->ne[0] % 8 != 0 || !aligned16(t->data))
+  if (!t || !is_float(t->dtype) || t->nb[0] != dtype_size(t->dtype) || t->ne[0] % 8 != 0 ||
+      !aligned16(t->data))
     return false;
   for (int i = 1; i < 4; ++i)
     if (t->ne[i] > 1 && t->nb[i] % 16 != 0) return false;
@@ -212,9 +215,13 @@ __device__ __forceinline__ int64_t nelem(const TDesc& t) {
 // W = 8 when every operand is 16-byte aligned, then the n % 8 left one by one (V = 1).
 template <int W, typename F>
 __device__ __forceinline__ void flat_groups(int64_t n, F&& f) {
-  RT_GRID_LOOP(q, n / W) { f.template operator()<W>(q * W); }
+  RT_GRID_LOOP(q, n / W) {
+    f.template operator()<W>(q * W);
+  }
   if constexpr (W > 1) {
-    RT_GRID_LOOP(k, n % W) { f.template operator()<1>(n - n % W + k); }
+    RT_GRID_LOOP(k, n % W) {
+      f.template operator()<1>(n - n % W + k);
+    }
   }
 }
 

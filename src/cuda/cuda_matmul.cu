@@ -133,9 +133,10 @@ void make_layout(LtLayout& out, cudaDataType_t type, const MatLayout& L, int32_t
   }
 }
 
-// C = op(A) op(B) with cuBLASLt. A and B share a float dtype and are matrix-like. Returns false (having
-// queued nothing) when cuBLASLt has no algorithm for this problem.
-bool lt_gemm(CudaExec& ex, const Tensor* a, bool ta, const Tensor* b, bool tb, Tensor* c) {
+// C = op(A) op(B) (+ addend, laid out like C, possibly C itself) with cuBLASLt. A and B share a float dtype
+// and are matrix-like. Returns false (having queued nothing) when cuBLASLt has no algorithm for this problem.
+bool lt_gemm(CudaExec& ex, const Tensor* a, bool ta, const Tensor* b, bool tb, Tensor* c,
+             const Tensor* addend = nullptr) {
   const MatLayout la = layout_of(a), lb = layout_of(b), lc = layout_of(c);
   RT_ASSERT(la.ok && lb.ok && lc.ok && lc.shows_transpose);
   // cuBLASLt's first factor is op(B)ᵀ: wanted as a transpose of B's math matrix exactly when !tb.
@@ -177,7 +178,8 @@ bool lt_gemm(CudaExec& ex, const Tensor* a, bool ta, const Tensor* b, bool tb, T
   const uint32_t al_y =
       lt_alignment({uint64_t(uintptr_t(a->data)), uint64_t(la.ld * es_a), uint64_t(sa * es_a), i3_step(a)});
   const uint32_t al_c = lt_alignment({uint64_t(uintptr_t(c->data)), uint64_t(lc.ld * es_c), uint64_t(sc * es_c),
-                                      calls > 1 ? uint64_t(c->nb[3]) : 0});
+                                      calls > 1 ? uint64_t(c->nb[3]) : 0,
+                                      addend ? uint64_t(uintptr_t(addend->data)) : 0});
   LtPref pref;
   lt_preference(pref, ex.workspace_bytes, al_x, al_y, al_c);
 
@@ -188,15 +190,21 @@ bool lt_gemm(CudaExec& ex, const Tensor* a, bool ta, const Tensor* b, bool tb, T
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) return false;
   RT_CUBLAS_CHECK(st);
 
-  const float alpha = 1.0f, beta = 0.0f;
+  RT_ASSERT(!addend || calls == 1);
+  const float alpha = 1.0f, beta = addend ? 1.0f : 0.0f;
   for (int64_t i3 = 0; i3 < calls; ++i3) {
     const char* pa = static_cast<const char*>(a->data) + (a->ne[3] == 1 || flat ? 0 : i3 * a->nb[3]);
     const char* pb = static_cast<const char*>(b->data) + (b->ne[3] == 1 || flat ? 0 : i3 * b->nb[3]);
     char* pc = static_cast<char*>(c->data) + (flat ? 0 : i3 * c->nb[3]);
-    RT_CUBLAS_CHECK(cublasLtMatmul(ex.lt, md.d, &alpha, pb, lx.l, pa, ly.l, &beta, pc, lz.l, pc, lz.l,
+    const void* pin = addend ? addend->data : pc;
+    RT_CUBLAS_CHECK(cublasLtMatmul(ex.lt, md.d, &alpha, pb, lx.l, pa, ly.l, &beta, pin, lz.l, pc, lz.l,
                                    &heur.algo, ex.workspace, ex.workspace_bytes, ex.stream));
   }
   return true;
+}
+
+__global__ void add_into_kernel(float* out, const float* c, int64_t n) {
+  RT_GRID_LOOP(i, n) { out[i] += c[i]; }
 }
 
 // A matrix-like operand of dtype want: x itself, or a contiguous copy (kept alive by tmp, described by
@@ -231,8 +239,30 @@ void matmul_l(CudaExec& ex, Tensor* t) {
              t->describe());
   RT_CHECK((t->dtype == DType::F32 || (t->dtype == a->dtype && a->dtype == b->dtype)) && t->is_contiguous(),
            "cuda matmul: the result ", t->describe(), " must be contiguous f32 or in the operands' 16-bit dtype");
+  // Graph::backward's addend (the GEMM's C; none in a run that starts its accumulator: kFresh).
+  const Tensor* addend = t->src[2] && !t->has(kFresh) ? t->src[2] : nullptr;
+  RT_CHECK(!addend || (t->dtype == DType::F32 && addend->dtype == DType::F32 && addend->is_contiguous() &&
+                       same_shape(addend, t) && t->ne[2] == 1 && t->ne[3] == 1),
+           "cuda matmul: the addend ", addend ? addend->describe() : std::string(), " does not fit ", t->describe());
+  // The fallback GEMM overwrites the result: an addend that is the result's own storage is copied first.
+  auto simple = [&](const Tensor* A, const Tensor* B) {
+    std::unique_ptr<DeviceBuffer> keep;
+    const float* c_in = addend ? static_cast<const float*>(addend->data) : nullptr;
+    if (addend && addend->data == t->data) {
+      keep = ex.temp(addend->nbytes());
+      RT_CUDA_CHECK(cudaMemcpyAsync(keep->data(), addend->data, addend->nbytes(), cudaMemcpyDeviceToDevice,
+                                    ex.stream));
+      c_in = static_cast<const float*>(keep->data());
+    }
+    simple_gemm(ex, A, ta, B, tb, t, M, N, K);
+    if (c_in) {
+      const int64_t n = t->nelements();
+      add_into_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(static_cast<float*>(t->data), c_in, n);
+      RT_CUDA_LAUNCH_CHECK("add_into_kernel");
+    }
+  };
   if (ex.opts.simple_gemm) {
-    simple_gemm(ex, a, ta, b, tb, t, M, N, K);
+    simple(a, b);
     return;
   }
   // Mixed dtypes compute in f32: cuBLASLt wants one input type.
@@ -242,7 +272,7 @@ void matmul_l(CudaExec& ex, Tensor* t) {
   Tensor scratch_a, scratch_b;
   const Tensor* A = as_operand(ex, a, want_a, tmp_a, scratch_a);
   const Tensor* B = as_operand(ex, b, want_b, tmp_b, scratch_b);
-  if (!lt_gemm(ex, A, ta, B, tb, t)) simple_gemm(ex, A, ta, B, tb, t, M, N, K);
+  if (!lt_gemm(ex, A, ta, B, tb, t, addend)) simple(A, B);
 }
 
 }  // namespace

@@ -142,73 +142,69 @@ __global__ void rope_kernel(TDesc out, TDesc x, TDesc pos, bool neox, bool inver
   }
 }
 
-// The same for contiguous x and out: a block per step computes that step's d/2 angles once (in double, as
-// above) and applies them to the [heads, d] rows of its share of the batch. W = 8: a thread rotates 8 values
-// in one 16-byte access (4 adjacent pairs, or in Neox mode 8 first halves and their partners).
-template <int W>
-__global__ void rope_rows_kernel(char* out, DType ot, const char* x, DType xt, TDesc pos, int64_t heads, int64_t d,
-                                 int64_t T, int64_t B, bool neox, bool inverse, double theta) {
-  extern __shared__ float cs[];  // cos [d/2], then sin [d/2]
-  const int64_t half = d / 2, step = blockIdx.x;
-  const double p = double(load_i(pos.data + step * pos.nb[0], pos.dtype));
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+// The same for contiguous x and out, in two passes: the [T, d/2] (cos, sin) table (angles in double, as
+// above), then a flat pass over the values that reads it from L2. W = 8: a thread rotates 8 values in one
+// 16-byte access (4 adjacent pairs, or in Neox mode 8 first halves and their partners).
+__global__ void rope_table_kernel(TDesc pos, int64_t T, int64_t d, bool inverse, double theta, float2* cs) {
+  const int64_t half = d / 2;
+  RT_GRID_LOOP(k, T * half) {
+    const int64_t step = k / half, i = k % half;
+    const double p = double(load_i(pos.data + step * pos.nb[0], pos.dtype));
     const double a = (inverse ? -p : p) * pow(theta, -2.0 * double(i) / double(d));
     double sd, cd;
     sincos(a, &sd, &cd);
-    cs[i] = float(cd);
-    cs[half + i] = float(sd);
+    cs[k] = make_float2(float(cd), float(sd));
   }
-  __syncthreads();
+}
+
+template <int W>
+__global__ void rope_apply_kernel(char* out, DType ot, const char* x, DType xt, const float2* cs, int64_t heads,
+                                  int64_t d, int64_t T, int64_t rows, bool neox) {
   const int xs = dtype_size_dev(xt), os = dtype_size_dev(ot);
-  // A group is W values of a row: W / 2 pairs (Normal), or W first halves whose partners sit half further.
-  const int64_t per_head = neox ? half / W : d / W, groups = heads * per_head;
-  for (int64_t b = blockIdx.y; b < B; b += gridDim.y) {
-    const int64_t base = (b * T + step) * heads * d;
-    for (int64_t k = threadIdx.x; k < groups; k += blockDim.x) {
-      const int64_t head = k / per_head, g = k % per_head;
-      if (neox) {
-        const int64_t i0 = g * W, j0 = base + head * d + i0, j1 = j0 + half;
-        float v0[W], v1[W];
-        if constexpr (W == 8) {
-          load8f(x + j0 * xs, xt, v0);
-          load8f(x + j1 * xs, xt, v1);
-        } else {
-          v0[0] = load_f(x + j0 * xs, xt);
-          v1[0] = load_f(x + j1 * xs, xt);
-        }
+  const int64_t half = d / 2;
+  // A group is W values of a head: W / 2 pairs (Normal), or W first halves whose partners sit half further.
+  const int64_t per_head = neox ? half / W : d / W, per_row = heads * per_head;
+  RT_GRID_LOOP(q, rows * per_row) {
+    const int64_t row = q / per_row, k = q % per_row, head = k / per_head, g = k % per_head;
+    const float2* c = cs + (row % T) * half;
+    const int64_t base = row * heads * d + head * d;
+    if (neox) {
+      const int64_t i0 = g * W, j0 = base + i0, j1 = j0 + half;
+      float v0[W], v1[W];
+      load_w<W>(x, j0, xs, xt, v0);
+      load_w<W>(x, j1, xs, xt, v1);
 #pragma unroll
-        for (int e = 0; e < W; ++e) {
-          const float c = cs[i0 + e], s = cs[half + i0 + e], a0 = v0[e], a1 = v1[e];
-          v0[e] = a0 * c - a1 * s;
-          v1[e] = a0 * s + a1 * c;
-        }
-        if constexpr (W == 8) {
-          store8f(out + j0 * os, ot, v0);
-          store8f(out + j1 * os, ot, v1);
-        } else {
-          store_f(out + j0 * os, ot, v0[0]);
-          store_f(out + j1 * os, ot, v1[0]);
-        }
-      } else if constexpr (W == 8) {
-        const int64_t j = base + head * d + g * 8, i0 = g * 4;
-        float v[8];
+      for (int e = 0; e < W; ++e) {
+        const float2 r = c[i0 + e];
+        const float a0 = v0[e], a1 = v1[e];
+        v0[e] = a0 * r.x - a1 * r.y;
+        v1[e] = a0 * r.y + a1 * r.x;
+      }
+      store_w<W>(out, j0, os, ot, v0);
+      store_w<W>(out, j1, os, ot, v1);
+    } else {
+      // Normal: W = 8 rotates 4 adjacent pairs; W = 1 makes a group of each pair (per_head counts values,
+      // so odd groups have nothing to do).
+      constexpr int P = W == 8 ? 4 : 1;
+      if (W == 1 && g % 2) continue;
+      const int64_t j = base + (W == 8 ? g * 8 : g), i0 = (W == 8 ? g * 4 : g / 2);
+      float v[2 * P];
+      if constexpr (W == 8) {
         load8f(x + j * xs, xt, v);
+      } else {
+        v[0] = load_f(x + j * xs, xt), v[1] = load_f(x + (j + 1) * xs, xt);
+      }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float c = cs[i0 + e], s = cs[half + i0 + e], a0 = v[2 * e], a1 = v[2 * e + 1];
-          v[2 * e] = a0 * c - a1 * s;
-          v[2 * e + 1] = a0 * s + a1 * c;
-        }
+      for (int e = 0; e < P; ++e) {
+        const float2 r = c[i0 + e];
+        const float a0 = v[2 * e], a1 = v[2 * e + 1];
+        v[2 * e] = a0 * r.x - a1 * r.y;
+        v[2 * e + 1] = a0 * r.y + a1 * r.x;
+      }
+      if constexpr (W == 8) {
         store8f(out + j * os, ot, v);
       } else {
-        // W = 1 in Normal mode: a group is one pair.
-        const int64_t i = g / 2;
-        if (g % 2) continue;
-        const int64_t j0 = base + head * d + 2 * i, j1 = j0 + 1;
-        const float c = cs[i], s = cs[half + i];
-        const float v0 = load_f(x + j0 * xs, xt), v1 = load_f(x + j1 * xs, xt);
-        store_f(out + j0 * os, ot, v0 * c - v1 * s);
-        store_f(out + j1 * os, ot, v0 * s + v1 * c);
+        store_f(out + j * os, ot, v[0]), store_f(out + (j + 1) * os, ot, v[1]);
       }
     }
   }
@@ -256,21 +252,23 @@ void rope_l(CudaExec& ex, Tensor* t) {
   RT_CHECK(x->ne[0] % 2 == 0 && is_int(pos->dtype) && pos->ne[0] == x->ne[2], "cuda rope: positions ",
            pos->describe(), " do not fit x ", x->describe());
   const bool neox = RopeMode(t->ip[0]) == RopeMode::Neox, inverse = t->ip[1] != 0;
-  if (x->is_contiguous() && t->is_contiguous() && x->ne[0] <= 8192 && x->ne[2] < (int64_t(1) << 31)) {
-    const int64_t T = x->ne[2], B = x->ne[3], half = x->ne[0] / 2;
+  if (x->is_contiguous() && t->is_contiguous()) {
+    const int64_t T = x->ne[2], half = x->ne[0] / 2, rows = x->ne[2] * x->ne[3];
+    auto table = ex.temp(sizeof(float2) * size_t(T) * size_t(half));
+    float2* cs = static_cast<float2*>(table->data());
+    rope_table_kernel<<<ex.grid_for(T * half, kBlock), kBlock, 0, ex.stream>>>(desc(pos), T, x->ne[0], inverse,
+                                                                              double(t->fp[0]), cs);
+    RT_CUDA_LAUNCH_CHECK("rope_table_kernel");
     // 8-wide when a group of 8 never crosses a head's half (Neox) or a head (Normal), and the rows align.
     const bool v8 = aligned16(x->data) && aligned16(t->data) && (neox ? half % 8 == 0 : x->ne[0] % 8 == 0);
-    // Enough blocks to fill the device: steps × a share of the batch, each block at least one sequence.
-    const unsigned by = unsigned(std::min<int64_t>({B, 65535, std::max<int64_t>(1, (4 * 2048 + T - 1) / T)}));
     auto launch = [&]<int W>() {
-      const int64_t groups = x->ne[1] * (neox ? half / W : x->ne[0] / W);
-      const unsigned threads = unsigned(std::clamp<int64_t>((groups + 31) / 32 * 32, 32, 256));
-      rope_rows_kernel<W><<<dim3(unsigned(T), by), threads, sizeof(float) * 2 * size_t(half), ex.stream>>>(
-          static_cast<char*>(t->data), t->dtype, static_cast<const char*>(x->data), x->dtype, desc(pos),
-          x->ne[1], x->ne[0], T, B, neox, inverse, double(t->fp[0]));
+      const int64_t groups = rows * x->ne[1] * (neox ? half / W : x->ne[0] / W);
+      rope_apply_kernel<W><<<ex.grid_for(groups, kBlock), kBlock, 0, ex.stream>>>(
+          static_cast<char*>(t->data), t->dtype, static_cast<const char*>(x->data), x->dtype, cs, x->ne[1],
+          x->ne[0], T, rows, neox);
     };
     v8 ? launch.template operator()<8>() : launch.template operator()<1>();
-    RT_CUDA_LAUNCH_CHECK("rope_rows_kernel");
+    RT_CUDA_LAUNCH_CHECK("rope_apply_kernel");
     return;
   }
   const int64_t n = x->nelements() / 2;

@@ -71,8 +71,8 @@ struct AdamWConst {
 };
 
 // One element's update; w is the parameter (decoupled weight decay, then the Adam step).
-__device__ __forceinline__ void adamw_one(float g, float& m, float& v, float& w, float step_size, float inv_sqrt_bc2,
-                                          float decay, const AdamWConst& a) {
+__device__ __forceinline__ void adamw_one(float g, float& m, float& v, float& w, float step_size,
+                                          float inv_sqrt_bc2, float decay, const AdamWConst& a) {
   m = a.beta1 * m + (1.0f - a.beta1) * g;
   v = a.beta2 * v + (1.0f - a.beta2) * g * g;
   w = w * decay;
@@ -92,7 +92,8 @@ __global__ void adamw_chunks_kernel(const int64_t* tab, const float* stats, cons
   char* p = col<char>(row, kOptParam);
   const DType dt = DType(row[kOptDType]);
   const int64_t n = row[kOptCount], es = dtype_size_dev(dt);
-  const bool v4 = dt == DType::F32 && ((row[kOptGrad] | row[kOptState1] | row[kOptState2] | row[kOptParam]) & 15) == 0;
+  const bool v4 =
+      dt == DType::F32 && ((row[kOptGrad] | row[kOptState1] | row[kOptState2] | row[kOptParam]) & 15) == 0;
   const int64_t n4 = v4 ? n / 4 : 0;
   for (int64_t q = threadIdx.x; q < n4; q += blockDim.x) {
     const float4 gq = reinterpret_cast<const float4*>(g)[q];

@@ -41,6 +41,16 @@ void cpu_matmul(Tensor* t, ThreadPool& pool) {
   const bool f32_out = t->dtype == DType::F32;
   const int64_t batches = t->ne[2] * t->ne[3];
   const gemm::Kernel kernel = gemm::best_kernel();
+  // Graph::backward's addend (its C): the result is op(A) op(B) + C, C possibly the result's own storage (a
+  // parameter's accumulator), read before the GEMM overwrites it; none in a run that starts the accumulator.
+  const Tensor* addend = t->src[2] && !t->has(kFresh) ? t->src[2] : nullptr;
+  std::vector<float> c_in;
+  if (addend) {
+    RT_ASSERT(f32_out && batches == 1 && addend->dtype == DType::F32 && addend->is_contiguous() &&
+              addend->nelements() == t->nelements());
+    const float* cp = static_cast<const float*>(addend->data);
+    c_in.assign(cp, cp + t->nelements());
+  }
 
   auto one = [&](int64_t batch, ThreadPool* p) {
     const int64_t i2 = batch % t->ne[2], i3 = batch / t->ne[2];
@@ -63,6 +73,12 @@ void cpu_matmul(Tensor* t, ThreadPool& pool) {
     });
   } else {
     for (int64_t i = 0; i < batches; ++i) one(i, &pool);
+  }
+  if (addend) {
+    float* out = static_cast<float*>(t->data);
+    pool.parallel_for(int64_t(c_in.size()), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) out[i] += c_in[size_t(i)];
+    });
   }
 }
 

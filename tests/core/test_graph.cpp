@@ -217,6 +217,73 @@ TEST(Graph, GradientsAccumulateAcrossRunsUntilZeroed) {
   }
 }
 
+// x feeds two matmuls: dx = u w1 + v w2 is one matmul taking the other as its C (no Add node), and each
+// weight's gradient GEMM adds into its accumulator in place (no Accumulate node for w1, w2). Values against a
+// float64 reference, accumulation across runs, zero_grad, and a poisoned run (the first GEMM after zero_grad
+// must overwrite its accumulator, not add to it).
+TEST(Graph, MatmulGradientsAddIntoTheirSumsAndAccumulators) {
+  reseed("graph_matmul_addend");
+  const int64_t R = 5, I = 4, O = 3;
+  const Vec xv = random_vec(R * I), w1v = random_vec(O * I), w2v = random_vec(O * I), uv = random_vec(R * O),
+            vv = random_vec(R * O);
+  for (int poison = 0; poison < 2; ++poison) {
+    Context ctx(default_cpu_backend());
+    auto param = [&](const Shape& s, const Vec& v, const char* name) {
+      Tensor* p = ctx.param(DType::F32, s, name);
+      set_data(p, std::vector<float>(v.begin(), v.end()));
+      return p;
+    };
+    Tensor* x = param({R, I}, xv, "x");
+    Tensor* w1 = param({O, I}, w1v, "w1");
+    Tensor* w2 = param({O, I}, w2v, "w2");
+    Tensor* u = ctx.input(DType::F32, {R, O}, "u");
+    Tensor* v = ctx.input(DType::F32, {R, O}, "v");
+    set_data(u, std::vector<float>(uv.begin(), uv.end()));
+    set_data(v, std::vector<float>(vv.begin(), vv.end()));
+    Tensor* loss = add(ctx, sum(ctx, mul(ctx, matmul(ctx, x, w1, false, true), u)),
+                       sum(ctx, mul(ctx, matmul(ctx, x, w2, false, true), v)));
+    Graph g(ctx);
+    g.backward(loss);
+    g.set_poison(poison == 1);
+    int adds = 0, accumulates = 0, addends = 0;
+    for (const Tensor* n : g.nodes()) {
+      adds += n->op == Op::Add;
+      accumulates += n->op == Op::Accumulate;
+      addends += n->op == Op::Matmul && n->src[2] != nullptr;
+    }
+    EXPECT_EQ(adds, 1);         // the loss's own
+    EXPECT_EQ(accumulates, 1);  // x's: its gradient, a sum of two matmuls, is already one matmul with a C
+    EXPECT_EQ(addends, 3);      // dx, and w1, w2 into their accumulators
+    // dx[r, i] = Σ_o u[r, o] w1[o, i] + v[r, o] w2[o, i]; dw1[o, i] = Σ_r u[r, o] x[r, i] (w2 with v).
+    Vec dx(size_t(R * I), 0.0), dw1(size_t(O * I), 0.0), dw2(size_t(O * I), 0.0);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t o = 0; o < O; ++o)
+        for (int64_t i = 0; i < I; ++i) {
+          const size_t ri = size_t(r * I + i), oi = size_t(o * I + i), ro = size_t(r * O + o);
+          dx[ri] += uv[ro] * w1v[oi] + vv[ro] * w2v[oi];
+          dw1[oi] += uv[ro] * xv[ri];
+          dw2[oi] += vv[ro] * xv[ri];
+        }
+    auto expect = [&](const Tensor* p, const Vec& want, double times, const char* what) {
+      const std::vector<float> got = get_data(g.grad(p));
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_NEAR(got[i], times * want[i], 1e-5)
+            << what << " x" << times << " at " << i << " poison " << poison;
+    };
+    for (double times : {1.0, 2.0}) {
+      g.compute();
+      expect(x, dx, times, "dx");
+      expect(w1, dw1, times, "dw1");
+      expect(w2, dw2, times, "dw2");
+    }
+    g.zero_grad();
+    g.compute();
+    expect(x, dx, 1.0, "dx after zero_grad");
+    expect(w1, dw1, 1.0, "dw1 after zero_grad");
+  }
+}
+
 TEST(Graph, BF16ParameterGetsF32Gradient) {
   Context ctx(default_cpu_backend());
   Tensor* w = ctx.param(DType::BF16, {4}, "w");

@@ -427,34 +427,35 @@ TEST_F(CudaOps, NormsMatchFloat64AndFiniteDifferences) {
 // d 8: Neox one value at a time, Normal 8-wide; d 16: both 8-wide; d 6: both one at a time.
 TEST_F(CudaOps, RopeMatchesFloat64AndFiniteDifferences) {
   for (const Shape& shape : {Shape{2, 3, 2, 8}, Shape{2, 5, 3, 16}, Shape{1, 4, 2, 6}})
-  for (RopeMode mode : {RopeMode::Normal, RopeMode::Neox}) {
-    OpCase c;
-    c.name = std::string("cuda_rope") + (mode == RopeMode::Neox ? "_neox" : "_normal") + std::to_string(shape[3]);
-    c.inputs = {{shape}, {Shape{shape[1]}, DType::I32, false, 0, 2000}};
-    c.build = [mode](Context& ctx, const std::vector<Tensor*>& in) {
-      return rope(ctx, in[0], in[1], mode, 10000.0f);
-    };
-    const bool neox = mode == RopeMode::Neox;
-    c.reference = [neox](const Refs& in) {
-      const Ref& x = in[0];
-      Ref out = x;
-      const int64_t d = x.ne[0], half = d / 2;
-      for (int64_t b = 0; b < x.ne[3]; ++b)
-        for (int64_t t = 0; t < x.ne[2]; ++t)
-          for (int64_t h = 0; h < x.ne[1]; ++h)
-            for (int64_t i = 0; i < half; ++i) {
-              const double a = in[1].v[size_t(t)] * std::pow(10000.0, -2.0 * double(i) / double(d));
-              const int64_t j = neox ? i : 2 * i, k = neox ? i + half : 2 * i + 1;
-              const double x0 = x.at(j, h, t, b), x1 = x.at(k, h, t, b);
-              out.at(j, h, t, b) = x0 * std::cos(a) - x1 * std::sin(a);
-              out.at(k, h, t, b) = x0 * std::sin(a) + x1 * std::cos(a);
-            }
-      return out.v;
-    };
-    c.fwd_tol = 1e-12;
-    c.grad_tol = 1e-8;
-    EXPECT_TRUE(run_case(c, &cuda_backend())) << c.name;
-  }
+    for (RopeMode mode : {RopeMode::Normal, RopeMode::Neox}) {
+      OpCase c;
+      c.name = std::string("cuda_rope") + (mode == RopeMode::Neox ? "_neox" : "_normal") +
+               std::to_string(shape[3]);
+      c.inputs = {{shape}, {Shape{shape[1]}, DType::I32, false, 0, 2000}};
+      c.build = [mode](Context& ctx, const std::vector<Tensor*>& in) {
+        return rope(ctx, in[0], in[1], mode, 10000.0f);
+      };
+      const bool neox = mode == RopeMode::Neox;
+      c.reference = [neox](const Refs& in) {
+        const Ref& x = in[0];
+        Ref out = x;
+        const int64_t d = x.ne[0], half = d / 2;
+        for (int64_t b = 0; b < x.ne[3]; ++b)
+          for (int64_t t = 0; t < x.ne[2]; ++t)
+            for (int64_t h = 0; h < x.ne[1]; ++h)
+              for (int64_t i = 0; i < half; ++i) {
+                const double a = in[1].v[size_t(t)] * std::pow(10000.0, -2.0 * double(i) / double(d));
+                const int64_t j = neox ? i : 2 * i, k = neox ? i + half : 2 * i + 1;
+                const double x0 = x.at(j, h, t, b), x1 = x.at(k, h, t, b);
+                out.at(j, h, t, b) = x0 * std::cos(a) - x1 * std::sin(a);
+                out.at(k, h, t, b) = x0 * std::sin(a) + x1 * std::cos(a);
+              }
+        return out.v;
+      };
+      c.fwd_tol = 1e-12;
+      c.grad_tol = 1e-8;
+      EXPECT_TRUE(run_case(c, &cuda_backend())) << c.name;
+    }
 }
 
 TEST_F(CudaOps, CrossEntropyMatchesFloat64AndFiniteDifferences) {
