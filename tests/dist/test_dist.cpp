@@ -5,6 +5,7 @@
 // bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -529,6 +530,25 @@ TEST(DataParallel, GradientBucketsRunBeforeTheEndOfBackward) {
   EXPECT_EQ(seen, sync.buckets);
   EXPECT_GT(early, 0) << "no bucket was scheduled inside backward";
   EXPECT_EQ(g.nodes().back(), sync.loss);
+  // Backward produces each layer's weight gradients as soon as its output gradient exists, so the first
+  // bucket is summed before the gradient flowing into the first block (the last layer backward reaches) is
+  // computed, and most buckets are on their way by then.
+  const Tensor* into_first_block = nullptr;
+  for (const Tensor* n : g.nodes())
+    if (n->op == Op::GetRows && n->src[0] == model.embedding()) into_first_block = g.grad(n);
+  ASSERT_NE(into_first_block, nullptr);
+  size_t grad_at = 0, first_bucket = g.nodes().size();
+  int before_it = 0;
+  for (size_t i = 0; i < g.nodes().size(); ++i)
+    if (g.nodes()[i] == into_first_block) grad_at = i;
+  for (size_t i = 0; i < g.nodes().size(); ++i)
+    if (g.nodes()[i]->op == Op::AllReduce && g.nodes()[i] != sync.loss) {
+      first_bucket = std::min(first_bucket, i);
+      before_it += i < grad_at;
+    }
+  EXPECT_LT(first_bucket, grad_at) << "the first bucket waits for the gradient into the first block";
+  EXPECT_GE(2 * before_it, sync.buckets)
+      << before_it << " of " << sync.buckets << " buckets start before the first block's backward";
 }
 
 }  // namespace
