@@ -51,6 +51,13 @@ std::unique_ptr<dist::ProcessGroup> join_world(const Device& dev) {
   return g;
 }
 
+bool stop_agreed(dist::ProcessGroup& group) {
+  if (group.size() == 1) return stop_requested();
+  std::vector<int64_t> asked{stop_requested() ? 1 : 0};
+  group.host().all_reduce_sum(asked);
+  return asked[0] > 0;
+}
+
 void resume_batch(const Args& a, const Checkpoint& ck, int world, int64_t* batch) {
   const std::string r = ck.meta("train.batch");
   if (r.empty()) return;

@@ -72,7 +72,7 @@ void install_stop_handler(const std::string& prog);
 bool stop_requested();
 int stop_signal();  // the signal that asked, 0 for none
 // The exit status of a run stopped by stop_signal() after saving its work: 128 + the signal, as a shell
-// reports it.
+// reports it (SIGINT's when another rank was asked: stop_agreed).
 int stopped_status();
 
 // ---- output paths ---------------------------------------------------------------------------------------
@@ -99,6 +99,10 @@ Device pick_device(const std::string& choice, int threads);
 // dev's backend. On every rank but 0, stdout goes to /dev/null, so a run prints its progress once; errors
 // still reach stderr. Throws retort::Error on bad variables or a failed rendezvous.
 std::unique_ptr<dist::ProcessGroup> join_world(const Device& dev);
+// Whether the run stops now: stop_requested() on any rank of group, so that every rank stops after the same
+// step (one asked at a different step than the others would leave them waiting in a collective). Every rank
+// must call it at the same points of its loop; in a world of 1 it costs nothing.
+bool stop_agreed(dist::ProcessGroup& group);
 // --resume at any number of processes: a checkpoint records the whole step's batch (all processes, key
 // "train.batch"), and each of `world` processes takes its share; --batch, when given, must be that share.
 // Fails (UsageError) when the batch does not split over world.

@@ -439,7 +439,9 @@ int run(Args& a, Run& o, int argc, char** argv) {
   // Where the run is kept: --save, else (periodic and Ctrl-C saves only) distill-run.safetensors here.
   const std::string keep = o.save.empty() ? std::string("distill-run.safetensors") : o.save;
   bool kept = false;
-  for (int64_t step = first + 1; step <= to.steps && !stop_requested(); ++step) {
+  // Every rank decides together whether to stop (stop_agreed), before the first step and after each one.
+  bool stop = stop_agreed(*group);
+  for (int64_t step = first + 1; step <= to.steps && !stop; ++step) {
     const auto r = trainer.step(online);
     table.step(step, step * step_tokens, r.loss, kd.w_hard > 0 ? r.hard : NAN, r.soft);
     s_loss.x.push_back(double(step)), s_loss.y.push_back(r.loss);
@@ -449,7 +451,8 @@ int run(Args& a, Run& o, int argc, char** argv) {
     std::snprintf(f, sizeof f, "loss %.4f (hard %.3f soft %.3f) | lr %.2e", r.loss, r.hard, r.soft,
                   double(r.lr));
     progress.update(step, f);
-    if (step == to.steps || stop_requested()) break;
+    stop = stop_agreed(*group);
+    if (step == to.steps || stop) break;
     if (o.eval_every > 0 && step % o.eval_every == 0) {
       val_after = evaluator.run();
       report_val(step, val_after);
@@ -467,7 +470,7 @@ int run(Args& a, Run& o, int argc, char** argv) {
       last_save = Clock::now();
     }
   }
-  if (stop_requested()) {
+  if (stop) {
     const std::string& path = keep;
     save_ckpt(path);
     std::printf(

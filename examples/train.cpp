@@ -378,14 +378,17 @@ int run(Args& a, Options& o, int argc, char** argv) {
   // Where the run is kept: --save, else (periodic and Ctrl-C saves only) train-run.safetensors here.
   const std::string keep = o.save.empty() ? std::string("train-run.safetensors") : o.save;
   bool kept = false;
-  for (int64_t step = first + 1; step <= o.train.steps && !stop_requested(); ++step) {
+  // Every rank decides together whether to stop (stop_agreed), before the first step and after each one.
+  bool stop = stop_agreed(*group);
+  for (int64_t step = first + 1; step <= o.train.steps && !stop; ++step) {
     const auto r = trainer.step();
     losses.push_back(r.loss);
     curves.step(step, step * step_tokens, r.loss, r.loss, NAN);
     char f[128];
     std::snprintf(f, sizeof f, "loss %.4f | lr %.2e | |g| %.2f", r.loss, double(r.lr), r.grad_norm);
     progress.update(step, f);
-    if (step == o.train.steps || stop_requested()) break;
+    stop = stop_agreed(*group);
+    if (step == o.train.steps || stop) break;
     if (o.eval_every > 0 && step % o.eval_every == 0) {
       val_after = evaluator.run();
       report_val(step, val_after);
@@ -403,7 +406,7 @@ int run(Args& a, Options& o, int argc, char** argv) {
       last_save = Clock::now();
     }
   }
-  if (stop_requested()) {
+  if (stop) {
     const std::string& path = keep;
     save(path, val_after);
     std::printf(

@@ -6,6 +6,7 @@
 #   - a checkpoint written by a world of 2 resumes in a world of 1 and the reverse, each continuing like a run
 #     that never changed size; a batch that does not split over the world is refused;
 #   - a bad RANK / WORLD_SIZE and a rank that never comes are one-line errors, the latter within the timeout.
+#   - SIGINT to one rank or to the launcher stops every rank after the same step, rank 0 saving the run.
 # Usage: parallel.sh <build/examples dir> <text file> <tools/launch.sh>
 set -euo pipefail
 X=$(cd "$1" && pwd)
@@ -92,3 +93,56 @@ RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RETORT_DIST_TIMEOUT=
 grep -q "rank(s) 1 did not join the rendezvous" "$W/e2.log" || fail "$(cat "$W/e2.log")"
 [ $(($(date +%s) - start)) -lt 20 ] || fail "a rank that never comes: no error within the timeout"
 echo "parallel: bad RANK and a missing rank are one-line errors"
+
+# ---- 5. Ctrl-C across ranks -------------------------------------------------------------------------------
+# One rank alone is interrupted (the others never see a signal): every rank stops after the same step, rank 0
+# saves, the launcher exits 130 at once (not at the collective timeout), and resuming in a world of 2 ends
+# with the checkpoint of a run that was never interrupted. Then Ctrl-C to the launcher, which forwards it.
+T="--data $W/t.txt --shards $W/s $M --steps 300 --batch 2 --eval-every 100"
+next_port
+bash "$L" -n 2 --master-port "$port" "$X"/train $T --save "$W/i-full.st" >"$W/i-full.log" 2>&1 ||
+  fail "uninterrupted world of 2: $(tail -3 "$W/i-full.log")"
+# Starts a world of 2 in the background, waits for step 3 on rank 0, and sends SIGINT to `who` (1: rank 1's
+# process, L: the launcher); sets rc and secs.
+interrupt_world() {  # who log args...
+  local who=$1 log=$2 lp p target="" i
+  shift 2
+  next_port
+  # With job control on, the background launcher does not start with SIGINT ignored (as a plain `&` would,
+  # which no trap can undo), so it receives SIGINT as a launcher run from a terminal does.
+  set -m
+  bash "$L" -n 2 --master-port "$port" --timeout 60 "$X"/train "$@" >"$log" 2>&1 &
+  lp=$!
+  set +m
+  for i in $(seq 1 600); do
+    grep -qE '^\[rank 0\] \[[#.]{20}\] +([3-9]|[1-9][0-9]+)/' "$log" 2>/dev/null && break
+    sleep 0.05
+  done
+  if [ "$who" = L ]; then
+    target=$lp
+  else
+    for p in $(ps -o pid= --ppid "$lp"); do grep -qz '^RANK=1$' "/proc/$p/environ" 2>/dev/null && target=$p; done
+  fi
+  [ -n "$target" ] || fail "no process to interrupt: $(tail -3 "$log")"
+  local start=$(date +%s)
+  kill -INT "$target"
+  rc=0
+  wait "$lp" || rc=$?
+  secs=$(($(date +%s) - start))
+}
+interrupt_world 1 "$W/i1.log" $T --save "$W/cut/run.st"
+[ "$rc" = 130 ] || fail "world of 2 after SIGINT to rank 1 exited $rc, not 130: $(tail -5 "$W/i1.log")"
+[ "$secs" -lt 20 ] || fail "world of 2 took $secs s to stop after SIGINT to rank 1"
+step=$(sed -n 's/^\[rank 0\] train: stopped at step \([0-9]*\) of 300.*/\1/p' "$W/i1.log")
+[ -n "$step" ] && [ "$step" -lt 300 ] || fail "rank 0 did not save a stopped run: $(tail -5 "$W/i1.log")"
+R="--threads 1 --device cpu --sample-len 0 --log-every 1 --eval-every 100 --eval-windows 8"
+next_port
+bash "$L" -n 2 --master-port "$port" "$X"/train --resume "$W/cut/run.st" --save "$W/cut/run.st" $R \
+  >"$W/i1r.log" 2>&1 || fail "resume after SIGINT to rank 1: $(tail -3 "$W/i1r.log")"
+cmp -s "$W/i-full.st" "$W/cut/run.st" || fail "interrupted (rank 1 at step $step) + resumed differs from uninterrupted"
+interrupt_world L "$W/i2.log" $T --save "$W/cut/run2.st"
+[ "$rc" = 130 ] || fail "world of 2 after SIGINT to the launcher exited $rc, not 130: $(tail -5 "$W/i2.log")"
+[ "$secs" -lt 20 ] || fail "world of 2 took $secs s to stop after SIGINT to the launcher"
+grep -q "^\[rank 0\] train: stopped at step [0-9]* of 300; the run is saved" "$W/i2.log" && [ -s "$W/cut/run2.st" ] ||
+  fail "SIGINT to the launcher: no saved run: $(tail -5 "$W/i2.log")"
+echo "parallel: SIGINT to one rank (step $step) or to the launcher stops every rank in ${secs} s; the resumed run is identical"
