@@ -244,6 +244,15 @@ void write_record(const std::string& path, const std::map<std::string, std::stri
 std::map<std::string, std::string> read_record(const std::string& path);
 // The record of a teacher top-K cache: "<prefix>.teacher".
 std::string cache_record_path(const std::string& prefix);
+// The record's "files" entry for a cache's shards: each file's name (beside the record) and the CRC-32 its
+// header ends with, which covers the shard's sizes, positions and records checksum.
+std::string cache_files_entry(const std::vector<std::string>& shard_paths);
+// Opens the teacher cache at prefix as its record lists it ("files": one process's shards or every rank's;
+// the positions they cover, not who wrote them, say where a batch's slots are, so any world size reads any
+// cache). A listed shard that is missing, or whose header is not the one recorded (a shard of another
+// cache), is a retort::Error naming the file; the shards' own checks follow (TopKCache). A record without
+// "files" (a cache of an older teacher-cache): the shards "<prefix>_00000.topk", ...
+TopKCache open_teacher_cache(const std::string& prefix, const std::map<std::string, std::string>& rec);
 
 // ---- curves -------------------------------------------------------------------------------------------
 // The numbers behind a loss picture, one row per step: tokens trained on, the training loss (and its hard

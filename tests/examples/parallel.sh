@@ -6,7 +6,8 @@
 #   - a checkpoint written by a world of 2 resumes in a world of 1 and the reverse, each continuing like a run
 #     that never changed size; a batch that does not split over the world is refused;
 #   - a bad RANK / WORLD_SIZE and a rank that never comes are one-line errors, the latter within the timeout.
-#   - SIGINT to one rank or to the launcher stops every rank after the same step, rank 0 saving the run.
+#   - SIGINT to one rank or to the launcher stops every rank after the same step, rank 0 saving the run;
+#   - teacher-cache on 2 ranks writes per-rank shards that distill reads at any world size.
 # Usage: parallel.sh <build/examples dir> <text file> <tools/launch.sh>
 set -euo pipefail
 X=$(cd "$1" && pwd)
@@ -146,3 +147,47 @@ interrupt_world L "$W/i2.log" $T --save "$W/cut/run2.st"
 grep -q "^\[rank 0\] train: stopped at step [0-9]* of 300; the run is saved" "$W/i2.log" && [ -s "$W/cut/run2.st" ] ||
   fail "SIGINT to the launcher: no saved run: $(tail -5 "$W/i2.log")"
 echo "parallel: SIGINT to one rank (step $step) or to the launcher stops every rank in ${secs} s; the resumed run is identical"
+
+# ---- 6. the teacher cache in per-rank shards ----------------------------------------------------------------
+# teacher-cache on 2 ranks writes one shard set per rank and a record listing them; the records are byte for
+# byte those of one process, and distill reads either cache at 1 or 2 processes with the same losses. A
+# missing shard, a shard of another cache and a K that disagrees are errors naming the file.
+"$X"/train $T --steps 3 --save "$W/teacher.st" >"$W/te.log" 2>&1 || fail "teacher: $(tail -3 "$W/te.log")"
+C="--teacher $W/teacher.st --batch 8 --threads 1 --device cpu"
+mkdir -p "$W/c" "$W/e"
+"$X"/teacher-cache $C --k 4 --out "$W/c/one" >"$W/c1.log" 2>&1 || fail "teacher-cache: $(tail -3 "$W/c1.log")"
+next_port
+bash "$L" -n 2 --master-port "$port" "$X"/teacher-cache $C --k 4 --out "$W/c/two" >"$W/c2.log" 2>&1 ||
+  fail "teacher-cache on 2 ranks: $(tail -3 "$W/c2.log")"
+[ -f "$W/c/two_r0_00000.topk" ] && [ -f "$W/c/two_r1_00000.topk" ] && [ ! -e "$W/c/two_00000.topk" ] ||
+  fail "teacher-cache on 2 ranks: no per-rank shards: $(ls "$W/c")"
+grep -q "^files=two_r0_00000.topk:[0-9]*,two_r1_00000.topk:[0-9]*$" "$W/c/two.teacher" ||
+  fail "the record lists no shards: $(grep files "$W/c/two.teacher")"
+cmp -s <(tail -c +65 "$W/c/one_00000.topk") <(cat <(tail -c +65 "$W/c/two_r0_00000.topk") \
+  <(tail -c +65 "$W/c/two_r1_00000.topk")) || fail "the ranks' records differ from one process's"
+D="--teacher $W/teacher.st $M --steps 4"
+"$X"/distill $D --cache "$W/c/one" --batch 4 >"$W/d1.log" 2>&1 || fail "distill: $(tail -3 "$W/d1.log")"
+"$X"/distill $D --cache "$W/c/two" --batch 4 >"$W/d2.log" 2>&1 || fail "distill 2-rank cache: $(tail -3 "$W/d2.log")"
+next_port
+bash "$L" -n 2 --master-port "$port" "$X"/distill $D --cache "$W/c/one" --batch 2 >"$W/d3.log" 2>&1 ||
+  fail "distill on 2 ranks: $(tail -3 "$W/d3.log")"
+[ -n "$(losses "$W/d1.log")" ] || fail "no progress lines in $(head -20 "$W/d1.log")"
+[ "$(losses "$W/d1.log")" = "$(losses "$W/d2.log")" ] || fail "distill of the 2-rank cache differs from the 1-rank one"
+[ "$(losses "$W/d1.log")" = "$(losses "$W/d3.log")" ] || fail "distill on 2 ranks differs from 1"
+next_port
+bash "$L" -n 2 --master-port "$port" "$X"/teacher-cache $C --k 8 --out "$W/c/k8" >"$W/c3.log" 2>&1 ||
+  fail "teacher-cache k 8: $(tail -3 "$W/c3.log")"
+refused() {  # log pattern: distill of $W/e/two must fail naming the fault
+  local rc=0
+  "$X"/distill $D --cache "$W/e/two" --batch 4 >"$1" 2>&1 || rc=$?
+  [ "$rc" = 1 ] && grep -q "$2" "$1" || fail "distill of a broken cache (want '$2'): exit $rc, $(tail -2 "$1")"
+}
+cp "$W"/c/two* "$W/e/"
+rm "$W/e/two_r1_00000.topk"
+refused "$W/e1.log" "the shard $W/e/two_r1_00000.topk that $W/e/two.teacher lists is missing"
+cp "$W/c/k8_r1_00000.topk" "$W/e/two_r1_00000.topk"
+refused "$W/e2.log" "$W/e/two_r1_00000.topk: not the shard $W/e/two.teacher lists"
+crc=$(sed -n 's/.*k8_r1_00000.topk:\([0-9]*\).*/\1/p' "$W/c/k8.teacher")
+sed -i "s/two_r1_00000.topk:[0-9]*/two_r1_00000.topk:$crc/" "$W/e/two.teacher"
+refused "$W/e3.log" "$W/e/two_r1_00000.topk: vocabulary 256, K = 8, bf16 differ from 256, K = 4"
+echo "parallel: teacher cache in per-rank shards, read at 1 and 2 processes alike; broken caches refused"
