@@ -52,11 +52,15 @@ std::unique_ptr<dist::ProcessGroup> join_world(const Device& dev) {
   return g;
 }
 
+bool any_rank(dist::ProcessGroup& group, bool flag) {
+  if (group.size() == 1) return flag;
+  std::vector<int64_t> n{flag ? 1 : 0};
+  group.host().all_reduce_sum(n);
+  return n[0] > 0;
+}
+
 bool stop_agreed(dist::ProcessGroup& group) {
-  if (group.size() == 1) return stop_requested();
-  std::vector<int64_t> asked{stop_requested() ? 1 : 0};
-  group.host().all_reduce_sum(asked);
-  return asked[0] > 0;
+  return any_rank(group, stop_requested());
 }
 
 void resume_batch(const Args& a, const Checkpoint& ck, int world, int64_t* batch) {

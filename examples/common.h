@@ -103,6 +103,8 @@ std::unique_ptr<dist::ProcessGroup> join_world(const Device& dev);
 // step (one asked at a different step than the others would leave them waiting in a collective). Every rank
 // must call it at the same points of its loop; in a world of 1 it costs nothing.
 bool stop_agreed(dist::ProcessGroup& group);
+// flag on any rank of group (every rank calls it at the same point; a world of 1: flag).
+bool any_rank(dist::ProcessGroup& group, bool flag);
 // --resume at any number of processes: a checkpoint records the whole step's batch (all processes, key
 // "train.batch"), and each of `world` processes takes its share; --batch, when given, must be that share.
 // Fails (UsageError) when the batch does not split over world.

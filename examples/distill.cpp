@@ -79,7 +79,7 @@ Output
 Machine
   --device D  --threads N  --compute-dtype D      as in train (auto: bf16 matmuls on CUDA, f32 on the CPU;
                                                  an online teacher runs in the same compute dtype)
-  --bucket-dtype D  --bucket-mib N                as in train: several GPUs or processes under a launcher
+  --bucket-dtype D  --bucket-mib N  --zero1 B     as in train: several GPUs or processes under a launcher
                                                  (tools/launch.sh -n N); --batch is per process, rank 0
                                                  prints and saves; a cache is read at any world size
   --help              this text
@@ -432,7 +432,8 @@ int run(Args& a, Run& o, int argc, char** argv) {
   double val_after = val_before;
   auto save_ckpt = [&](const std::string& path) {
     meta["val_loss"] = fstr(val_after);
-    if (group->is_root()) trainer.save(path, meta);  // every rank holds the same state
+    // Every rank holds the same state, but for ZeRO-1's moments, which every rank gathers to rank 0.
+    if (group->is_root() || trainer.zero1()) trainer.save(path, meta);
   };
   install_stop_handler("distill");
   const int64_t first = trainer.steps_done();
@@ -460,7 +461,8 @@ int run(Args& a, Run& o, int argc, char** argv) {
       report_val(step, val_after);
     }
     const bool by_steps = o.save_every > 0 && step % o.save_every == 0;
-    const bool by_time = o.save_minutes > 0 && seconds_since(last_save) >= 60 * o.save_minutes;
+    bool by_time = o.save_minutes > 0 && seconds_since(last_save) >= 60 * o.save_minutes;
+    if (trainer.zero1()) by_time = any_rank(*group, by_time);  // a ZeRO-1 save needs every rank
     if ((by_steps && !o.save.empty()) || by_time) {
       // A failed periodic save costs a warning, not the run: the next one may succeed.
       try {
@@ -541,6 +543,7 @@ int main(int argc, char** argv) {
   a.add("--sample-len", &o.sample_len), a.add("--temperature", &o.temperature);
   a.add("--device", &o.device), a.add("--threads", &o.threads), a.add("--compute-dtype", &o.compute);
   a.add("--bucket-dtype", &o.bucket_dtype), a.add("--bucket-mib", &o.to.bucket_mib);
+  a.add("--zero1", &o.to.zero1);
   return run_main(
       "distill", [&] { return run(a, o, argc, argv); },
       [&] {

@@ -6,6 +6,7 @@
 #   - a checkpoint written by a world of 2 resumes in a world of 1 and the reverse, each continuing like a run
 #     that never changed size; a batch that does not split over the world is refused;
 #   - a bad RANK / WORLD_SIZE and a rank that never comes are one-line errors, the latter within the timeout.
+#   - ZeRO-1 (--zero1 1) takes the same steps and writes the same checkpoint;
 #   - SIGINT to one rank or to the launcher stops every rank after the same step, rank 0 saving the run;
 #   - teacher-cache on 2 ranks writes per-rank shards that distill reads at any world size.
 # Usage: parallel.sh <build/examples dir> <text file> <tools/launch.sh>
@@ -79,6 +80,17 @@ bash "$L" -n 3 --master-port "$port" "$X"/train --resume "$W/w1.st" $R >"$W/r13.
 [ "$rc" = 2 ] || fail "resume over 3 processes of a batch of 4 exited $rc, not 2"
 grep -q "batch of 4 windows per step does not split over 3 processes" "$W/r13.log" || fail "$(tail -3 "$W/r13.log")"
 echo "parallel: checkpoints resume at 1 and 2 processes alike; a batch that does not split is refused"
+# ZeRO-1: the same steps, and rank 0 writes the whole optimizer state (the plain world's checkpoint, byte for
+# byte); a ZeRO-1 world resumes from a one-process checkpoint as that process does.
+next_port
+bash "$L" -n 2 --master-port "$port" "$X"/train $T --steps 6 --batch 2 --zero1 1 --save "$W/z2.st" >"$W/z2.log" 2>&1 ||
+  fail "train --zero1 1 in a world of 2: $(tail -5 "$W/z2.log")"
+cmp -s "$W/w2.st" "$W/z2.st" || fail "the ZeRO-1 checkpoint differs from the plain world's"
+next_port
+bash "$L" -n 2 --master-port "$port" "$X"/train --resume "$W/w1.st" $R --zero1 1 >"$W/rz.log" 2>&1 ||
+  fail "resume 1 -> 2 with ZeRO-1: $(tail -3 "$W/rz.log")"
+[ "$(losses "$W/r11.log")" = "$(losses "$W/rz.log")" ] || fail "resume 1 -> 2 with ZeRO-1 differs from 1 -> 1"
+echo "parallel: ZeRO-1 writes the plain world's checkpoint and resumes a one-process one alike"
 
 # ---- 4. bad environments ----------------------------------------------------------------------------------
 rc=0
