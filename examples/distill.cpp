@@ -246,8 +246,9 @@ int run(Args& a, Run& o, int argc, char** argv) {
              "' split; distill trains on 'train'");
     cache = std::make_unique<TopKCache>(open_teacher_cache(o.cache_prefix, rec));
     cache->check_vocab(tcfg.vocab);
-    RT_CHECK(field("k") == "(none)" || field("k") == std::to_string(cache->k()), cache_record_path(o.cache_prefix),
-             ": records K = ", field("k"), " but its shards hold K = ", cache->k());
+    RT_CHECK(field("k") == "(none)" || field("k") == std::to_string(cache->k()),
+             cache_record_path(o.cache_prefix), ": records K = ", field("k"), " but its shards hold K = ",
+             cache->k());
     if (o.k <= 0) o.k = cache->k();
     RT_CHECK(o.k <= cache->k(), "--k ", o.k, " is larger than the cache ", o.cache_prefix,
              " holds (K = ", cache->k(), ")");

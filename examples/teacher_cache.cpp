@@ -293,8 +293,11 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
   rec["positions"] = std::to_string(cache.positions());
   write_record(cache_record_path(out), rec);
   const int64_t per = k * 4 + k * (dtype == "bf16" ? 2 : 4) + k;
+  // With several ranks: every rank's positions over rank 0's time (the ranks step together).
+  const double rate =
+      N > 1 ? double(cache.positions()) / std::max(progress.elapsed(), 1e-9) : progress.tokens_per_second();
   std::printf("\nsummary: %lld positions in %s (%.0f tok/s) on %s\n", (long long)cache.positions(),
-              duration(progress.elapsed()).c_str(), progress.tokens_per_second(), dev.desc.c_str());
+              duration(progress.elapsed()).c_str(), rate, dev.desc.c_str());
   std::printf("  %zu cache shard(s), about %.1f MiB; the teacher's loss on them %.4f nats/token\n",
               files.size(), double(cache.positions() * ((per + 3) / 4 * 4)) / (1 << 20),
               totals[0] / (totals[1] * double(T)));

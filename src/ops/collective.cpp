@@ -48,8 +48,8 @@ Tensor* all_gather_op(Context& ctx, Collective& comm, const std::vector<Tensor*>
   for (Tensor* t : tensors) {
     RT_CHECK(t && t->is_leaf() && t->dtype == DType::F32 && t->is_contiguous(), "all_gather: ",
              t ? t->describe() : std::string("null"), " must be a contiguous f32 leaf");
-    RT_CHECK(&t->backend() == &ctx.backend(), "all_gather: ", t->describe(), " lives on ", t->backend().name(),
-             ", the graph on ", ctx.backend().name());
+    RT_CHECK(&t->backend() == &ctx.backend(), "all_gather: ", t->describe(), " lives on ",
+             t->backend().name(), ", the graph on ", ctx.backend().name());
     total = checked_add(total, t->nelements(), "all_gather");
   }
   const int64_t need = checked_mul(slice, int64_t(comm.size()), "all_gather");

@@ -506,8 +506,8 @@ TEST(DataParallel, ZeroOneStepsEqualPlainWithHalfTheOptimizerState) {
     expect_all_ok(run_ranks(2, [&](int r) {
       RunPlan plan;
       plan.zero1 = zero1;
-      train_rank(r, 2, port, 2, DType::F32, set, dir.file(std::string(zero1 ? "z." : "p.") + std::to_string(r)),
-                 plan);
+      const std::string name = std::string(zero1 ? "z." : "p.") + std::to_string(r);
+      train_rank(r, 2, port, 2, DType::F32, set, dir.file(name), plan);
       return 0;
     }));
   }
