@@ -52,6 +52,7 @@ struct Options {
   int64_t bucket_mib = kDefaultBucketMiB;
   double peak_tflops = 0;  // 0: from the device name
   bool graphs = true;      // CudaOptions::graphs
+  bool zero1 = false;      // TrainerOptions::zero1
 };
 
 const char* kUsage = R"(usage: bench_distill_step [options]
@@ -80,6 +81,7 @@ Each mode: --warmup untimed steps, then --steps timed steps between device synch
                      is replayed (the fused loss's GEMM timings settle first: about 2 s), at most 30 s
   --bucket-dtype D   data parallel: gradient buckets travel as f32 or bf16 (default f32)
   --bucket-mib N     data parallel: gradient bucket size in MiB (default 25)
+  --zero1 0|1        data parallel: AdamW's moments split over the ranks (ZeRO-1; default 0)
 Under a launcher (RANK, WORLD_SIZE, ... set: tools/launch.sh -n N) every rank runs --batch sequences and
 rank 0 prints the world's tokens/s.
 )";
@@ -155,6 +157,8 @@ Options parse(int argc, char** argv) {
       o.bucket_dtype = v;
     else if (f == "--bucket-mib")
       o.bucket_mib = integer();
+    else if (f == "--zero1")
+      o.zero1 = integer() != 0;
     else
       usage_error("unknown option " + f);
   }
@@ -274,6 +278,7 @@ struct ModeResult {
   std::string name, tag;
   double ms_per_step = 0, tokens_per_s = 0, flops_per_token = 0, tflops = 0, mfu = 0;
   double peak_gib = -1, first_loss = 0, last_loss = 0;
+  double state_mib = 0;  // AdamW's moments on this rank
   int64_t extra_warmup = 0;  // warm-up steps beyond --warmup until the step replayed
   std::string graph;         // how the timed steps ran
   std::string host;          // where the host's time per step went, where a mode measures it
@@ -446,6 +451,7 @@ ModeResult run_mode(const Options& o, bool sparse, Backend& backend, bool cuda, 
   to.group = &pg;
   to.bucket_dtype = o.bucket_dtype == "bf16" ? DType::BF16 : DType::F32;
   to.bucket_mib = o.bucket_mib;
+  to.zero1 = o.zero1;
   DistillHead head;
   head.enabled = true;
   head.k = o.k;
@@ -453,6 +459,8 @@ ModeResult run_mode(const Options& o, bool sparse, Backend& backend, bool cuda, 
   head.opts.w_soft = sparse ? 1.0f : 1.0f - o.w_hard;
   head.opts.normalize_topk = sparse;
   LmTrainer trainer(ctx, model, shard.paths, to, head);
+  for (const auto* moments : {&trainer.optimizer().m(), &trainer.optimizer().v()})
+    for (const Tensor* t : *moments) r.state_mib += double(t->nbytes()) / (1 << 20);
   int64_t calls = 0;
   const auto fill = [&](const Batch&) {
     const TeacherSet& t = teacher[size_t(calls++ % int64_t(teacher.size()))];
@@ -516,9 +524,9 @@ int main(int argc, char** argv) {
     std::printf("bench_distill_step | retort %s | device: %s (%s)\n", RETORT_VERSION, dev.name.c_str(),
                 backend->name().c_str());
     if (pg.size() > 1)
-      std::printf("world: %d ranks over %s (%s), per-rank batch %lld, gradient buckets %s %lld MiB\n", pg.size(),
-                  pg.transport().c_str(), world.source.c_str(), (long long)o.batch, o.bucket_dtype.c_str(),
-                  (long long)o.bucket_mib);
+      std::printf("world: %d ranks over %s (%s), per-rank batch %lld, gradient buckets %s %lld MiB%s\n",
+                  pg.size(), pg.transport().c_str(), world.source.c_str(), (long long)o.batch,
+                  o.bucket_dtype.c_str(), (long long)o.bucket_mib, o.zero1 ? ", ZeRO-1" : "");
     std::printf("student: %s, compute %s (f32 master weights)\n", shown.describe().c_str(),
                 o.compute.c_str());
     std::printf(
@@ -559,6 +567,7 @@ int main(int argc, char** argv) {
       if (peak > 0) std::printf(", MFU %.1f%%", 100 * r.mfu);
       std::printf("\n");
       if (r.peak_gib >= 0) std::printf("  peak device memory %.2f GiB (retort's allocator)\n", r.peak_gib);
+      std::printf("  optimizer state %.1f MiB on rank 0\n", r.state_mib);
       std::printf("  launches: %s, after %lld extra warm-up steps\n", r.graph.c_str(), (long long)r.extra_warmup);
       if (!r.host.empty()) std::printf("  host per step: %s\n", r.host.c_str());
     }
@@ -579,6 +588,8 @@ int main(int argc, char** argv) {
         std::snprintf(buf, sizeof buf, " %.1f GiB", r.peak_gib);
         line += buf;
       }
+      std::snprintf(buf, sizeof buf, " state %.1f MiB", r.state_mib);
+      line += buf;
     }
     if (pg.size() > 1) {
       char buf[200];

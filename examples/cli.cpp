@@ -122,7 +122,7 @@ int stop_signal() {
   return int(g_stop_signal);
 }
 int stopped_status() {
-  return 128 + int(g_stop_signal);
+  return 128 + (g_stop_signal ? int(g_stop_signal) : SIGINT);
 }
 
 // ---- output paths ---------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 #include "common.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -49,6 +50,17 @@ std::unique_ptr<dist::ProcessGroup> join_world(const Device& dev) {
     std::printf("world: %d processes over %s (%s); batches are per process\n", w.size, g->transport().c_str(),
                 w.source.c_str());
   return g;
+}
+
+bool any_rank(dist::ProcessGroup& group, bool flag) {
+  if (group.size() == 1) return flag;
+  std::vector<int64_t> n{flag ? 1 : 0};
+  group.host().all_reduce_sum(n);
+  return n[0] > 0;
+}
+
+bool stop_agreed(dist::ProcessGroup& group) {
+  return any_rank(group, stop_requested());
 }
 
 void resume_batch(const Args& a, const Checkpoint& ck, int world, int64_t* batch) {
@@ -598,6 +610,53 @@ std::map<std::string, std::string> read_record(const std::string& path) {
 
 std::string cache_record_path(const std::string& prefix) {
   return prefix + ".teacher";
+}
+
+namespace {
+// The CRC-32 that ends a top-K shard's 64-byte header (src/io/topk_cache.h).
+uint32_t shard_header_crc(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  RT_CHECK(f.good(), path, ": cannot open the teacher cache shard (", std::strerror(errno), ")");
+  unsigned char h[64] = {};
+  f.read(reinterpret_cast<char*>(h), sizeof h);
+  RT_CHECK(f.gcount() == std::streamsize(sizeof h), path, ": shorter than a teacher cache shard's header");
+  return uint32_t(h[60]) | uint32_t(h[61]) << 8 | uint32_t(h[62]) << 16 | uint32_t(h[63]) << 24;
+}
+}  // namespace
+
+std::string cache_files_entry(const std::vector<std::string>& shard_paths) {
+  std::string out;
+  for (const std::string& p : shard_paths) {
+    if (!out.empty()) out += ',';
+    out += std::filesystem::path(p).filename().string();
+    out += ':';
+    out += std::to_string(shard_header_crc(p));
+  }
+  return out;
+}
+
+TopKCache open_teacher_cache(const std::string& prefix, const std::map<std::string, std::string>& rec) {
+  const auto it = rec.find("files");
+  if (it == rec.end()) return TopKCache::open(prefix);
+  const std::filesystem::path dir = std::filesystem::path(prefix).parent_path();
+  const std::string record = cache_record_path(prefix);
+  std::vector<std::string> paths;
+  std::istringstream list(it->second);
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    const size_t colon = item.rfind(':');
+    RT_CHECK(colon != std::string::npos && colon > 0 && item.find('/') == std::string::npos, record,
+             ": a bad entry '", item, "' in its list of shards (expected name:crc)");
+    const std::string path = (dir / item.substr(0, colon)).string();
+    RT_CHECK(std::filesystem::exists(path), "teacher cache ", prefix, ": the shard ", path, " that ", record,
+             " lists is missing (copy every rank's shards with the record)");
+    const std::string want = item.substr(colon + 1), have = std::to_string(shard_header_crc(path));
+    RT_CHECK(have == want, path, ": not the shard ", record, " lists (header checksum ", have, ", recorded ",
+             want, "): a shard of another cache?");
+    paths.push_back(path);
+  }
+  RT_CHECK(!paths.empty(), record, ": lists no shards");
+  return TopKCache(paths);
 }
 
 // ---- SVG ------------------------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ void install_stop_handler(const std::string& prog);
 bool stop_requested();
 int stop_signal();  // the signal that asked, 0 for none
 // The exit status of a run stopped by stop_signal() after saving its work: 128 + the signal, as a shell
-// reports it.
+// reports it (SIGINT's when another rank was asked: stop_agreed).
 int stopped_status();
 
 // ---- output paths ---------------------------------------------------------------------------------------
@@ -99,6 +99,12 @@ Device pick_device(const std::string& choice, int threads);
 // dev's backend. On every rank but 0, stdout goes to /dev/null, so a run prints its progress once; errors
 // still reach stderr. Throws retort::Error on bad variables or a failed rendezvous.
 std::unique_ptr<dist::ProcessGroup> join_world(const Device& dev);
+// Whether the run stops now: stop_requested() on any rank of group, so that every rank stops after the same
+// step (one asked at a different step than the others would leave them waiting in a collective). Every rank
+// must call it at the same points of its loop; in a world of 1 it costs nothing.
+bool stop_agreed(dist::ProcessGroup& group);
+// flag on any rank of group (every rank calls it at the same point; a world of 1: flag).
+bool any_rank(dist::ProcessGroup& group, bool flag);
 // --resume at any number of processes: a checkpoint records the whole step's batch (all processes, key
 // "train.batch"), and each of `world` processes takes its share; --batch, when given, must be that share.
 // Fails (UsageError) when the batch does not split over world.
@@ -240,6 +246,15 @@ void write_record(const std::string& path, const std::map<std::string, std::stri
 std::map<std::string, std::string> read_record(const std::string& path);
 // The record of a teacher top-K cache: "<prefix>.teacher".
 std::string cache_record_path(const std::string& prefix);
+// The record's "files" entry for a cache's shards: each file's name (beside the record) and the CRC-32 its
+// header ends with, which covers the shard's sizes, positions and records checksum.
+std::string cache_files_entry(const std::vector<std::string>& shard_paths);
+// Opens the teacher cache at prefix as its record lists it ("files": one process's shards or every rank's;
+// the positions they cover, not who wrote them, say where a batch's slots are, so any world size reads any
+// cache). A listed shard that is missing, or whose header is not the one recorded (a shard of another
+// cache), is a retort::Error naming the file; the shards' own checks follow (TopKCache). A record without
+// "files" (a cache of an older teacher-cache): the shards "<prefix>_00000.topk", ...
+TopKCache open_teacher_cache(const std::string& prefix, const std::map<std::string, std::string>& rec);
 
 // ---- curves -------------------------------------------------------------------------------------------
 // The numbers behind a loss picture, one row per step: tokens trained on, the training loss (and its hard

@@ -79,7 +79,7 @@ Output
 Machine
   --device D  --threads N  --compute-dtype D      as in train (auto: bf16 matmuls on CUDA, f32 on the CPU;
                                                  an online teacher runs in the same compute dtype)
-  --bucket-dtype D  --bucket-mib N                as in train: several GPUs or processes under a launcher
+  --bucket-dtype D  --bucket-mib N  --zero1 B     as in train: several GPUs or processes under a launcher
                                                  (tools/launch.sh -n N); --batch is per process, rank 0
                                                  prints and saves; a cache is read at any world size
   --help              this text
@@ -244,8 +244,11 @@ int run(Args& a, Run& o, int argc, char** argv) {
              codec.metadata().at("tokenizer.crc32"), ")");
     RT_CHECK(field("split") == "train", "--cache ", o.cache_prefix, " covers the '", field("split"),
              "' split; distill trains on 'train'");
-    cache = std::make_unique<TopKCache>(TopKCache::open(o.cache_prefix));
+    cache = std::make_unique<TopKCache>(open_teacher_cache(o.cache_prefix, rec));
     cache->check_vocab(tcfg.vocab);
+    RT_CHECK(field("k") == "(none)" || field("k") == std::to_string(cache->k()),
+             cache_record_path(o.cache_prefix), ": records K = ", field("k"), " but its shards hold K = ",
+             cache->k());
     if (o.k <= 0) o.k = cache->k();
     RT_CHECK(o.k <= cache->k(), "--k ", o.k, " is larger than the cache ", o.cache_prefix,
              " holds (K = ", cache->k(), ")");
@@ -430,7 +433,8 @@ int run(Args& a, Run& o, int argc, char** argv) {
   double val_after = val_before;
   auto save_ckpt = [&](const std::string& path) {
     meta["val_loss"] = fstr(val_after);
-    if (group->is_root()) trainer.save(path, meta);  // every rank holds the same state
+    // Every rank holds the same state, but for ZeRO-1's moments, which every rank gathers to rank 0.
+    if (group->is_root() || trainer.zero1()) trainer.save(path, meta);
   };
   install_stop_handler("distill");
   const int64_t first = trainer.steps_done();
@@ -439,7 +443,9 @@ int run(Args& a, Run& o, int argc, char** argv) {
   // Where the run is kept: --save, else (periodic and Ctrl-C saves only) distill-run.safetensors here.
   const std::string keep = o.save.empty() ? std::string("distill-run.safetensors") : o.save;
   bool kept = false;
-  for (int64_t step = first + 1; step <= to.steps && !stop_requested(); ++step) {
+  // Every rank decides together whether to stop (stop_agreed), before the first step and after each one.
+  bool stop = stop_agreed(*group);
+  for (int64_t step = first + 1; step <= to.steps && !stop; ++step) {
     const auto r = trainer.step(online);
     table.step(step, step * step_tokens, r.loss, kd.w_hard > 0 ? r.hard : NAN, r.soft);
     s_loss.x.push_back(double(step)), s_loss.y.push_back(r.loss);
@@ -449,13 +455,15 @@ int run(Args& a, Run& o, int argc, char** argv) {
     std::snprintf(f, sizeof f, "loss %.4f (hard %.3f soft %.3f) | lr %.2e", r.loss, r.hard, r.soft,
                   double(r.lr));
     progress.update(step, f);
-    if (step == to.steps || stop_requested()) break;
+    stop = stop_agreed(*group);
+    if (step == to.steps || stop) break;
     if (o.eval_every > 0 && step % o.eval_every == 0) {
       val_after = evaluator.run();
       report_val(step, val_after);
     }
     const bool by_steps = o.save_every > 0 && step % o.save_every == 0;
-    const bool by_time = o.save_minutes > 0 && seconds_since(last_save) >= 60 * o.save_minutes;
+    bool by_time = o.save_minutes > 0 && seconds_since(last_save) >= 60 * o.save_minutes;
+    if (trainer.zero1()) by_time = any_rank(*group, by_time);  // a ZeRO-1 save needs every rank
     if ((by_steps && !o.save.empty()) || by_time) {
       // A failed periodic save costs a warning, not the run: the next one may succeed.
       try {
@@ -467,7 +475,7 @@ int run(Args& a, Run& o, int argc, char** argv) {
       last_save = Clock::now();
     }
   }
-  if (stop_requested()) {
+  if (stop) {
     const std::string& path = keep;
     save_ckpt(path);
     std::printf(
@@ -536,6 +544,7 @@ int main(int argc, char** argv) {
   a.add("--sample-len", &o.sample_len), a.add("--temperature", &o.temperature);
   a.add("--device", &o.device), a.add("--threads", &o.threads), a.add("--compute-dtype", &o.compute);
   a.add("--bucket-dtype", &o.bucket_dtype), a.add("--bucket-mib", &o.to.bucket_mib);
+  a.add("--zero1", &o.to.zero1);
   return run_main(
       "distill", [&] { return run(a, o, argc, argv); },
       [&] {

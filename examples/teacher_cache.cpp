@@ -1,6 +1,7 @@
 // teacher-cache: runs a teacher (a retort checkpoint, a GGUF file or a Hugging Face directory) over the
 // training shards and writes its top-K next-token candidates per position to a teacher top-K cache
 // (src/io/topk_cache.h), which distill reads.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -32,6 +33,11 @@ The cache is written under "<out>.incomplete_*" and takes its name only when com
 checksum) that distill checks: a cache of another teacher, tokenizer or text is refused there. A previous
 cache at --out stays valid until the new one replaces it. Ctrl-C (or SIGTERM) stops after the current
 batch and removes the incomplete cache (exit 130 / 143); a second Ctrl-C aborts at once.
+
+Several processes (tools/launch.sh -n N, one per GPU): rank r runs the teacher over its share of the windows
+and writes "<out>_r<r>_00000.topk", ...; the record lists every rank's shards with their header checksums,
+and distill reads the cache at any number of processes (a missing shard or one of another cache is refused).
+The ranks must share the file system of --out.
 
 Cost: one teacher forward per position, and on disk per position K·4 bytes of ids, K·2 (bf16) or K·4 (f32)
 of logprobs and K valid flags.
@@ -72,12 +78,19 @@ void remove_cache_files(const std::string& prefix) {
   if (!fs::is_directory(dir, ec)) return;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    // "<stem>00000.topk" and its temporaries "<stem>00000.topk.tmp.<pid>", nothing else.
-    bool ours = name.size() >= stem.size() + 10 && name.compare(0, stem.size(), stem) == 0 &&
-                name.compare(stem.size() + 5, 5, ".topk") == 0 &&
-                (name.size() == stem.size() + 10 || name.compare(stem.size() + 10, 5, ".tmp.") == 0);
-    for (size_t i = 0; ours && i < 5; ++i)
-      ours = std::isdigit(static_cast<unsigned char>(name[stem.size() + i]));
+    // "<stem>00000.topk", a rank's "<stem>r<R>_00000.topk", and their temporaries "....topk.tmp.<pid>";
+    // nothing else.
+    if (name.compare(0, stem.size(), stem) != 0) continue;
+    size_t at = stem.size();
+    if (at < name.size() && name[at] == 'r') {
+      size_t d = at + 1;
+      while (d < name.size() && std::isdigit(static_cast<unsigned char>(name[d]))) ++d;
+      if (d == at + 1 || d >= name.size() || name[d] != '_') continue;
+      at = d + 1;
+    }
+    bool ours = name.size() >= at + 10 && name.compare(at + 5, 5, ".topk") == 0 &&
+                (name.size() == at + 10 || name.compare(at + 10, 5, ".tmp.") == 0);
+    for (size_t i = 0; ours && i < 5; ++i) ours = std::isdigit(static_cast<unsigned char>(name[at + i]));
     if (ours) fs::remove(e.path(), ec);
   }
 }
@@ -133,6 +146,7 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
            tcfg.vocab, " (shards made with another tokenizer?)");
 
   Device dev = pick_device(device, threads);
+  const std::unique_ptr<dist::ProcessGroup> group = join_world(dev);
   Context ctx(*dev.backend);
   RunModel tm = load_run_model(tfile, ctx, pick_compute_dtype(compute, dev), context);
   Transformer& model = *tm.model;
@@ -144,9 +158,14 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
   lo.shuffle = false;
   BatchLoader probe(paths, lo);
   const int64_t windows = probe.windows();
-  const int64_t B = std::min(batch, windows);
+  // Rank r of N caches the windows [W r / N, W (r+1) / N) into shards of its own; every rank runs the same
+  // number of batches (the last may hold none of its windows), so they stop together (stop_agreed).
+  const int64_t N = group->size(), r = group->rank();
+  const int64_t w_lo = windows * r / N, w_hi = windows * (r + 1) / N, mine = w_hi - w_lo;
+  const int64_t B = std::max<int64_t>(1, std::min(batch, (windows + N - 1) / N));
   lo.batch = B;
   BatchLoader loader(paths, lo);
+  loader.seek(0, w_lo);
   // The logits [B*T, V] stay on the device: the graph hands back the top K per position and the summed
   // loss, so the host reads [B*T, K] instead of [B*T, V].
   Tensor* tokens = ctx.input(DType::I32, {B, T}, "tokens");
@@ -164,12 +183,15 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
 
   // Written under a name of its own, so that the cache at `out` stays whole until this one is.
   const std::string partial = out + ".incomplete";
-  remove_cache_files(partial);  // left by a run that was killed
+  // One process writes "<out>_00000.topk", ...; rank r of several "<out>_r<r>_00000.topk", ...
+  const std::string part = N > 1 ? "_r" + std::to_string(r) : "";
+  if (group->is_root()) remove_cache_files(partial);  // left by a run that was killed
+  if (N > 1) group->host().barrier();
   TopKCacheSpec spec;
   spec.vocab_size = V;
   spec.k = k;
   spec.dtype = dtype == "bf16" ? LogprobDType::BF16 : LogprobDType::F32;
-  auto writer = std::make_unique<TopKCacheWriter>(partial, spec);
+  auto writer = std::make_unique<TopKCacheWriter>(partial + part, spec);
   std::printf("retort %s | device: %s | compute: %s\nteacher: %s\n", RETORT_VERSION, dev.desc.c_str(),
               compute_desc(cfg.compute_dtype).c_str(), tm.describe().c_str());
   if (!dev.note.empty()) std::printf("%s\n", dev.note.c_str());
@@ -179,7 +201,7 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
   std::fflush(stdout);
 
   install_stop_handler("teacher-cache");
-  const int64_t steps = (windows + B - 1) / B;
+  const int64_t steps = ((windows + N - 1) / N + B - 1) / B;
   Progress progress(steps, B * T, std::max<int64_t>(1, steps / 10));
   std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
   std::vector<int64_t> labels(static_cast<size_t>(B * T));
@@ -198,10 +220,11 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
   };
   double nll = 0;
   int64_t done = 0;
-  for (int64_t s = 1; s <= steps && !stop_requested(); ++s) {
+  bool stop = stop_agreed(*group);
+  for (int64_t s = 1; s <= steps && !stop; ++s) {
     loader.next(x.data(), y.data(), next.starts.data());
-    // The last batch wraps into the next epoch: only the windows not cached yet count.
-    next.rows = std::min(B, windows - done);
+    // The last batch runs into the next rank's windows (or the next epoch): only this rank's count.
+    next.rows = std::clamp<int64_t>(mine - done, 0, B);
     for (int64_t i = 0; i < B * T; ++i) labels[size_t(i)] = i < next.rows * T ? y[size_t(i)] : -100;
     set_data_int(tokens, std::vector<int64_t>(x.begin(), x.end()));
     set_data_int(targets, labels);
@@ -213,12 +236,14 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
     nll += double(get_data(nll_sum)[0]);  // a sanity number for the summary
     done += next.rows;
     std::swap(ready, next);
-    progress.update(s, "windows " + std::to_string(done) + "/" + std::to_string(windows));
+    progress.update(s, "windows " + std::to_string(done) + "/" + std::to_string(mine));
+    stop = stop_agreed(*group);
   }
-  if (!stop_requested()) write_ready();
-  if (stop_requested()) {
+  if (!stop) write_ready();
+  if (stop) {
     writer.reset();
-    remove_cache_files(partial);
+    if (N > 1) group->host().barrier();
+    if (group->is_root()) remove_cache_files(partial);
     std::printf(
         "\nteacher-cache: stopped after %lld of %lld windows; the incomplete cache is removed%s\n",
         (long long)done, (long long)windows,
@@ -227,14 +252,37 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
   }
   const std::vector<std::string> written = writer->finish();
   // The new cache replaces the old: its record goes first (a cache without one is refused), then the shards.
-  std::filesystem::remove(cache_record_path(out));
-  remove_cache_files(out);
+  // With several ranks, rank 0 clears the old cache while the others wait, each renames its own shards, and
+  // rank 0 lists them all in the record (the ranks share the file system of --out).
+  if (group->is_root()) {
+    std::filesystem::remove(cache_record_path(out));
+    remove_cache_files(out);
+  }
+  if (N > 1) group->host().barrier();
+  std::vector<int64_t> counts(size_t(N), 0);
+  counts[size_t(r)] = int64_t(written.size());
   for (size_t i = 0; i < written.size(); ++i) {
     const std::string to = out + written[i].substr(partial.size());
     std::filesystem::rename(written[i], to);
   }
-  const TopKCache cache = TopKCache::open(out);
+  std::vector<double> totals{nll, double(done)};
+  if (N > 1) {
+    group->host().all_reduce_sum(counts);
+    group->host().all_reduce_sum(totals);
+  }
+  if (!group->is_root()) return 0;
+  std::vector<std::string> files;
+  for (int64_t q = 0; q < N; ++q)
+    for (int64_t i = 0; i < counts[size_t(q)]; ++i) {
+      char idx[32];
+      std::snprintf(idx, sizeof idx, "_%05lld.topk", (long long)i);
+      files.push_back(out + (N > 1 ? "_r" + std::to_string(q) : std::string()) + idx);
+    }
   std::map<std::string, std::string> rec = codec.metadata();
+  rec["files"] = cache_files_entry(files);
+  const TopKCache cache = open_teacher_cache(out, rec);
+  RT_CHECK(cache.positions() == windows * T, "teacher-cache: the shards of ", N, " rank(s) hold ",
+           cache.positions(), " positions, expected ", windows * T);
   rec["teacher"] = std::filesystem::absolute(teacher).lexically_normal().string();
   rec["teacher.fingerprint"] = model_fingerprint(tfile);
   rec["shards"] = shards;
@@ -245,11 +293,14 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
   rec["positions"] = std::to_string(cache.positions());
   write_record(cache_record_path(out), rec);
   const int64_t per = k * 4 + k * (dtype == "bf16" ? 2 : 4) + k;
+  // With several ranks: every rank's positions over rank 0's time (the ranks step together).
+  const double rate =
+      N > 1 ? double(cache.positions()) / std::max(progress.elapsed(), 1e-9) : progress.tokens_per_second();
   std::printf("\nsummary: %lld positions in %s (%.0f tok/s) on %s\n", (long long)cache.positions(),
-              duration(progress.elapsed()).c_str(), progress.tokens_per_second(), dev.desc.c_str());
+              duration(progress.elapsed()).c_str(), rate, dev.desc.c_str());
   std::printf("  %zu cache shard(s), about %.1f MiB; the teacher's loss on them %.4f nats/token\n",
-              written.size(), double(cache.positions() * ((per + 3) / 4 * 4)) / (1 << 20),
-              nll / double(done * T));
+              files.size(), double(cache.positions() * ((per + 3) / 4 * 4)) / (1 << 20),
+              totals[0] / (totals[1] * double(T)));
   std::printf("cache: %s\n", out.c_str());
   return 0;
 }

@@ -82,6 +82,8 @@ Machine
 Several GPUs or processes (started by tools/launch.sh -n N, torchrun, mpirun or srun: see README)
   --bucket-dtype D    f32 or bf16: the dtype gradients travel in between processes (default f32)
   --bucket-mib N      gradient bucket size in MiB, each summed as soon as backward finishes it (default 25)
+  --zero1 B           0 or 1: split AdamW's moments over the processes (ZeRO-1: 1/N of the optimizer
+                      state each, the same steps; default 0)
                       --batch is per process; rank 0 prints and writes the checkpoints
 Output
   --log-every N       progress line every N steps (default: steps/15)
@@ -355,7 +357,7 @@ int run(Args& a, Options& o, int argc, char** argv) {
   // Every rank holds the same parameters and moments: rank 0 alone writes them.
   auto save = [&](const std::string& path, double val) {
     meta["val_loss"] = fstr(val);
-    if (group->is_root()) trainer.save(path, meta);
+    if (group->is_root() || trainer.zero1()) trainer.save(path, meta);  // ZeRO-1: every rank gathers
   };
   Curves curves;
   const int64_t step_tokens = o.train.batch * cfg.context * group->size();
@@ -378,20 +380,24 @@ int run(Args& a, Options& o, int argc, char** argv) {
   // Where the run is kept: --save, else (periodic and Ctrl-C saves only) train-run.safetensors here.
   const std::string keep = o.save.empty() ? std::string("train-run.safetensors") : o.save;
   bool kept = false;
-  for (int64_t step = first + 1; step <= o.train.steps && !stop_requested(); ++step) {
+  // Every rank decides together whether to stop (stop_agreed), before the first step and after each one.
+  bool stop = stop_agreed(*group);
+  for (int64_t step = first + 1; step <= o.train.steps && !stop; ++step) {
     const auto r = trainer.step();
     losses.push_back(r.loss);
     curves.step(step, step * step_tokens, r.loss, r.loss, NAN);
     char f[128];
     std::snprintf(f, sizeof f, "loss %.4f | lr %.2e | |g| %.2f", r.loss, double(r.lr), r.grad_norm);
     progress.update(step, f);
-    if (step == o.train.steps || stop_requested()) break;
+    stop = stop_agreed(*group);
+    if (step == o.train.steps || stop) break;
     if (o.eval_every > 0 && step % o.eval_every == 0) {
       val_after = evaluator.run();
       report_val(step, val_after);
     }
     const bool by_steps = o.save_every > 0 && step % o.save_every == 0;
-    const bool by_time = o.save_minutes > 0 && seconds_since(last_save) >= 60 * o.save_minutes;
+    bool by_time = o.save_minutes > 0 && seconds_since(last_save) >= 60 * o.save_minutes;
+    if (trainer.zero1()) by_time = any_rank(*group, by_time);  // a ZeRO-1 save needs every rank
     if ((by_steps && !o.save.empty()) || by_time) {
       // A failed periodic save costs a warning, not the run: the next one may succeed.
       try {
@@ -403,7 +409,7 @@ int run(Args& a, Options& o, int argc, char** argv) {
       last_save = Clock::now();
     }
   }
-  if (stop_requested()) {
+  if (stop) {
     const std::string& path = keep;
     save(path, val_after);
     std::printf(
@@ -468,6 +474,7 @@ int main(int argc, char** argv) {
   a.add("--resume", &o.resume), a.add("--continue-on-new-data", &o.continue_on_new_data);
   a.add("--device", &o.device), a.add("--threads", &o.threads), a.add("--compute-dtype", &o.compute);
   a.add("--bucket-dtype", &o.bucket_dtype), a.add("--bucket-mib", &o.train.bucket_mib);
+  a.add("--zero1", &o.train.zero1);
   a.add("--log-every", &o.log_every), a.add("--eval-every", &o.eval_every),
       a.add("--eval-windows", &o.eval_windows);
   a.add("--sample-len", &o.sample_len), a.add("--temperature", &o.temperature), a.add("--prompt", &o.prompt);

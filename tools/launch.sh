@@ -75,6 +75,17 @@ cleanup() {  # signal [grace seconds]
   done
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
 }
+finish() {  # grace seconds: waits for every rank to exit on its own, then stops the rest
+  local t=0 p alive
+  while [ "$t" -lt "$((10 * $1))" ]; do
+    alive=0
+    for p in "${pids[@]}"; do alive "$p" && alive=1; done
+    [ "$alive" = 0 ] && return
+    sleep 0.1
+    t=$((t + 1))
+  done
+  cleanup TERM 10
+}
 on_signal() {
   echo "launch.sh: $1: stopping $world rank(s)" >&2
   cleanup "$1" 10
@@ -83,6 +94,9 @@ on_signal() {
 trap 'on_signal INT' INT
 trap 'on_signal TERM' TERM
 
+# Each rank in a process group of its own: a Ctrl-C at the terminal reaches this script alone, which forwards
+# it once (a rank that got it twice, from the terminal and from here, would abort instead of saving).
+set -m
 for ((i = 0; i < n; i++)); do
   rank=$((node_rank * n + i))
   if [ "$n" -gt 1 ] && [ "${RETORT_LAUNCH_PREFIX:-1}" != 0 ]; then
@@ -109,9 +123,16 @@ while [ "${#running[@]}" -gt 0 ]; do
     r=${running[$p]}
     unset "running[$p]"
     if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then
-      echo "launch.sh: rank $r exited with status $rc; stopping the others" >&2
       status=$rc
-      cleanup TERM 10
+      if [ "$rc" = 130 ] || [ "$rc" = 143 ]; then
+        # Stopped on request (a signal to one rank): the ranks agree to stop after the same step and rank 0
+        # saves the run, so the others get time to finish before a signal would cut the save short.
+        echo "launch.sh: rank $r stopped on a signal (status $rc); waiting for the others to stop too" >&2
+        finish 60
+      else
+        echo "launch.sh: rank $r exited with status $rc; stopping the others" >&2
+        cleanup TERM 10
+      fi
     fi
   done
   sleep 0.1

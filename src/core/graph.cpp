@@ -162,8 +162,13 @@ void Graph::backward(Tensor* loss) {
     return t;
   };
   std::unordered_map<const Tensor*, Tensor*> g;
+  // Per parameter, the step of the reverse walk that gave it its last gradient term: its gradient is final
+  // from then on.
+  std::unordered_map<const Tensor*, int> finished;
+  int walk = 0;
   auto add_grad = [&](Tensor* src, Tensor* gr) {
     RT_ASSERT(gr != nullptr);
+    if (src->is_leaf()) finished[src] = walk;
     auto it = g.find(src);
     if (it == g.end()) {
       g[src] = gr;
@@ -183,7 +188,7 @@ void Graph::backward(Tensor* loss) {
   seed->fp[0] = 1.0f;  // backward rules recognize this constant 1 (the single-pass losses)
   g[loss] = seed;
   size_t forward_count = nodes_.size();
-  for (int i = int(forward_count) - 1; i >= 0; --i) {
+  for (int i = int(forward_count) - 1; i >= 0; --i, ++walk) {
     Tensor* n = nodes_[i];
     // An aux output whose owner differentiates it: the owner's rule (later in this reverse walk, since the
     // aux follows its owner in the order) reads its gradient.
@@ -199,7 +204,18 @@ void Graph::backward(Tensor* loss) {
     info.backward(bc, n, it == g.end() ? nullptr : it->second);
   }
   const std::unordered_map<const Tensor*, int> readers = fold_matmul_sums(g, sums);
-  for (Tensor* p : params_) {
+  // The writers join the graph in the order their gradients are finished, each pulling in only the
+  // gradient ops it needs: a layer's weight gradients then run as soon as its output gradient exists, before
+  // the input gradients of the layers below, so a data-parallel bucket of them can be summed while the rest
+  // of backward computes.
+  std::vector<Tensor*> by_finish = params_;
+  auto done = [&](const Tensor* p) {
+    const auto it = finished.find(p);
+    return it == finished.end() ? -1 : it->second;  // the loss itself, a parameter: seeded before the walk
+  };
+  std::stable_sort(by_finish.begin(), by_finish.end(),
+                   [&](const Tensor* a, const Tensor* b) { return done(a) < done(b); });
+  for (Tensor* p : by_finish) {
     auto it = g.find(p);
     RT_ASSERT(it != g.end());
     Tensor* acc = ctx_->tensor(DType::F32, p->shape(), p->name + ".grad");

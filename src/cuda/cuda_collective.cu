@@ -39,7 +39,55 @@ __global__ void unpack_kernel(Bucket b, const char* staging, DType wire, int64_t
   }
 }
 
+// Gather mode: element lo + i of the tensors' run (0 past its end) into staging[lo + i], i < slice.
+__global__ void pack_slice_kernel(Bucket b, float* staging, int64_t lo, int64_t slice, int64_t total) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < slice;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t g = lo + i;
+    float v = 0.0f;
+    if (g < total) {
+      const int k = which(b, g);
+      v = b.t[k][g - (k ? b.end[k - 1] : 0)];
+    }
+    staging[g] = v;
+  }
+}
+
+Bucket bucket_of(const Tensor* node, int64_t* n) {
+  Bucket b{};
+  *n = 0;
+  for (int i = 0; i < kMaxSrc; ++i) {
+    if (i >= 1 && i <= 3) continue;
+    Tensor* t = node->src[i];
+    if (!t) continue;
+    b.t[b.count] = static_cast<float*>(t->data);
+    *n += t->nelements();
+    b.end[b.count++] = *n;
+  }
+  return b;
+}
+
+// ZeRO-1's parameter exchange: this rank's slice packed on the compute stream, gathered and unpacked on the
+// collective's, then joined (the next step's forward reads the parameters).
+void launch_all_gather(CudaExec& ex, Tensor* node) {
+  Collective& comm = all_reduce_comm(node);
+  int64_t total = 0;
+  const Bucket b = bucket_of(node, &total);
+  const int64_t slice = node->ip[4], lo = comm.rank() * slice;
+  float* staging = static_cast<float*>(node->src[3]->data);
+  const int block = 256;
+  pack_slice_kernel<<<ex.grid_for(slice, block), block, 0, ex.stream>>>(b, staging, lo, slice, total);
+  RT_CUDA_LAUNCH_CHECK("all_gather pack");
+  comm.all_gather(staging + lo, staging, size_t(slice) * sizeof(float));
+  cudaStream_t cs = comm.stream() ? static_cast<cudaStream_t>(comm.stream()) : ex.stream;
+  unpack_kernel<<<ex.grid_for(total, block), block, 0, cs>>>(b, reinterpret_cast<const char*>(staging),
+                                                              DType::F32, total);
+  RT_CUDA_LAUNCH_CHECK("all_gather unpack");
+  comm.join();
+}
+
 void launch_all_reduce(CudaExec& ex, Tensor* node) {
+  if (node->ip[3] == kAllGatherMode) return launch_all_gather(ex, node);
   Collective& comm = all_reduce_comm(node);
   Tensor* staging = node->src[3];
   const DType wire = staging->dtype;

@@ -7,6 +7,7 @@
 #include <span>
 #include <utility>
 
+#include "../core/cpu_backend.h"
 #include "../core/error.h"
 #include "../io/file.h"
 #include "../io/safetensors.h"
@@ -153,17 +154,26 @@ void embed_tokenizer(std::map<std::string, std::string>& metadata, const Tokeniz
 
 void save_checkpoint(const std::string& path, const Transformer& model, const AdamW* optimizer,
                      const TrainState& state, const std::map<std::string, std::string>& extra) {
+  std::vector<const Tensor*> m, v;
+  if (optimizer) {
+    RT_CHECK(optimizer->m().size() == model.parameters().size(), "save_checkpoint: ", path,
+             ": the optimizer does not hold the model's parameters");
+    m.assign(optimizer->m().begin(), optimizer->m().end());
+    v.assign(optimizer->v().begin(), optimizer->v().end());
+  }
+  save_checkpoint(path, model, m, v, optimizer ? optimizer->steps() : state.step, state, extra);
+}
+
+void save_checkpoint(const std::string& path, const Transformer& model, const std::vector<const Tensor*>& m,
+                     const std::vector<const Tensor*>& v, int64_t step, const TrainState& state,
+                     const std::map<std::string, std::string>& extra) {
   std::vector<std::pair<std::string, const Tensor*>> tensors;
   const auto& params = model.parameters();
   for (const Tensor* p : params) tensors.emplace_back(p->name, p);
-  if (optimizer) {
-    RT_CHECK(optimizer->m().size() == params.size(), "save_checkpoint: ", path,
-             ": the optimizer does not hold the model's parameters");
-    for (size_t i = 0; i < params.size(); ++i)
-      tensors.emplace_back("adam.m." + params[i]->name, optimizer->m()[i]);
-    for (size_t i = 0; i < params.size(); ++i)
-      tensors.emplace_back("adam.v." + params[i]->name, optimizer->v()[i]);
-  }
+  RT_CHECK(m.size() == v.size() && (m.empty() || m.size() == params.size()), "save_checkpoint: ", path, ": ",
+           m.size(), " and ", v.size(), " moments for ", params.size(), " parameters");
+  for (size_t i = 0; i < m.size(); ++i) tensors.emplace_back("adam.m." + params[i]->name, m[i]);
+  for (size_t i = 0; i < v.size(); ++i) tensors.emplace_back("adam.v." + params[i]->name, v[i]);
   std::map<std::string, std::string> md = config_to_metadata(model.config());
   for (const auto& [k, v] : extra) {
     RT_CHECK(!reserved_key(k), "save_checkpoint: ", path, ": metadata key '", k, "' is reserved");
@@ -171,7 +181,7 @@ void save_checkpoint(const std::string& path, const Transformer& model, const Ad
   }
   md["format"] = kCheckpointFormat;
   md["version"] = "1";
-  md["state.step"] = std::to_string(optimizer ? optimizer->steps() : state.step);
+  md["state.step"] = std::to_string(step);
   md["state.total_steps"] = std::to_string(state.total_steps);
   md["state.seed"] = std::to_string(state.seed);
   md["state.loader_epoch"] = std::to_string(state.loader_epoch);
@@ -291,6 +301,10 @@ void Checkpoint::load_model(Transformer& model) const {
   for (Tensor* p : model.parameters()) impl_->st.load_into(p, p->name);
 }
 
+void Checkpoint::load_tensor(Tensor* t, const std::string& name) const {
+  impl_->st.load_into(t, name);
+}
+
 void Checkpoint::load_optimizer(AdamW& optimizer, const Transformer& model) const {
   if (!has_optimizer()) io::file_error(path_, "checkpoint holds no optimizer state (cannot resume from it)");
   const auto& params = model.parameters();
@@ -394,8 +408,13 @@ LmTrainer::LmTrainer(Context& ctx, Transformer& model, const std::vector<std::st
   adam.beta1 = 0.9f;
   adam.beta2 = 0.95f;
   adam.weight_decay = opt_.weight_decay;
-  optimizer_ = std::make_unique<AdamW>(model.parameters(), adam);
   Tensor* loss = out_.loss;
+  if (parallel && opt_.zero1) {
+    zero_ = std::make_unique<ZeroShard>(zero_shard(*graph_, *opt_.group->device(), opt_.bucket_mib << 20));
+    optimizer_ = std::make_unique<AdamW>(zero_->params, adam);
+  } else {
+    optimizer_ = std::make_unique<AdamW>(model.parameters(), adam);
+  }
   if (parallel) {
     std::vector<Tensor*> parts;
     for (Tensor* part : {out_.hard, out_.soft})
@@ -406,7 +425,13 @@ LmTrainer::LmTrainer(Context& ctx, Transformer& model, const std::vector<std::st
   }
   // The update, the clip and the non-finite check run on the device as the graph's last ops; what the host
   // needs to know of a step (loss, parts, norm, applied) is gathered into one tensor, read once.
-  summary_ = optimizer_->append_step(*graph_, loss, opt_.clip > 0 ? opt_.clip : 0.0);
+  const double clip = opt_.clip > 0 ? opt_.clip : 0.0;
+  if (zero_) {
+    summary_ = optimizer_->append_step(*graph_, loss, clip, zero_->grads, zero_->full_grads);
+    append_param_gather(*graph_, *opt_.group->device(), *zero_, summary_);
+  } else {
+    summary_ = optimizer_->append_step(*graph_, loss, clip);
+  }
   // With data parallelism the parts are summed in place by the loss's all_reduce, which the update (and so
   // this concat, made after it) runs after.
   for (Tensor* part : {out_.hard, out_.soft})
@@ -506,14 +531,41 @@ TrainState LmTrainer::state() const {
 }
 
 void LmTrainer::save(const std::string& path, const std::map<std::string, std::string>& extra) const {
-  save_checkpoint(path, model_, optimizer_.get(), state(), extra);
+  if (!zero_) return save_checkpoint(path, model_, optimizer_.get(), state(), extra);
+  // ZeRO-1: the whole moments on rank 0, in host tensors, so the checkpoint resumes at any world size.
+  const auto whole =
+      gather_moments(*zero_, optimizer_->m(), optimizer_->v(), opt_.group->host(), model_.parameters());
+  if (whole.empty()) return;
+  CpuBackend cpu(1);
+  Context host(cpu);
+  std::vector<const Tensor*> m, v;
+  const auto& params = model_.parameters();
+  for (size_t i = 0; i < 2 * params.size(); ++i) {
+    Tensor* t = host.tensor(DType::F32, params[i % params.size()]->shape());
+    set_data(t, whole[i]);
+    (i < params.size() ? m : v).push_back(t);
+  }
+  save_checkpoint(path, model_, m, v, optimizer_->steps(), state(), extra);
 }
 
 void LmTrainer::resume(const Checkpoint& ckpt) {
   RT_CHECK(ckpt.state().seed == opt_.seed, "resume from ", ckpt.path(), ": it was trained with seed ",
            ckpt.state().seed, ", this run has seed ", opt_.seed, " (the batches would differ)");
   ckpt.load_model(model_);
-  ckpt.load_optimizer(*optimizer_, model_);
+  if (zero_) {
+    // This rank's pieces of the whole moments the checkpoint holds (written at any world size).
+    if (!ckpt.has_optimizer()) ckpt.load_optimizer(*optimizer_, model_);  // throws its error
+    CpuBackend cpu(1);
+    Context host(cpu);
+    scatter_moments(*zero_, optimizer_->m(), optimizer_->v(), [&](const Tensor* p, bool second) {
+      Tensor* t = host.tensor(DType::F32, p->shape());
+      ckpt.load_tensor(t, (second ? "adam.v." : "adam.m.") + p->name);
+      return get_data(t);
+    });
+    optimizer_->set_steps(ckpt.state().step);
+  } else {
+    ckpt.load_optimizer(*optimizer_, model_);
+  }
   loader_->seek(ckpt.state().loader_epoch, ckpt.state().loader_cursor);
   staged_ = false;
   staged_error_ = nullptr;

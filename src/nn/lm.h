@@ -58,6 +58,11 @@ void embed_tokenizer(std::map<std::string, std::string>& metadata, const Tokeniz
 // new one. extra must not use the reserved keys (format, version, crc32, config.*, state.*).
 void save_checkpoint(const std::string& path, const Transformer& model, const AdamW* optimizer,
                      const TrainState& state, const std::map<std::string, std::string>& extra = {});
+// The same with the moments given for each of model's parameters (m[i] and v[i] shaped as parameter i; both
+// empty: none) and the optimizer's step count: what a ZeRO-1 run assembles from its ranks.
+void save_checkpoint(const std::string& path, const Transformer& model, const std::vector<const Tensor*>& m,
+                     const std::vector<const Tensor*>& v, int64_t step, const TrainState& state,
+                     const std::map<std::string, std::string>& extra = {});
 
 // A checkpoint opened and validated: missing or truncated file, not safetensors, wrong format (magic),
 // unsupported version, checksum mismatch, malformed config, a config that does not match the stored tensors
@@ -86,6 +91,8 @@ class Checkpoint {
   void load_model(Transformer& model) const;
   // Copies the AdamW moments and step count; throws when the checkpoint has none or the shapes differ.
   void load_optimizer(AdamW& optimizer, const Transformer& model) const;
+  // Copies the stored tensor `name` into t, which must have its shape (else a retort::Error naming the file).
+  void load_tensor(Tensor* t, const std::string& name) const;
 
  private:
   // Throws naming the file unless its tensors are exactly those config_ implies, with those shapes.
@@ -129,6 +136,10 @@ struct TrainerOptions {
   dist::ProcessGroup* group = nullptr;
   DType bucket_dtype = DType::F32;
   int64_t bucket_mib = kDefaultBucketMiB;
+  // ZeRO-1 (with a group of several ranks): AdamW's moments are split over the ranks, each rank updating its
+  // share of the parameters (zero_shard in data_parallel.h) and gathering the rest, so the optimizer state
+  // per rank is 1/world of it. The steps equal those without it.
+  bool zero1 = false;
 };
 
 // What the loss is: plain cross-entropy, or top-K distillation from a cache (offline) or from side data the
@@ -160,8 +171,12 @@ class LmTrainer {
   StepResult step(const std::function<void(const Batch&)>& before_compute = nullptr);
 
   int64_t steps_done() const { return optimizer_->steps(); }
+  // The optimizer (with ZeRO-1, over this rank's pieces of the parameters only).
+  const AdamW& optimizer() const { return *optimizer_; }
   TrainState state() const;
+  // With ZeRO-1 every rank must call save (the moments are gathered to rank 0, which alone writes).
   void save(const std::string& path, const std::map<std::string, std::string>& extra = {}) const;
+  bool zero1() const { return zero_ != nullptr; }
   // Loads parameters, moments, step and loader position from a checkpoint of the same model and seed.
   void resume(const Checkpoint& ckpt);
 
@@ -185,6 +200,7 @@ class LmTrainer {
   LossOutputs out_;
   Tensor* summary_ = nullptr;  // f32 [4 + parts]: the optimizer's stats, then the hard and soft parts
   GradSync sync_;              // data parallelism: set when the world is larger than 1
+  std::unique_ptr<ZeroShard> zero_;  // ZeRO-1: this rank's share of the parameters
   Batch batch_;
   TopKBatch topk_;
   // The next step's batch read and queued ahead (devices only), where the loader stood before it, and an

@@ -132,6 +132,24 @@ Tensor* Optimizer::append_step(Graph& graph, Tensor* loss, double max_norm) {
   return update;
 }
 
+Tensor* Optimizer::append_step(Graph& graph, Tensor* loss, double max_norm,
+                               const std::vector<const Tensor*>& grads,
+                               const std::vector<const Tensor*>& norm_grads) {
+  RT_CHECK(grads.size() == params_.size(), who_, ".append_step: ", grads.size(), " gradients for ",
+           params_.size(), " parameters");
+  RT_CHECK(!norm_grads.empty(), who_, ".append_step: no gradients to take the norm of");
+  std::vector<OptSlot> slots, norm_slots;
+  for (size_t i = 0; i < params_.size(); ++i) slots.push_back(slot(i, grads[i]));
+  for (const Tensor* g : norm_grads) norm_slots.push_back({nullptr, g, nullptr, nullptr});
+  Tensor* norm_table = optimizer_table(*state_, norm_slots, who_);
+  Tensor* norm = grad_norm_op(*state_, optimizer_stats(*state_), norm_table,
+                              optimizer_scratch(*state_, norm_table), loss, max_norm, false);
+  Tensor* update = update_op(norm, optimizer_table(*state_, slots, who_));
+  update->flags |= kOutput;
+  graph.forward(update);
+  return update;
+}
+
 AdamW::AdamW(const std::vector<Tensor*>& params, const AdamWConfig& config)
     : Optimizer((check_adamw(config), params), config.lr, kAdamWHparams, "AdamW"), config_(config) {
   for (Tensor* p : params_) {

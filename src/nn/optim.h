@@ -36,6 +36,12 @@ class Optimizer {
   // begin_step(lr), graph.compute(), a read of the stats, end_step(applied). Throws retort::Error on a graph
   // without gradients for these parameters, a loss that is not one float, or a bad max_norm.
   Tensor* append_step(Graph& graph, Tensor* loss, double max_norm);
+  // The same for an optimizer over pieces of parameters (ZeRO-1: leaves aliasing the part of each parameter
+  // this rank updates): grads[i] is params()[i]'s gradient (a leaf aliasing that part of the summed
+  // accumulator), and the norm that clips and checks the step is taken over norm_grads (every whole
+  // gradient, so that every rank computes the same). Throws as above, and when grads does not match params().
+  Tensor* append_step(Graph& graph, Tensor* loss, double max_norm, const std::vector<const Tensor*>& grads,
+                      const std::vector<const Tensor*>& norm_grads);
   // Writes the learning rate of step steps() + 1 (lr < 0: the configured one) and what derives from it
   // into the update's inputs, without waiting for the device. Throws retort::Error on a NaN lr.
   void begin_step(float lr);

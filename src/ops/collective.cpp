@@ -1,5 +1,6 @@
 #include "collective_ops.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "../core/checked.h"
@@ -39,9 +40,66 @@ Tensor* all_reduce_op(Context& ctx, Collective& comm, const std::vector<Tensor*>
   return n;
 }
 
+Tensor* all_gather_op(Context& ctx, Collective& comm, const std::vector<Tensor*>& tensors, Tensor* staging,
+                      int64_t slice, Tensor* after) {
+  RT_CHECK(!tensors.empty() && tensors.size() <= size_t(kAllReduceMaxTensors), "all_gather: ", tensors.size(),
+           " tensors given, expected 1 to ", kAllReduceMaxTensors);
+  int64_t total = 0;
+  for (Tensor* t : tensors) {
+    RT_CHECK(t && t->is_leaf() && t->dtype == DType::F32 && t->is_contiguous(), "all_gather: ",
+             t ? t->describe() : std::string("null"), " must be a contiguous f32 leaf");
+    RT_CHECK(&t->backend() == &ctx.backend(), "all_gather: ", t->describe(), " lives on ",
+             t->backend().name(), ", the graph on ", ctx.backend().name());
+    total = checked_add(total, t->nelements(), "all_gather");
+  }
+  const int64_t need = checked_mul(slice, int64_t(comm.size()), "all_gather");
+  RT_CHECK(slice >= 1 && need >= total, "all_gather: ", comm.size(), " slices of ", slice,
+           " elements do not cover the tensors' ", total);
+  RT_CHECK(staging && staging->is_leaf() && staging->dtype == DType::F32 && staging->nelements() >= need,
+           "all_gather: the staging must be an f32 leaf of at least ", need, " elements, got ",
+           staging ? staging->describe() : std::string("null"));
+  Tensor* n = ctx.node(Op::AllReduce, DType::F32, tensors[0]->ne);
+  n->src[0] = tensors[0];
+  n->src[2] = after;
+  n->src[3] = staging;
+  for (size_t i = 1; i < tensors.size(); ++i) n->src[3 + i] = tensors[i];
+  n->ip[0] = static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm));
+  n->ip[1] = 1;
+  n->ip[2] = int64_t(DType::F32);
+  n->ip[3] = kAllGatherMode;
+  n->ip[4] = slice;
+  n->ip[5] = total;
+  return n;
+}
+
 namespace {
 
+// Gather mode: this rank's slice of the tensors' run into staging, gathered in place, unpacked everywhere.
+void cpu_all_gather(Tensor* node) {
+  Collective& comm = all_reduce_comm(node);
+  float* staging = static_cast<float*>(node->src[3]->data);
+  const int64_t slice = node->ip[4], total = node->ip[5], lo = comm.rank() * slice;
+  std::vector<const Tensor*> ts;
+  for (int i = 0; i < kMaxSrc; ++i)
+    if ((i == 0 || i > 3) && node->src[i]) ts.push_back(node->src[i]);
+  int64_t at = 0;
+  for (const Tensor* t : ts) {
+    const float* x = static_cast<const float*>(t->data);
+    for (int64_t j = 0; j < t->nelements(); ++j)
+      if (at + j >= lo && at + j < lo + slice) staging[at + j] = x[j];
+    at += t->nelements();
+  }
+  for (int64_t j = std::max(total, lo); j < lo + slice; ++j) staging[j] = 0.0f;  // the padding of the last
+  comm.all_gather(staging + lo, staging, size_t(slice) * sizeof(float));
+  at = 0;
+  for (const Tensor* t : ts) {
+    std::memcpy(t->data, staging + at, size_t(t->nelements()) * sizeof(float));
+    at += t->nelements();
+  }
+}
+
 void cpu_all_reduce(Tensor* node, ThreadPool&) {
+  if (node->ip[3] == kAllGatherMode) return cpu_all_gather(node);
   Collective& comm = all_reduce_comm(node);
   Tensor* staging = node->src[3];
   const DType wire = staging->dtype;

@@ -13,6 +13,8 @@ namespace retort {
 
 // Up to this many tensors per all_reduce node (the others' slots hold weight, order and staging).
 inline constexpr int kAllReduceMaxTensors = kMaxSrc - 3;
+// ip[3] of an all_reduce node in gather mode (all_gather_op).
+inline constexpr int64_t kAllGatherMode = 1;
 
 // Sums tensors (1..kAllReduceMaxTensors contiguous f32 tensors of ctx's backend, leaves or nodes) over
 // comm's ranks in place: each is first multiplied by weight (an f32 [1] leaf the caller sets before each
@@ -25,6 +27,15 @@ inline constexpr int kAllReduceMaxTensors = kMaxSrc - 3;
 // weight, or a communicator of another backend.
 Tensor* all_reduce_op(Context& ctx, Collective& comm, const std::vector<Tensor*>& tensors, Tensor* weight,
                       Tensor* after, DType wire, bool join);
+
+// ZeRO-1's parameter exchange, an all_reduce node in gather mode: tensors (1..kAllReduceMaxTensors contiguous
+// f32 leaves, every rank the same list) are seen as one run of `total` elements cut into comm.size() slices
+// of `slice` elements (slice * size >= total); this rank's slice is packed into staging (an f32 leaf of at
+// least slice * size elements, which gather nodes may share), gathered from every rank, and unpacked into
+// all of tensors. The node runs after `after` (any node: the update that wrote this rank's slice) and joins,
+// so work after it reads the gathered values. Throws retort::Error on a bad list, slice or staging.
+Tensor* all_gather_op(Context& ctx, Collective& comm, const std::vector<Tensor*>& tensors, Tensor* staging,
+                      int64_t slice, Tensor* after);
 
 // The communicator an all_reduce node calls.
 inline Collective& all_reduce_comm(const Tensor* node) {

@@ -316,6 +316,58 @@ TEST(Graph, DeepChainDoesNotOverflowTheStack) {
   EXPECT_LT(g.plan().arena_bytes, g.plan().naive_bytes / 100);
 }
 
+TEST(Graph, WeightGradientsRunAsSoonAsTheirLayerIsReached) {
+  // Three layers y = relu(relu(x W1) W2) W3: each weight's gradient needs only its layer's output gradient
+  // and input, so its writer must come before the gradient flowing into the layer below (what a
+  // data-parallel bucket of the top layers waits for), and the writers must run top layer first.
+  reseed("graph_early_weights");
+  Context ctx(default_cpu_backend());
+  Tensor* x = ctx.input(DType::F32, {4, 6}, "x");
+  set_data(x, std::vector<float>(24, 0.5f));
+  Tensor* w1 = filled_param(ctx, {6, 5}, "w1");
+  Tensor* w2 = filled_param(ctx, {5, 5}, "w2");
+  Tensor* w3 = filled_param(ctx, {5, 3}, "w3");
+  Tensor* h1 = relu(ctx, matmul(ctx, x, w1));
+  Tensor* h2 = relu(ctx, matmul(ctx, h1, w2));
+  Tensor* y = matmul(ctx, h2, w3);
+  Graph g(ctx);
+  g.backward(sum(ctx, mul(ctx, y, y)));
+  std::unordered_map<const Tensor*, size_t> pos;
+  for (size_t i = 0; i < g.nodes().size(); ++i) pos[g.nodes()[i]] = i;
+  ASSERT_TRUE(g.grad(h1) && g.grad(h2));
+  EXPECT_LT(pos.at(g.grad_writer(w3)), pos.at(g.grad(h2)))
+      << "w3's gradient waits for the gradient into layer 3";
+  EXPECT_LT(pos.at(g.grad_writer(w2)), pos.at(g.grad(h1)))
+      << "w2's gradient waits for the gradient into layer 2";
+  EXPECT_LT(pos.at(g.grad_writer(w3)), pos.at(g.grad_writer(w2)));
+  EXPECT_LT(pos.at(g.grad_writer(w2)), pos.at(g.grad_writer(w1)));
+  // The parameters keep the order the forward pass found them in.
+  EXPECT_EQ(g.params(), (std::vector<Tensor*>{w1, w2, w3}));
+  // The order changes nothing computed: the same gradients as y's float64 chain rule.
+  g.compute();
+  const auto X = to_f64(get_data(x)), W1 = to_f64(get_data(w1)), W2 = to_f64(get_data(w2)),
+             W3 = to_f64(get_data(w3));
+  auto mm = [](const Vec& a, const Vec& b, int m, int k, int n) {
+    Vec c(size_t(m * n), 0.0);
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j)
+        for (int t = 0; t < k; ++t) c[size_t(i * n + j)] += a[size_t(i * k + t)] * b[size_t(t * n + j)];
+    return c;
+  };
+  auto relu64 = [](Vec v) {
+    for (double& e : v) e = std::max(e, 0.0);
+    return v;
+  };
+  const Vec a1 = relu64(mm(X, W1, 4, 6, 5)), a2 = relu64(mm(a1, W2, 4, 5, 5)), out = mm(a2, W3, 4, 5, 3);
+  // dW3 = a2ᵀ (2 y).
+  Vec dw3(15, 0.0);
+  for (int i = 0; i < 4; ++i)
+    for (int t = 0; t < 5; ++t)
+      for (int j = 0; j < 3; ++j)
+        dw3[size_t(t * 3 + j)] += a2[size_t(i * 5 + t)] * 2 * out[size_t(i * 3 + j)];
+  EXPECT_LE(nmse(to_f64(get_data(g.grad(w3))), dw3), 1e-10);
+}
+
 TEST(Graph, ComputeTwiceGivesTheSameResult) {
   reseed("graph_twice_same");
   Context ctx(default_cpu_backend());

@@ -1,9 +1,9 @@
 // The multi-GPU check, one process per GPU under a launcher (tools/launch.sh -n N build-gpu/tests/dist_check):
 // NCCL's calls against float64 references and bitwise-equal on every rank, then data-parallel training of a
 // small transformer on the GPUs against one GPU with the world's batch (the loss curve within a stated
-// tolerance) and against itself (bit for bit). Rank 0 prints one line per check and "dist_check: PASS" or
-// "dist_check: FAIL" last; every rank exits non-zero on a failure. Without a GPU, without NCCL or alone
-// (WORLD_SIZE 1) it says why and exits 77 (skipped).
+// tolerance), against itself (bit for bit), and with ZeRO-1 against the plain world (bit for bit). Rank 0
+// prints one line per check and "dist_check: PASS" or "dist_check: FAIL" last; every rank exits non-zero on
+// a failure. Without a GPU, without NCCL or alone (WORLD_SIZE 1) it says why and exits 77 (skipped).
 #include <unistd.h>
 
 #include <cmath>
@@ -111,7 +111,8 @@ struct Curve {
   std::vector<uint8_t> params;
 };
 
-Curve train(Backend& be, dist::ProcessGroup* pg, const ShardSet& set, int64_t batch, DType wire, int steps) {
+Curve train(Backend& be, dist::ProcessGroup* pg, const ShardSet& set, int64_t batch, DType wire, int steps,
+            bool zero1 = false, int64_t* state = nullptr) {
   Context ctx(be);
   TransformerConfig c;
   c.vocab = 256;
@@ -132,7 +133,13 @@ Curve train(Backend& be, dist::ProcessGroup* pg, const ShardSet& set, int64_t ba
   o.group = pg;
   o.bucket_dtype = wire;
   o.bucket_mib = 1;  // several buckets even for this small model
+  o.zero1 = zero1;
   LmTrainer tr(ctx, model, set.train, o);
+  if (state) {
+    *state = 0;
+    for (const auto* moments : {&tr.optimizer().m(), &tr.optimizer().v()})
+      for (const Tensor* t : *moments) *state += t->nelements();
+  }
   Curve out;
   for (int s = 0; s < steps; ++s) {
     const auto r = tr.step();
@@ -166,6 +173,18 @@ void check_training(dist::ProcessGroup& pg, Backend& be) {
          detail::concat("world ", w.size, ": two runs of ", steps, " steps bitwise equal (losses and parameters)"));
   report(w, same_everywhere(pg, a.params), "every rank ends with the same parameters");
   const Curve bf = train(be, &pg, set, B, DType::BF16, steps);
+  // ZeRO-1: each rank updates its slice with the same summed gradients and global norm, then gathers (NCCL
+  // all_gather on the collective's stream): the same steps bit for bit, with 1/world of the moments.
+  int64_t plain_state = 0, zero_state = 0;
+  train(be, &pg, set, B, DType::F32, 1, false, &plain_state);
+  const Curve z = train(be, &pg, set, B, DType::F32, steps, true, &zero_state);
+  report(w, z.loss == a.loss && z.params == a.params,
+         detail::concat("ZeRO-1, world ", w.size, ": ", steps, " steps bitwise equal to the plain world's"));
+  std::vector<int64_t> total{zero_state};
+  pg.host().all_reduce_sum(total);
+  report(w, total[0] == plain_state && zero_state * w.size <= plain_state + 64 * w.size,
+         detail::concat("ZeRO-1 moments on rank ", w.rank, ": ", zero_state, " of ", plain_state,
+                        " elements (all ranks: ", total[0], ")"));
   // Rank 0 alone: one GPU with the world's batch; the others wait at the barrier.
   Curve one;
   if (w.rank == 0) one = train(be, nullptr, set, B * w.size, DType::F32, steps);

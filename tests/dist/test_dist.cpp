@@ -5,6 +5,7 @@
 // bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -420,8 +421,14 @@ ShardSet tiny_shards(const ScratchDir& dir) {
 
 // Trains `steps` steps at per-rank batch B in a world (of 1 when size is 1) and writes each step's loss and
 // grad norm, then every parameter's bytes, to out.
+struct RunPlan {
+  bool zero1 = false;
+  int until = 8;           // the last step to run (of 8)
+  std::string save, resume;  // a checkpoint to write at the end (every rank calls save) / to start from
+};
+
 void train_rank(int rank, int size, int port, int64_t B, DType wire, const ShardSet& set,
-                const std::string& out) {
+                const std::string& out, const RunPlan& plan = {}) {
   CpuBackend be(1);
   Context ctx(be);
   dist::ProcessGroup pg(loopback(rank, size, port), be);
@@ -437,9 +444,17 @@ void train_rank(int rank, int size, int port, int64_t B, DType wire, const Shard
   o.group = &pg;
   o.bucket_dtype = wire;
   o.bucket_mib = 1;
+  o.zero1 = plan.zero1;
   LmTrainer tr(ctx, model, set.train, o);
+  if (!plan.resume.empty()) tr.resume(Checkpoint(plan.resume));
+  // The optimizer state this rank holds, and the parameters' size.
+  int64_t state = 0, params = 0;
+  for (const Tensor* m : tr.optimizer().m()) state += m->nelements();
+  for (const Tensor* v : tr.optimizer().v()) state += v->nelements();
+  for (const Tensor* p : model.parameters()) params += p->nelements();
+  std::ofstream(out + ".state") << state << " " << params;
   std::ofstream f(out, std::ios::binary);
-  for (int s = 0; s < o.steps; ++s) {
+  while (tr.steps_done() < plan.until) {
     const auto r = tr.step();
     f.write(reinterpret_cast<const char*>(&r.loss), sizeof r.loss);
     f.write(reinterpret_cast<const char*>(&r.grad_norm), sizeof r.grad_norm);
@@ -448,6 +463,7 @@ void train_rank(int rank, int size, int port, int64_t B, DType wire, const Shard
     const auto b = get_bytes(p);
     f.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
   }
+  if (!plan.save.empty() && (rank == 0 || tr.zero1())) tr.save(plan.save);
 }
 
 std::vector<double> curve(const std::string& path, int steps) {
@@ -480,6 +496,62 @@ TEST(DataParallel, WorldOfTwoFollowsOneProcessWithTwiceTheBatch) {
   const auto r0 = test::slurp(dir.file("w2.0.0")), r1 = test::slurp(dir.file("w2.0.1"));
   EXPECT_EQ(r0, r1) << "the ranks' losses or parameters differ";
   EXPECT_EQ(r0, test::slurp(dir.file("w2.1.0"))) << "two runs of the same world differ";
+}
+
+TEST(DataParallel, ZeroOneStepsEqualPlainWithHalfTheOptimizerState) {
+  ScratchDir dir;
+  const ShardSet set = tiny_shards(dir);
+  for (const bool zero1 : {false, true}) {
+    const int port = free_port();
+    expect_all_ok(run_ranks(2, [&](int r) {
+      RunPlan plan;
+      plan.zero1 = zero1;
+      const std::string name = std::string(zero1 ? "z." : "p.") + std::to_string(r);
+      train_rank(r, 2, port, 2, DType::F32, set, dir.file(name), plan);
+      return 0;
+    }));
+  }
+  // Each rank updates its share with the same summed gradients, the same global norm and the same elementwise
+  // AdamW: the losses, norms and parameters equal the plain world's bit for bit, on every rank.
+  const auto plain = test::slurp(dir.file("p.0"));
+  EXPECT_EQ(test::slurp(dir.file("z.0")), plain) << "ZeRO-1 rank 0 differs from the plain world";
+  EXPECT_EQ(test::slurp(dir.file("z.1")), plain) << "ZeRO-1 rank 1 differs from the plain world";
+  // The moments: 2 x the parameters without ZeRO-1; split between the ranks with it (each group's slices
+  // differ by its padding at most).
+  int64_t ps = 0, pp = 0, s0 = 0, s1 = 0, p0 = 0;
+  std::ifstream(dir.file("p.0.state")) >> ps >> pp;
+  std::ifstream(dir.file("z.0.state")) >> s0 >> p0;
+  std::ifstream(dir.file("z.1.state")) >> s1 >> p0;
+  EXPECT_EQ(ps, 2 * pp);
+  EXPECT_EQ(s0 + s1, ps);
+  EXPECT_LE(std::abs(s0 - s1), 64) << "rank 0 holds " << s0 << ", rank 1 " << s1 << " moment elements";
+}
+
+TEST(DataParallel, ZeroOneCheckpointsHoldTheWholeOptimizerState) {
+  // A ZeRO-1 world of 2 writes, from rank 0, the same checkpoint as the plain world (every moment gathered),
+  // so it resumes at any world size as that one does; and a ZeRO-1 world resumes from it to the same end.
+  ScratchDir dir;
+  const ShardSet set = tiny_shards(dir);
+  auto world = [&](const std::string& name, const RunPlan& plan) {
+    const int port = free_port();
+    expect_all_ok(run_ranks(2, [&](int r) {
+      train_rank(r, 2, port, 2, DType::F32, set, dir.file(name + "." + std::to_string(r)), plan);
+      return 0;
+    }));
+  };
+  world("p4", {false, 4, dir.file("p4.st"), ""});
+  world("z4", {true, 4, dir.file("z4.st"), ""});
+  world("p8", {false, 8, "", ""});
+  world("zr", {true, 8, "", dir.file("p4.st")});
+  ASSERT_FALSE(test::slurp(dir.file("p4.st")).empty());
+  EXPECT_EQ(test::slurp(dir.file("z4.st")), test::slurp(dir.file("p4.st")))
+      << "the ZeRO-1 checkpoint differs from the plain world's";
+  // Steps 5-8 and the parameters after them: the resumed ZeRO-1 world's equal the uninterrupted plain one's.
+  const auto full = test::slurp(dir.file("p8.0")), resumed = test::slurp(dir.file("zr.0"));
+  ASSERT_EQ(full.size(), resumed.size() + 4 * 2 * sizeof(double));
+  EXPECT_TRUE(std::equal(resumed.begin(), resumed.end(), full.begin() + 4 * 2 * sizeof(double)))
+      << "ZeRO-1 resumed at step 4 does not end as the uninterrupted run";
+  EXPECT_EQ(test::slurp(dir.file("zr.1")), resumed);
 }
 
 TEST(DataParallel, Bf16BucketsStayClose) {
@@ -529,6 +601,25 @@ TEST(DataParallel, GradientBucketsRunBeforeTheEndOfBackward) {
   EXPECT_EQ(seen, sync.buckets);
   EXPECT_GT(early, 0) << "no bucket was scheduled inside backward";
   EXPECT_EQ(g.nodes().back(), sync.loss);
+  // Backward produces each layer's weight gradients as soon as its output gradient exists, so the first
+  // bucket is summed before the gradient flowing into the first block (the last layer backward reaches) is
+  // computed, and most buckets are on their way by then.
+  const Tensor* into_first_block = nullptr;
+  for (const Tensor* n : g.nodes())
+    if (n->op == Op::GetRows && n->src[0] == model.embedding()) into_first_block = g.grad(n);
+  ASSERT_NE(into_first_block, nullptr);
+  size_t grad_at = 0, first_bucket = g.nodes().size();
+  int before_it = 0;
+  for (size_t i = 0; i < g.nodes().size(); ++i)
+    if (g.nodes()[i] == into_first_block) grad_at = i;
+  for (size_t i = 0; i < g.nodes().size(); ++i)
+    if (g.nodes()[i]->op == Op::AllReduce && g.nodes()[i] != sync.loss) {
+      first_bucket = std::min(first_bucket, i);
+      before_it += i < grad_at;
+    }
+  EXPECT_LT(first_bucket, grad_at) << "the first bucket waits for the gradient into the first block";
+  EXPECT_GE(2 * before_it, sync.buckets)
+      << before_it << " of " << sync.buckets << " buckets start before the first block's backward";
 }
 
 }  // namespace
