@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <random>
@@ -276,6 +277,8 @@ TeacherSet make_teacher(int64_t rows, int64_t K, int64_t V, uint64_t seed) {
 
 struct ModeResult {
   std::string name, tag;
+  // The process's CPU time (all threads) per timed step: steadier than the wall clock on a busy host.
+  double cpu_ms_per_step = 0;
   double ms_per_step = 0, tokens_per_s = 0, flops_per_token = 0, tflops = 0, mfu = 0;
   double peak_gib = -1, first_loss = 0, last_loss = 0;
   double state_mib = 0;  // AdamW's moments on this rank
@@ -341,6 +344,7 @@ void warm_up(const Options& o, Backend& backend, bool cuda, ModeResult& r, const
 // --steps timed steps; fills the rates from the FLOPs per token.
 void time_steps(const Options& o, Backend& backend, bool cuda, const DeviceInfo& dev, ModeResult& r,
                 const std::function<double()>& step, int world) {
+  const std::clock_t c0 = std::clock();
   const auto t0 = Clock::now();
   for (int64_t s = 0; s < o.steps; ++s) {
     const double loss = step();
@@ -351,6 +355,7 @@ void time_steps(const Options& o, Backend& backend, bool cuda, const DeviceInfo&
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   const double tokens = double(o.steps * o.batch * o.context * world);  // the world's
   r.ms_per_step = secs * 1e3 / double(o.steps);
+  r.cpu_ms_per_step = double(std::clock() - c0) * 1e3 / CLOCKS_PER_SEC / double(o.steps);
   r.tokens_per_s = tokens / secs;
   r.tflops = r.flops_per_token * r.tokens_per_s / 1e12;
   const double peak = o.peak_tflops > 0 ? o.peak_tflops : dev.peak_tflops;
@@ -577,8 +582,8 @@ int main(int argc, char** argv) {
                        " " + o.compute;
     for (const ModeResult& r : results) {
       char buf[200];
-      std::snprintf(buf, sizeof buf, " | %s %.0f tok/s %.1f ms/step", r.tag.c_str(), r.tokens_per_s,
-                    r.ms_per_step);
+      std::snprintf(buf, sizeof buf, " | %s %.0f tok/s %.1f ms/step (cpu %.1f ms/step)", r.tag.c_str(),
+                    r.tokens_per_s, r.ms_per_step, r.cpu_ms_per_step);
       line += buf;
       if (peak > 0) {
         std::snprintf(buf, sizeof buf, " MFU %.1f%%", 100 * r.mfu);

@@ -36,6 +36,8 @@ constexpr int64_t kMC = 168;
 constexpr int64_t kNC = 3072;
 // Below this many flops per thread, waking another thread costs more than it saves.
 constexpr double kMinFlopsPerThread = 4.0e6;
+// The most packed B (floats) that sgemm_whole_b keeps at once: 1 MiB, an L2's worth shared by the threads.
+constexpr int64_t kWholeBFloats = int64_t(1) << 18;
 
 // A barrier for the threads of one GEMM, which are all running: spinning keeps them on their cores between
 // blocks (a sleeping thread takes a scheduler round trip to wake), and yielding after a while keeps a
@@ -120,6 +122,70 @@ struct LoadF16 {
   }
 };
 
+bool cpu_has_avx2_fma() {
+#ifdef RETORT_GEMM_X86
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+#ifdef RETORT_GEMM_X86
+// The 8 x 8 transpose of r[0..7] in place: afterwards r[k] holds element k of every input row.
+__attribute__((target("avx2,fma"), always_inline)) inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// The transposing pack (d[k * W + i] = rows[i][k]) eight steps of k at a time for W = 6 or 16; returns how
+// many steps it packed (a multiple of 8), the rest is left to the scalar loop.
+template <int W>
+__attribute__((target("avx2,fma"))) int64_t pack_transposed_avx2(const float* const* rows, int64_t kc,
+                                                                 float* d) {
+  static_assert(W == kMR || W == kNR);
+  const int64_t k8 = kc / 8 * 8;
+  __m256 r[8];
+  for (int64_t k = 0; k < k8; k += 8) {
+    float* o = d + k * W;
+    if constexpr (W == kNR) {
+      for (int h = 0; h < 2; ++h) {
+        for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows[8 * h + i] + k);
+        transpose8(r);
+        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + j * W + 8 * h, r[j]);
+      }
+    } else {
+      for (int i = 0; i < W; ++i) r[i] = _mm256_loadu_ps(rows[i] + k);
+      for (int i = W; i < 8; ++i) r[i] = _mm256_setzero_ps();
+      transpose8(r);
+      // Each step's 8 lanes hold W rows and 8 - W zeros; storing in order lets the next step overwrite the
+      // zeros, and the last step stores its W lanes only.
+      for (int j = 0; j < 7; ++j) _mm256_storeu_ps(o + j * W, r[j]);
+      static_assert(kMR == 6, "the mask below keeps 6 lanes");
+      const __m256i first_w = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+      _mm256_maskstore_ps(o + 7 * W, first_w, r[7]);
+    }
+  }
+  return k8;
+}
+#endif
+
 // Packs a panel of w <= W lines (stride si bytes) by kc steps along k (stride sk bytes) as d[k * W + i],
 // zero-padding lines w..W-1 so edge tiles can run the full micro-kernel.
 template <int W, typename Load>
@@ -148,7 +214,11 @@ void pack_panel(const Operand& x, const char* base, int64_t si, int64_t sk, int 
       // Each line is contiguous along k: read W streams side by side, a transpose through the packing.
       const float* rows[W];
       for (int i = 0; i < W; ++i) rows[i] = reinterpret_cast<const float*>(base + i * si);
-      for (int64_t k = 0; k < kc; ++k)
+      int64_t k = 0;
+#ifdef RETORT_GEMM_X86
+      if (cpu_has_avx2_fma()) k = pack_transposed_avx2<W>(rows, kc, d);
+#endif
+      for (; k < kc; ++k)
         for (int i = 0; i < W; ++i) d[k * W + i] = rows[i][k];
       return;
     }
@@ -168,9 +238,35 @@ void pack_panel(const Operand& x, const char* base, int64_t si, int64_t sk, int 
   }
 }
 
+// pack_a for f32 A whose rows are adjacent floats (A is the transpose of a row-major matrix, as dlogitsᵀ in a
+// weight gradient): each step along k reads the block's mc floats as one contiguous run and deals them out
+// to the panels, so memory is read in order once instead of once per panel with a page-sized stride.
+void pack_a_rows_adjacent(const char* base, int64_t sk, int64_t mc, int64_t kc, float* dst) {
+  const int64_t full = mc / kMR;
+  const int tail = int(mc - full * kMR);
+  // Successive steps are a page or more apart, too far for the hardware prefetcher: ask for a later one.
+  constexpr int64_t kAhead = 8;
+  const int64_t bytes = mc * int64_t(sizeof(float));
+  for (int64_t k = 0; k < kc; ++k) {
+    if (k + kAhead < kc)
+      for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(base + (k + kAhead) * sk + o);
+    const float* src = reinterpret_cast<const float*>(base + k * sk);
+    float* d = dst + k * kMR;
+    for (int64_t ip = 0; ip < full; ++ip, src += kMR, d += kMR * kc)
+      for (int i = 0; i < kMR; ++i) d[i] = src[i];
+    if (tail) {
+      int i = 0;
+      for (; i < tail; ++i) d[i] = src[i];
+      for (; i < kMR; ++i) d[i] = 0.0f;
+    }
+  }
+}
+
 // Rows [i0, i0 + mc) x k [p0, p0 + kc) of A as ceil(mc / MR) row panels, each MR x kc.
 void pack_a(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* dst) {
   const char* base = static_cast<const char*>(a.data);
+  if (a.dtype == DType::F32 && a.rs == int64_t(sizeof(float)))
+    return pack_a_rows_adjacent(base + i0 * a.rs + p0 * a.cs, a.cs, mc, kc, dst);
   for (int64_t ip = 0; ip * kMR < mc; ++ip) {
     int w = int(std::min<int64_t>(kMR, mc - ip * kMR));
     pack_panel<kMR>(a, base + (i0 + ip * kMR) * a.rs + p0 * a.cs, a.rs, a.cs, w, kc, dst + ip * kMR * kc);
@@ -281,16 +377,57 @@ void macro_kernel(MicroKernel uk, int64_t mc, int64_t nc, int64_t kc, int64_t jp
   }
 }
 
-bool cpu_has_avx2_fma() {
-#ifdef RETORT_GEMM_X86
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return has;
-#else
-  return false;
-#endif
+// Runs fn(t, nthreads) on `threads` threads of pool (one parallel region), or on the caller alone.
+template <typename F>
+void run_threads(ThreadPool* pool, int threads, F&& fn) {
+  if (threads == 1) {
+    fn(0, 1);
+    return;
+  }
+  pool->parallel_for(threads, [&](int64_t t0, int64_t t1) {
+    // parallel_for gives each of `threads` shares one index, unless it runs the whole range inline (a nested
+    // call): then this thread does everything alone.
+    if (t1 - t0 == 1)
+      fn(int(t0), threads);
+    else
+      fn(0, 1);
+  });
+}
+
+// A tall C with few columns and a long k (a weight gradient: [V, H] = dlogitsᵀ [V, rows] · hidden [rows, H]):
+// all of B is packed once, then each thread runs its row blocks with k innermost, so a block's C tile is
+// read and written once from cache instead of once per k block from memory.
+void sgemm_whole_b(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c, int64_t ldc,
+                   ThreadPool* pool, MicroKernel uk, int threads, int64_t kc_max, bool accumulate) {
+  const int64_t n_panels = ceil_div(n, kNR), k_blocks = ceil_div(k, kc_max);
+  const int64_t b_block = n_panels * kNR * kc_max;
+  AlignedFloats bbuf = alloc_floats(b_block * k_blocks);
+  const int64_t m_panels = ceil_div(m, kMR);
+  std::vector<AlignedFloats> abufs;
+  for (int t = 0; t < threads; ++t) abufs.push_back(alloc_floats(round_up(std::min(m, kMC), kMR) * kc_max));
+  SpinBarrier barrier(threads);
+  run_threads(pool, threads, [&](int t, int nthreads) {
+    // The threads pack B's k blocks between them, then wait until all of B is there.
+    for (int64_t pb = t; pb < k_blocks; pb += nthreads) {
+      const int64_t pc = pb * kc_max;
+      pack_b(b, 0, n, pc, std::min(kc_max, k - pc), 0, n_panels, bbuf.get() + pb * b_block);
+    }
+    if (nthreads > 1) barrier.wait();
+    const int64_t m0 = std::min(m, m_panels * t / nthreads * kMR);
+    const int64_t m1 = std::min(m, m_panels * (t + 1) / nthreads * kMR);
+    if (m0 >= m1) return;
+    float* ap = abufs[size_t(t)].get();
+    const int64_t mc_max = balanced_block(m1 - m0, kMC, kMR);
+    for (int64_t ic = m0; ic < m1; ic += mc_max) {
+      const int64_t mc = std::min(mc_max, m1 - ic);
+      for (int64_t pb = 0; pb < k_blocks; ++pb) {
+        const int64_t pc = pb * kc_max, kc = std::min(kc_max, k - pc);
+        pack_a(a, ic, mc, pc, kc, ap);
+        macro_kernel(uk, mc, n, kc, 0, n_panels, ap, bbuf.get() + pb * b_block, c + ic * ldc, ldc,
+                     accumulate || pb > 0);
+      }
+    }
+  });
 }
 
 MicroKernel avx2_kernel() {
@@ -314,9 +451,10 @@ const char* kernel_name(Kernel k) {
 }
 
 void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c, int64_t ldc,
-           ThreadPool* pool, Kernel kernel) {
+           ThreadPool* pool, Kernel kernel, bool accumulate) {
   RT_ASSERT(m > 0 && n > 0 && k > 0);
   RT_ASSERT(kernel_available(kernel));
+  RT_ASSERT(!accumulate || !gemv_applies(m, a, b));
   if (gemv_applies(m, a, b)) return gemv(m, n, k, a, b, c, ldc, pool, kernel);
   const MicroKernel uk = kernel == Kernel::Avx2 ? avx2_kernel() : ukernel_portable;
 
@@ -333,6 +471,9 @@ void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, 
   const int64_t kc_max = balanced_block(k, kKC, 1);
   const int64_t nc_max = balanced_block(n, kNC, kNR);
   const int64_t b_floats = round_up(nc_max, kNR) * kc_max;
+  const int64_t k_blocks = ceil_div(k, kc_max);
+  if (split_rows && nc_max == n && k_blocks > 1 && b_floats * k_blocks <= kWholeBFloats)
+    return sgemm_whole_b(m, n, k, a, b, c, ldc, pool, uk, threads, kc_max, accumulate);
   // Split rows share each packed B block; two buffers let a thread pack the next block while a slower one
   // still reads the current block, so one barrier per block suffices.
   AlignedFloats bbufs[2] = {alloc_floats(b_floats), alloc_floats(split_rows && threads > 1 ? b_floats : 1)};
@@ -374,24 +515,13 @@ void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, 
         for (int64_t ic = m0; ic < m1; ic += mc_max) {
           const int64_t mc = std::min(mc_max, m1 - ic);
           pack_a(a, ic, mc, pc, kc, ap);
-          macro_kernel(uk, mc, nc, kc, jp0, jp1, ap, bp, c + ic * ldc + jc, ldc, pc > 0);
+          macro_kernel(uk, mc, nc, kc, jp0, jp1, ap, bp, c + ic * ldc + jc, ldc, accumulate || pc > 0);
         }
       }
     }
   };
 
-  if (threads == 1) {
-    run(0, 1);
-    return;
-  }
-  pool->parallel_for(threads, [&](int64_t t0, int64_t t1) {
-    // parallel_for gives each of `threads` shares one index, unless it runs the whole range inline (a nested
-    // call): then this thread does everything alone.
-    if (t1 - t0 == 1)
-      run(int(t0), threads);
-    else
-      run(0, 1);
-  });
+  run_threads(pool, threads, run);
 }
 
 }  // namespace retort::gemm

@@ -30,10 +30,11 @@ struct Operand {
   int64_t cs = 0;  // bytes between columns
 };
 
-// C[M, N] (row stride ldc floats) = A[M, K] B[K, N]. Runs on pool's threads when pool is given and the
-// problem is big enough to pay for it; pool == nullptr runs on the calling thread only.
+// C[M, N] (row stride ldc floats) = A[M, K] B[K, N], or C += A B with accumulate (not for a problem
+// gemv_applies to). Runs on pool's threads when pool is given and the problem is big enough to pay for it;
+// pool == nullptr runs on the calling thread only.
 void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c, int64_t ldc,
-           ThreadPool* pool, Kernel kernel);
+           ThreadPool* pool, Kernel kernel, bool accumulate = false);
 
 // The most rows of A that sgemm multiplies by dot products (gemv) instead of packed panels.
 inline constexpr int64_t kGemvMaxRows = 4;

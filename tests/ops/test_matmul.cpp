@@ -268,9 +268,11 @@ TEST(Matmul, LinearLayerGradients) {
 // ---- the packed GEMM directly, with each micro-kernel
 // -------------------------------------------------------
 
-void check_gemm(gemm::Kernel kernel, int64_t m, int64_t n, int64_t k, bool ta, bool tb, ThreadPool* pool) {
+// C = A B, or C += A B with accumulate (C starts at -7 everywhere, its padding included).
+void check_gemm(gemm::Kernel kernel, int64_t m, int64_t n, int64_t k, bool ta, bool tb, ThreadPool* pool,
+                bool accumulate = false) {
   SCOPED_TRACE(std::string(gemm::kernel_name(kernel)) + " " + std::to_string(m) + "x" + std::to_string(n) +
-               "x" + std::to_string(k) + (ta ? " ta" : "") + (tb ? " tb" : ""));
+               "x" + std::to_string(k) + (ta ? " ta" : "") + (tb ? " tb" : "") + (accumulate ? " +=" : ""));
   reseed("gemm" + std::to_string(m * 131 + n * 7 + k));
   Vec av = random_vec(m * k), bv = random_vec(k * n);
   std::vector<float> a(av.begin(), av.end()), b(bv.begin(), bv.end());
@@ -279,11 +281,11 @@ void check_gemm(gemm::Kernel kernel, int64_t m, int64_t n, int64_t k, bool ta, b
   gemm::Operand ob{b.data(), DType::F32, tb ? 4 : 4 * n, tb ? 4 * k : 4};
   const int64_t ldc = n + 3;  // a padded C: the kernel must respect ldc and leave the padding alone
   std::vector<float> c(size_t(m * ldc), -7.0f);
-  gemm::sgemm(m, n, k, oa, ob, c.data(), ldc, pool, kernel);
+  gemm::sgemm(m, n, k, oa, ob, c.data(), ldc, pool, kernel, accumulate);
   Vec got, want;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
-      double s = 0;
+      double s = accumulate ? -7.0 : 0.0;
       for (int64_t p = 0; p < k; ++p)
         s += double(a[size_t(ta ? p * m + i : i * k + p)]) * double(b[size_t(tb ? j * k + p : p * n + j)]);
       want.push_back(s);
@@ -305,8 +307,15 @@ TEST(MatmulKernel, BothMicroKernelsAcrossBlocks) {
       for (bool tb : {false, true}) {
         check_gemm(kernel, 1, 1, 1, ta, tb, nullptr);
         check_gemm(kernel, 13, 31, 9, ta, tb, nullptr);
-        check_gemm(kernel, 400, 50, 600, ta, tb, &pool);   // several MC and KC blocks, row split
+        check_gemm(kernel, 400, 50, 600, ta, tb,
+                   &pool);  // several MC and KC blocks, row split, all of B packed
+        check_gemm(kernel, 400, 3100, 300, ta, tb,
+                   &pool);                                 // the same with two NC blocks (B packed per block)
         check_gemm(kernel, 10, 3100, 300, ta, tb, &pool);  // two NC blocks, column split
+        check_gemm(kernel, 13, 31, 9, ta, tb, nullptr, true);
+        check_gemm(kernel, 400, 50, 600, ta, tb, &pool, true);
+        check_gemm(kernel, 400, 50, 600, ta, tb, nullptr, true);
+        check_gemm(kernel, 10, 3100, 300, ta, tb, &pool, true);
       }
   }
 }
@@ -334,6 +343,32 @@ TEST(MatmulKernel, ColumnSplitAcrossRaggedBlocksHasNoRace) {
       for (size_t i = 0; i < one.size(); ++i) off += one[i] != many[i];
       EXPECT_EQ(off, 0u) << gemm::kernel_name(kernel) << " run " << rep << ": " << off << " of " << one.size()
                          << " entries differ from the 1-thread result";
+    }
+  }
+}
+
+TEST(MatmulKernel, WholeBPathDoesNotDependOnThreads) {
+  // A weight gradient's shape (tall C, few columns, long k: dWᵀ-like A read down its columns) packs all of B
+  // once and runs each row block with k innermost; every C entry still sums its k blocks in order on one
+  // thread, so any thread count gives the 1-thread result bit for bit, with and without accumulate.
+  const int64_t m = 1000, n = 128, k = 700;
+  reseed("gemm_whole_b");
+  Vec av = random_vec(m * k), bv = random_vec(k * n), cv = random_vec(m * n);
+  std::vector<float> a(av.begin(), av.end()), b(bv.begin(), bv.end()), c0(cv.begin(), cv.end());
+  const gemm::Operand oa{a.data(), DType::F32, 4, 4 * m}, ob{b.data(), DType::F32, 4 * n, 4};  // A = Xᵀ
+  for (gemm::Kernel kernel : {gemm::Kernel::Portable, gemm::Kernel::Avx2}) {
+    if (!gemm::kernel_available(kernel)) continue;
+    for (bool acc : {false, true}) {
+      std::vector<float> one = c0, many;
+      gemm::sgemm(m, n, k, oa, ob, one.data(), n, nullptr, kernel, acc);
+      for (int threads : {2, 3, 16}) {
+        ThreadPool pool(threads);
+        many = c0;
+        gemm::sgemm(m, n, k, oa, ob, many.data(), n, &pool, kernel, acc);
+        size_t off = 0;
+        for (size_t i = 0; i < one.size(); ++i) off += one[i] != many[i];
+        EXPECT_EQ(off, 0u) << gemm::kernel_name(kernel) << " " << threads << " threads, accumulate " << acc;
+      }
     }
   }
 }

@@ -185,8 +185,13 @@ class CpuChunkExecutor final : public ChunkExecutor {
       if (alpha != 1.0f) scale_block(c, alpha);
       return;
     }
-    // The CPU GEMM overwrites C, so C += alpha·A·B goes through a bounded temporary, a block of rows of C at
-    // a time: a few MiB, not another C (dW is [V, H], as large as the weight).
+    // C += A·B is added by the GEMM's own tile stores (dW, [V, H], read and written once). A scaled sum, or a
+    // few rows for the dot-product path (which overwrites C), goes through a bounded temporary, a block of
+    // rows of C at a time: a few MiB, not another C.
+    if (alpha == 1.0f && !gemm::gemv_applies(m, oa, ob)) {
+      gemm::sgemm(m, n, k, oa, ob, f32_row(c, 0), ldc, &pool_, kernel_, true);
+      return;
+    }
     const int64_t rows = std::min(m, std::max<int64_t>(16, kTempBytes / (int64_t(sizeof(float)) * n)));
     float* tmp = temp(rows * n);
     for (int64_t i0 = 0; i0 < m; i0 += rows) {

@@ -1,7 +1,8 @@
-// CPU row kernels of the loss backend (the contract is in row_kernels.h). Each worker copies a row to f32
-// scratch once, takes its softmax statistics from the scratch (the maximum, then the exponentials, which are
-// kept for the gradient: one exponential per entry and temperature), and writes the gradient row from the
-// scratch, which is why the gradient may alias the logits. Exponentials, logarithms and row sums go through
+// CPU row kernels of the loss backend (the contract is in row_kernels.h). Each worker reads a row as f32 once
+// (into scratch; the top-K kernel reads an f32 row in place), takes its softmax statistics from it (the
+// maximum, then the exponentials, which are kept for the gradient: one exponential per entry and
+// temperature), and writes the gradient row only after its last read of the logits, which is why the
+// gradient may alias the logits. Exponentials, logarithms and row sums go through
 // vec_math (eight lanes with AVX2); the arithmetic between them is plain loops over scratch rows, which the
 // compiler vectorizes.
 #include "row_kernels.h"
@@ -17,51 +18,6 @@
 #include "../vec_math.h"
 
 namespace retort::loss {
-
-Block Block::sub_rows(int64_t r0, int64_t n) const {
-  Block b = *this;
-  if (!empty()) b.data = row(r0);
-  b.rows = n;
-  return b;
-}
-
-Block Block::dense(void* data, DType dtype, int64_t rows, int64_t cols) {
-  size_t es = dtype_size(dtype);
-  return {data, dtype, rows, cols, es * size_t(cols), es};
-}
-
-RowOut RowOut::sub_rows(int64_t r0, int64_t n) const {
-  RowOut o = *this;
-  auto at = [r0](float* p) { return p ? p + r0 : nullptr; };
-  o.loss = at(loss);
-  o.lse = at(lse);
-  o.hard = at(hard);
-  o.soft = at(soft);
-  o.grad = grad.sub_rows(r0, n);
-  return o;
-}
-
-CrossEntropySide CrossEntropySide::sub_rows(int64_t r0, int64_t n) const {
-  CrossEntropySide s = *this;
-  s.labels = labels.sub_rows(r0, n);
-  return s;
-}
-
-TopKSide TopKSide::sub_rows(int64_t r0, int64_t n) const {
-  TopKSide s = *this;
-  s.ids = ids.sub_rows(r0, n);
-  s.logprobs = logprobs.sub_rows(r0, n);
-  s.mask = mask.sub_rows(r0, n);
-  s.labels = labels.sub_rows(r0, n);
-  return s;
-}
-
-DistillSide DistillSide::sub_rows(int64_t r0, int64_t n) const {
-  DistillSide s = *this;
-  s.teacher = teacher.sub_rows(r0, n);
-  s.labels = labels.sub_rows(r0, n);
-  return s;
-}
 
 namespace {
 
@@ -101,6 +57,19 @@ void store_row(const Block& b, int64_t r, const float* in) {
     return;
   }
   for (int64_t i = 0; i < n; ++i) store_f32(p + size_t(i) * b.col_stride, b.dtype, 0, in[i]);
+}
+
+// Row r of b when b is f32 with dense rows, else nullptr.
+float* dense_f32_row(const Block& b, int64_t r) {
+  return b.dtype == DType::F32 && b.col_stride == sizeof(float) ? reinterpret_cast<float*>(b.row(r))
+                                                                : nullptr;
+}
+
+// Row r of b as f32: where it lies when it is f32 and dense, else converted into scratch.
+const float* f32_row_or_copy(const Block& b, int64_t r, float* scratch) {
+  if (const float* p = dense_f32_row(b, r)) return p;
+  load_row(b, r, scratch);
+  return scratch;
 }
 
 void zero_row(const Block& b, int64_t r, float* scratch) {
@@ -317,13 +286,13 @@ void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, Thr
   parallel_rows(pool, logits.rows, v + kk, [&](int64_t b, int64_t e) {
     std::vector<float> buf(3 * size_t(v) + 4 * size_t(kk));
     std::vector<int64_t> ids(static_cast<size_t>(kk));
-    float* z = buf.data();
-    float* xs = z + v;    // student logit at each valid slot
-    float* lq = xs + kk;  // student log q per valid slot
-    float* lp = lq + kk;  // teacher log p per valid slot
-    float* gs = lp + kk;  // dD/d(log q) per valid slot
-    float* et = gs + kk;  // [v] exp((z − m)/T)
-    float* e1 = et + v;   // [v] exp(z − m) when T != 1 and the hard loss is on
+    float* zbuf = buf.data();  // [v] the row as f32 when it is stored otherwise, and the gradient's likewise
+    float* xs = zbuf + v;      // student logit at each valid slot
+    float* lq = xs + kk;       // student log q per valid slot
+    float* lp = lq + kk;       // teacher log p per valid slot
+    float* gs = lp + kk;       // dD/d(log q) per valid slot
+    float* et = gs + kk;       // [v] exp((z − m)/T)
+    float* e1 = et + v;        // [v] exp(z − m) when T != 1 and the hard loss is on
     for (int64_t r = b; r < e; ++r) {
       const int64_t y = has_labels ? get_i(side.labels, r, 0) : -1;
       const bool ignored = has_labels && y == side.ignore_index;
@@ -331,7 +300,7 @@ void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, Thr
         zero_outputs(out, r);
         // The gradient may be the logits themselves (the fused path): zero it only after the lse is read.
         if (!out.lse) {
-          if (want_grad) zero_row(out.grad, r, z);
+          if (want_grad) zero_row(out.grad, r, zbuf);
           continue;
         }
       }
@@ -341,7 +310,10 @@ void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, Thr
       const bool both = full && want_hard && !ignored && t != 1.0f;
       RowStats st{-kInf, 0.0f};
       float s1 = 0.0f;  // Σ exp(z − m) (at T = 1), for the hard loss
-      if (full || gathered) load_row(logits, r, z);
+      // Rows already f32 and dense are read where they lie: a copy of a vocabulary-wide row costs as much
+      // as a pass of the statistics.
+      const float* z = zbuf;
+      if (full || gathered) z = f32_row_or_copy(logits, r, zbuf);
       if (full) {
         st = row_stats(z, v, inv_t, et);
         s1 = st.s;
@@ -374,7 +346,7 @@ void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, Thr
       }
       if (out.lse) out.lse[r] = gathered ? slots_lse : st.m * inv_t + log_st;
       if (ignored) {
-        if (want_grad) zero_row(out.grad, r, z);
+        if (want_grad) zero_row(out.grad, r, zbuf);
         continue;
       }
 
@@ -407,7 +379,10 @@ void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, Thr
       // The dense part: dense_soft·q_j at T plus ch·q_j at 1 (the same softmax when T = 1), from the
       // exponentials of the statistics pass.
       const float dense_soft = normalize ? 0.0f : -cs * float(sum_g);
-      float* __restrict g = z;  // the gradient row, over the logits
+      // The gradient row, written in place when the gradient is f32 and dense (over the logits in the fused
+      // path: z is not read past this point).
+      float* const grow = dense_f32_row(out.grad, r);
+      float* __restrict g = grow ? grow : zbuf;
       if (dense_soft != 0.0f || ch != 0.0f) {
         const float* __restrict eh = both ? e1 : et;
         const float a_soft = dense_soft / st.s, a_hard = ch / s1;
@@ -422,7 +397,7 @@ void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, Thr
           g[ids[size_t(i)]] += gi;
         }
       if (ch != 0.0f) g[y] -= ch;
-      store_row(out.grad, r, g);
+      if (!grow) store_row(out.grad, r, g);
     }
   });
 }

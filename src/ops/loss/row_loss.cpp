@@ -25,6 +25,51 @@ const char* loss_kind_name(LossKind k) {
   return "?";
 }
 
+Block Block::sub_rows(int64_t r0, int64_t n) const {
+  Block b = *this;
+  if (!empty()) b.data = row(r0);
+  b.rows = n;
+  return b;
+}
+
+Block Block::dense(void* data, DType dtype, int64_t rows, int64_t cols) {
+  size_t es = dtype_size(dtype);
+  return {data, dtype, rows, cols, es * size_t(cols), es};
+}
+
+RowOut RowOut::sub_rows(int64_t r0, int64_t n) const {
+  RowOut o = *this;
+  auto at = [r0](float* p) { return p ? p + r0 : nullptr; };
+  o.loss = at(loss);
+  o.lse = at(lse);
+  o.hard = at(hard);
+  o.soft = at(soft);
+  o.grad = grad.sub_rows(r0, n);
+  return o;
+}
+
+CrossEntropySide CrossEntropySide::sub_rows(int64_t r0, int64_t n) const {
+  CrossEntropySide s = *this;
+  s.labels = labels.sub_rows(r0, n);
+  return s;
+}
+
+TopKSide TopKSide::sub_rows(int64_t r0, int64_t n) const {
+  TopKSide s = *this;
+  s.ids = ids.sub_rows(r0, n);
+  s.logprobs = logprobs.sub_rows(r0, n);
+  s.mask = mask.sub_rows(r0, n);
+  s.labels = labels.sub_rows(r0, n);
+  return s;
+}
+
+DistillSide DistillSide::sub_rows(int64_t r0, int64_t n) const {
+  DistillSide s = *this;
+  s.teacher = teacher.sub_rows(r0, n);
+  s.labels = labels.sub_rows(r0, n);
+  return s;
+}
+
 SelectiveSide SelectiveSide::sub_rows(int64_t r0, int64_t n) const {
   SelectiveSide s = *this;
   s.ids = ids.sub_rows(r0, n);
