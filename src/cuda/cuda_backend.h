@@ -42,7 +42,7 @@ struct CudaOptions {
   // A file that keeps the timed picks across processes (empty: none): a GEMM shape that gemm_tune times,
   // found there under this device's signature (its name, SM count, cuBLASLt version and workspace size) takes
   // the recorded algorithms without timing, so runs on one machine pick the same algorithms and round alike;
-  // each shape timed is added (merged with the file, written atomically: src/io/tune_cache.h). A pick is
+  // each shape timed is added (merged with the file, written atomically: src/cuda/tune_cache.h). A pick is
   // recorded when first timed and again when timed the second time; delete the file to time afresh. A
   // malformed file is a retort::Error naming it at the first fused GEMM. Environment override:
   // RETORT_GEMM_CACHE=<path>.
