@@ -312,9 +312,9 @@ class CudaBackend final : public Backend {
   }
 
   void run(Tensor* node) override {
-    if (node->op == Op::None || node->op == Op::View || node->op == Op::AuxOutput) return;
     RT_CHECK(size_t(node->op) < size_t(kOpCount), "cuda backend: node ", node->describe(), " has unknown op ",
              int(node->op));
+    if (kOpKernels[size_t(node->op)] == OpKernels::Structural) return;
     CudaLauncher f = launcher_table()[size_t(node->op)];
     RT_CHECK(f != nullptr, "cuda backend: op ", op_name(node->op), " (node ", node->describe(),
              ") has no CUDA kernel");
@@ -578,6 +578,11 @@ void cuda_reset_peak(Backend& backend) {
 
 void cuda_empty_cache(Backend& backend) {
   cuda::as_cuda(backend, "cuda_empty_cache").allocator().empty_cache();
+}
+
+bool cuda_has_kernel(Op op) {
+  RT_CHECK(size_t(op) < size_t(kOpCount), "cuda_has_kernel: op ", int(op), " is outside the op list");
+  return cuda::launcher_table()[size_t(op)] != nullptr;
 }
 
 size_t cuda_tuned_gemms(Backend& backend) {

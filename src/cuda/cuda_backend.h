@@ -93,6 +93,9 @@ CudaMemoryStats cuda_memory_stats(Backend& backend);
 void cuda_reset_peak(Backend& backend);
 // Returns cached (free) blocks to the device. Throws retort::Error if backend is not a CUDA backend.
 void cuda_empty_cache(Backend& backend);
+// Whether the CUDA backend has a kernel for op (asks no device; op_list.h says which ops must have one).
+// Throws retort::Error when retort was built without CUDA or op is outside the op list.
+bool cuda_has_kernel(Op op);
 // How many GEMM shapes the backend's fused linear losses timed cuBLASLt's algorithms for
 // (CudaOptions::gemm_tune). Throws retort::Error if backend is not a CUDA backend.
 size_t cuda_tuned_gemms(Backend& backend);

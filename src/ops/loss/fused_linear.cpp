@@ -505,17 +505,17 @@ bool accumulate_fused_aux(Tensor* aux) {
 }
 
 void register_fused_ops(OpTable& t) {
-  t[size_t(Op::FusedLinearCrossEntropy)] = {"fused_linear_cross_entropy", cpu_fused, back_fused, true,
+  t[size_t(Op::FusedLinearCrossEntropy)] = {cpu_fused, back_fused, true,
                                             accumulate_fused_aux};
-  t[size_t(Op::FusedLinearTopKDistill)] = {"fused_linear_topk_kd", cpu_fused, back_fused, true,
+  t[size_t(Op::FusedLinearTopKDistill)] = {cpu_fused, back_fused, true,
                                            accumulate_fused_aux};
-  t[size_t(Op::FusedLinearDistill)] = {"fused_linear_distill", cpu_fused, back_fused, true,
+  t[size_t(Op::FusedLinearDistill)] = {cpu_fused, back_fused, true,
                                        accumulate_fused_aux};
-  t[size_t(Op::FusedLinearEntropy)] = {"fused_linear_entropy", cpu_fused, back_fused, true,
+  t[size_t(Op::FusedLinearEntropy)] = {cpu_fused, back_fused, true,
                                        accumulate_fused_aux};
-  t[size_t(Op::FusedLinearSelectiveLogSoftmax)] = {"fused_linear_selective_log_softmax", cpu_fused,
+  t[size_t(Op::FusedLinearSelectiveLogSoftmax)] = {cpu_fused,
                                                    back_fused, true, accumulate_fused_aux};
-  t[size_t(Op::FusedLinearBack)] = {"fused_linear_back", cpu_fused, nullptr, false, accumulate_fused_aux};
+  t[size_t(Op::FusedLinearBack)] = {cpu_fused, nullptr, false, accumulate_fused_aux};
 }
 
 }  // namespace retort

@@ -464,13 +464,13 @@ Tensor* selective_log_softmax_grad(Context& ctx, Tensor* values, Tensor* grad_ou
 }
 
 void register_loss_ops(OpTable& t) {
-  t[size_t(Op::CrossEntropyLoss)] = {"cross_entropy_loss", cpu_row_loss, back_loss, true};
-  t[size_t(Op::TopKDistill)] = {"topk_kd", cpu_row_loss, back_loss, true};
-  t[size_t(Op::TopKKLGathered)] = {"topk_kl_gathered", cpu_row_loss, back_loss, true};
-  t[size_t(Op::Distill)] = {"distill", cpu_row_loss, back_loss, true};
-  t[size_t(Op::Entropy)] = {"entropy", cpu_row_loss, back_loss, true};
-  t[size_t(Op::SelectiveLogSoftmax)] = {"selective_log_softmax", cpu_selective, back_selective, true};
-  t[size_t(Op::SelectiveLogSoftmaxBack)] = {"selective_log_softmax_back", cpu_selective_back, nullptr, false};
+  t[size_t(Op::CrossEntropyLoss)] = {cpu_row_loss, back_loss, true};
+  t[size_t(Op::TopKDistill)] = {cpu_row_loss, back_loss, true};
+  t[size_t(Op::TopKKLGathered)] = {cpu_row_loss, back_loss, true};
+  t[size_t(Op::Distill)] = {cpu_row_loss, back_loss, true};
+  t[size_t(Op::Entropy)] = {cpu_row_loss, back_loss, true};
+  t[size_t(Op::SelectiveLogSoftmax)] = {cpu_selective, back_selective, true};
+  t[size_t(Op::SelectiveLogSoftmaxBack)] = {cpu_selective_back, nullptr, false};
 }
 
 }  // namespace retort
