@@ -19,7 +19,8 @@ using CpuKernel = void (*)(Tensor* node, ThreadPool& pool);
 // What a backward rule can do: create ops in the graph's context and hand gradients to sources.
 class BackwardCtx {
  public:
-  BackwardCtx(Context& ctx, std::function<bool(const Tensor*)> needs, std::function<void(Tensor*, Tensor*)> add,
+  BackwardCtx(Context& ctx, std::function<bool(const Tensor*)> needs,
+              std::function<void(Tensor*, Tensor*)> add,
               std::function<Tensor*(const Tensor*)> grad_of = nullptr)
       : ctx(ctx), needs_(std::move(needs)), add_(std::move(add)), grad_of_(std::move(grad_of)) {}
   Context& ctx;

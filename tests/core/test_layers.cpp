@@ -31,7 +31,6 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
     {"nn", {"core", "ops", "io", "dist"}},
 };
 
-
 bool is_source(const fs::path& p) {
   const std::string e = p.extension().string();
   return e == ".cpp" || e == ".h" || e == ".cu" || e == ".cuh";
@@ -49,8 +48,9 @@ TEST(Layers, SourceTreeIsThere) {
   EXPECT_GT(sources().size(), size_t(50));
 }
 
-// The arrow "<file> -> <target>" when `file` (in src/) includes `target` (the text between the quotes) against
-// the layout table; empty when the include is allowed or does not name a file of another layer in src/.
+// The arrow "<file> -> <target>" when `file` (in src/) includes `target` (the text between the quotes)
+// against the layout table; empty when the include is allowed or does not name a file of another layer in
+// src/.
 std::string wrong_arrow(const fs::path& file, const std::string& target_text) {
   const fs::path rel = fs::relative(file, kSrc);
   const std::string layer = rel.begin()->string();

@@ -1,6 +1,7 @@
 // The static completeness check of the op table: every op has a CPU kernel, every op marked differentiable
-// has a backward rule, and the names of the op list are unique. A failure lists every op that is missing something, so adding an Op to
-// src/core/op.h without registering it in its family file fails here, not in some later graph.
+// has a backward rule, and the names of the op list are unique. A failure lists every op that is missing
+// something, so adding an Op to src/core/op.h without registering it in its family file fails here, not in
+// some later graph.
 #include <gtest/gtest.h>
 
 #include <regex>

@@ -29,10 +29,11 @@ TEST(CudaLaunchers, EveryOpHasOneOrIsMarkedWithout) {
     if (kOpKernels[i] == OpKernels::Every && !has) missing.push_back(op_name(Op(i)));
     if (kOpKernels[i] != OpKernels::Every && has) unmarked.push_back(op_name(Op(i)));
   }
-  EXPECT_TRUE(missing.empty()) << "ops marked Every in src/core/op_list.h without a CUDA launcher (register one "
-                               << "in their src/cuda family file, or mark them CpuOnly): " << join(missing);
-  EXPECT_TRUE(unmarked.empty()) << "ops with a CUDA launcher marked CpuOnly or Structural in src/core/op_list.h: "
-                                << join(unmarked);
+  EXPECT_TRUE(missing.empty())
+      << "ops marked Every in src/core/op_list.h without a CUDA launcher (register one "
+      << "in their src/cuda family file, or mark them CpuOnly): " << join(missing);
+  EXPECT_TRUE(unmarked.empty())
+      << "ops with a CUDA launcher marked CpuOnly or Structural in src/core/op_list.h: " << join(unmarked);
 }
 
 TEST(CudaLaunchers, AskingOutsideTheListThrows) {

@@ -255,7 +255,7 @@ void ChunkGemm::cache_store(const GemmPlan& plan) {
   if (f.path.empty() || plan.cands.size() < 2) return;
   if (f.signature.empty()) f.signature = cache_signature();
   TuneEntry e{std::vector<int64_t>(plan.key.begin(), plan.key.end()),
-                  {int64_t(plan.cands.size()), plan.idx[0], plan.idx[1]}};
+              {int64_t(plan.cands.size()), plan.idx[0], plan.idx[1]}};
   f.entries[e.key] = e.value;
   // One writer at a time in this process: the atomic write's temporary name is per process, and backends
   // on other threads may share the file.
