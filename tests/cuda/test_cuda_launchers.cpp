@@ -39,7 +39,9 @@ TEST(CudaLaunchers, EveryOpHasOneOrIsMarkedWithout) {
 TEST(CudaLaunchers, AskingOutsideTheListThrows) {
   // Built without CUDA, every call is the stub's error; with it, an op past the list is one.
   EXPECT_THROW(cuda_has_kernel(Op::Count), Error);
-  if (!RETORT_HAS_CUDA) EXPECT_THROW(cuda_has_kernel(Op::Add), Error);
+  if (!RETORT_HAS_CUDA) {
+    EXPECT_THROW(cuda_has_kernel(Op::Add), Error);
+  }
 }
 
 }  // namespace
