@@ -35,6 +35,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda/loss/phase_profile.h"
 #include "cuda/lt_tune.h"
 #include "retort.h"
 
@@ -124,44 +125,6 @@ struct FloorAlgo {
 };
 std::vector<FloorAlgo> g_floor_algos;
 
-// With RETORT_CHUNK_PROFILE=1 (the fused ops' phase profile) each floor GEMM is timed in context too, by
-// events around it, and the means per shape are printed at exit beside the fused ops' phases.
-struct FloorProfile {
-  std::vector<std::tuple<std::string, cudaEvent_t, cudaEvent_t>> recs;
-  std::map<std::string, std::vector<float>> samples;  // ms per call
-  void flush() {
-    for (auto& [label, a, b] : recs) {
-      float ms = 0.0f;
-      if (cudaEventSynchronize(b) == cudaSuccess && cudaEventElapsedTime(&ms, a, b) == cudaSuccess)
-        samples[label].push_back(ms);
-      cudaEventDestroy(a);
-      cudaEventDestroy(b);
-    }
-    recs.clear();
-  }
-  static FloorProfile* get() {
-    static FloorProfile* p = [] {
-      const char* e = std::getenv("RETORT_CHUNK_PROFILE");
-      if (!e || e[0] != '1') return static_cast<FloorProfile*>(nullptr);
-      auto* q = new FloorProfile;
-      std::atexit([] {
-        FloorProfile* f = get();
-        f->flush();
-        std::fprintf(stderr, "floor GEMMs in context: label, count, median us, mean us\n");
-        for (auto& [label, v] : f->samples) {
-          double sum = 0.0;
-          for (float x : v) sum += x;
-          std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
-          std::fprintf(stderr, "  %-52s %8zu %10.1f %10.1f\n", label.c_str(), v.size(), 1e3 * v[v.size() / 2],
-                       1e3 * sum / double(v.size()));
-        }
-      });
-      return q;
-    }();
-    return p;
-  }
-};
-
 // C [m, n] f32 (row-major) = op(A)·op(B), A and B bf16 row-major: A [m, k] (or [k, m] when ta), B [k, n]
 // (or [n, k] when tb). cuBLASLt is column-major, so it computes Cᵀ = op(B)ᵀ·op(A)ᵀ on the same memory.
 void gemm_rm(Lt& lt, const void* a, bool ta, const void* b, bool tb, float* c, int64_t m, int64_t n,
@@ -208,21 +171,13 @@ void gemm_rm(Lt& lt, const void* a, bool ta, const void* b, bool tb, float* c, i
         },
         7, 3));
   }
-  FloorProfile* prof = FloorProfile::get();
-  cudaEvent_t pa = nullptr, pb = nullptr;
-  if (prof) {
-    CK(cudaEventCreate(&pa));
-    CK(cudaEventCreate(&pb));
-    CK(cudaEventRecord(pa, s));
-  }
+  // Under RETORT_CHUNK_PROFILE=1 each floor GEMM is a phase of the fused ops' profile too, printed beside
+  // their GEMMs of the same shape.
+  retort::cuda::Phase phase(
+      [&] { return "floor gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k); },
+      s);
   LT(cublasLtMatmul(lt.h, md, &alpha, b, lx, a, ly, &beta, c, lc, c, lc, &known->cands[known->pick].algo,
                     lt.ws, lt.ws_bytes, s));
-  if (prof) {
-    CK(cudaEventRecord(pb, s));
-    prof->recs.emplace_back(
-        "floor gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k), pa, pb);
-    if (prof->recs.size() >= 2048) prof->flush();
-  }
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatrixLayoutDestroy(lc);
   cublasLtMatrixLayoutDestroy(ly);
@@ -533,8 +488,7 @@ int main(int argc, char** argv) {
       "device: %s; budget %s MiB; bf16 inputs, f32 accumulation and gradients; %s chunk logits; %.0f s "
       "preheat; GEMM algorithms: %s; %s%s\n",
       prop.name, budget_mib ? std::to_string(budget_mib).c_str() : "auto",
-      logits_dtype ? dtype_name(*logits_dtype) : "default (the inputs' dtype)",
-      g_preheat_s,
+      logits_dtype ? dtype_name(*logits_dtype) : "default (the inputs' dtype)", g_preheat_s,
       g_floor_best ? "floor: the fastest of cuBLASLt's first 8 in steady state (--floor best)"
                    : "floor: cuBLASLt's first choice (--floor first)",
       g_tune == GemmTune::All   ? "retort: every GEMM timed at first use (--gemm-tune all)"

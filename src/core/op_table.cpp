@@ -33,8 +33,7 @@ const OpInfo& op_info(Op op) {
 }
 
 const char* op_name(Op op) {
-  const char* n = op_info(op).name;
-  return n ? n : "?";
+  return size_t(op) < size_t(kOpCount) ? kOpNames[size_t(op)] : "?";
 }
 
 }  // namespace retort

@@ -1,5 +1,6 @@
-// The op registry: for each Op its name, CPU kernel and backward rule. Each op family registers its entries
-// from its own file (src/ops/*.cpp); tests/core/test_op_table.cpp checks that no entry is missing.
+// The op registry: for each Op its CPU kernel and backward rule (its name is in the op list, op_list.h). Each
+// op family registers its entries from its own file (src/ops/*.cpp); tests/core/test_op_table.cpp checks that
+// no entry is missing.
 #pragma once
 #include <array>
 #include <functional>
@@ -18,7 +19,8 @@ using CpuKernel = void (*)(Tensor* node, ThreadPool& pool);
 // What a backward rule can do: create ops in the graph's context and hand gradients to sources.
 class BackwardCtx {
  public:
-  BackwardCtx(Context& ctx, std::function<bool(const Tensor*)> needs, std::function<void(Tensor*, Tensor*)> add,
+  BackwardCtx(Context& ctx, std::function<bool(const Tensor*)> needs,
+              std::function<void(Tensor*, Tensor*)> add,
               std::function<Tensor*(const Tensor*)> grad_of = nullptr)
       : ctx(ctx), needs_(std::move(needs)), add_(std::move(add)), grad_of_(std::move(grad_of)) {}
   Context& ctx;
@@ -41,8 +43,8 @@ class BackwardCtx {
 // Emits the ops that compute the sources' gradients of node, given the gradient of node.
 using BackwardRule = void (*)(BackwardCtx& bc, Tensor* node, Tensor* grad);
 
+// An op's entry; its name and the backends that run it come from the op list (op.h).
 struct OpInfo {
-  const char* name = nullptr;
   CpuKernel cpu = nullptr;
   BackwardRule backward = nullptr;
   bool differentiable =
@@ -61,6 +63,7 @@ struct OpInfo {
 using OpTable = std::array<OpInfo, kOpCount>;
 
 const OpInfo& op_info(Op op);
+// The op's name from the op list; "?" for a value outside it.
 const char* op_name(Op op);
 
 // Registration hooks, one per op family file.

@@ -21,6 +21,7 @@
 #include "../core/op_table.h"
 #include "cuda_backend.h"
 #include "cuda_common.cuh"
+#include "loss/phase_profile.h"
 #include "loss/softmax_chunk.h"
 
 #ifndef RETORT_SM_ARCH
@@ -36,8 +37,8 @@ __global__ void probe_kernel(int* out) {
   if (out) *out = 1;
 }
 
-// RETORT_OP_PROFILE=1: each node's kernels timed with a pair of events, summed per op (and per op and shape),
-// and printed to stderr as a table when the backend goes away: where a training step's time goes.
+// CudaOptions::op_profile: each node's kernels timed with a pair of events, summed per op (and per op and
+// shape), and printed to stderr as a table when the backend goes away: where a training step's time goes.
 class OpProfile {
  public:
   ~OpProfile() {
@@ -82,8 +83,8 @@ class OpProfile {
       std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
       std::fprintf(stderr, "%-90s %8s %10s %6s\n", title, "calls", "ms", "%");
       for (size_t i = 0; i < v.size() && i < rows; ++i)
-        std::fprintf(stderr, "%-90.90s %8lld %10.3f %6.1f\n", v[i].first.c_str(), v[i].second.calls, v[i].second.ms,
-                     total > 0 ? 100.0 * v[i].second.ms / total : 0.0);
+        std::fprintf(stderr, "%-90.90s %8lld %10.3f %6.1f\n", v[i].first.c_str(), v[i].second.calls,
+                     v[i].second.ms, total > 0 ? 100.0 * v[i].second.ms / total : 0.0);
     };
     std::fprintf(stderr, "RETORT_OP_PROFILE: %.3f ms in node launches\n", total);
     table(by_op_, "op", 40);
@@ -210,33 +211,16 @@ class CudaBackend final : public Backend {
     RT_CHECK(opts.gemm_workspace_bytes <= (size_t(1) << 32), "cuda backend: gemm_workspace_bytes ",
              opts.gemm_workspace_bytes, " is larger than 4 GiB");
     ex_.device = device;
-    ex_.opts = opts;
-    // RETORT_GEMM_TUNE=0 / 1 / 2 overrides CudaOptions::gemm_tune (Off / Accumulating / All).
     const int tune = int(opts.gemm_tune);
     RT_CHECK(tune >= 0 && tune <= 2,
              "cuda backend: gemm_tune must be GemmTune::Off, Accumulating or All, got ", tune);
-    if (const char* e = std::getenv("RETORT_GEMM_TUNE"); e && *e) {
-      RT_CHECK(e[0] >= '0' && e[0] <= '2' && !e[1], "cuda backend: RETORT_GEMM_TUNE=", e,
-               " must be 0 (off), 1 (accumulating GEMMs) or 2 (all)");
-      ex_.opts.gemm_tune = GemmTune(e[0] - '0');
-    }
-    ex_.gemm_cache->path = opts.gemm_cache;
-    if (const char* e = std::getenv("RETORT_GEMM_CACHE"); e && *e) ex_.gemm_cache->path = e;
-    if (const char* e = std::getenv("RETORT_SOFTMAX_EPILOGUE"); e && *e) {
-      RT_CHECK((e[0] == '0' || e[0] == '1') && !e[1], "cuda backend: RETORT_SOFTMAX_EPILOGUE=", e,
-               " must be 0 (off) or 1 (on)");
-      ex_.opts.softmax_epilogue = e[0] == '1';
-    }
     RT_CHECK(opts.softmax_pingpong >= -1 && opts.softmax_pingpong <= 1,
              "cuda backend: softmax_pingpong must be -1 (by H), 0 (off) or 1 (on), got ",
              opts.softmax_pingpong);
-    if (const char* e = std::getenv("RETORT_SOFTMAX_PINGPONG"); e && *e) {
-      RT_CHECK((e[0] == '0' || e[0] == '1') && !e[1], "cuda backend: RETORT_SOFTMAX_PINGPONG=", e,
-               " must be 0 (off) or 1 (on)");
-      ex_.opts.softmax_pingpong = e[0] - '0';
-    }
-    if (const char* e = std::getenv("RETORT_OP_PROFILE"); e && *e && std::string(e) != "0")
-      profile_ = std::make_unique<OpProfile>();
+    ex_.opts = cuda_options_from_env(opts);
+    ex_.gemm_cache->path = ex_.opts.gemm_cache;
+    if (ex_.opts.op_profile) profile_ = std::make_unique<OpProfile>();
+    if (ex_.opts.chunk_profile) enable_phase_profile();
     DeviceScope scope(device);
     try {
       RT_CUDA_CHECK(cudaDeviceGetAttribute(&ex_.sm_count, cudaDevAttrMultiProcessorCount, device));
@@ -312,9 +296,9 @@ class CudaBackend final : public Backend {
   }
 
   void run(Tensor* node) override {
-    if (node->op == Op::None || node->op == Op::View || node->op == Op::AuxOutput) return;
     RT_CHECK(size_t(node->op) < size_t(kOpCount), "cuda backend: node ", node->describe(), " has unknown op ",
              int(node->op));
+    if (kOpKernels[size_t(node->op)] == OpKernels::Structural) return;
     CudaLauncher f = launcher_table()[size_t(node->op)];
     RT_CHECK(f != nullptr, "cuda backend: op ", op_name(node->op), " (node ", node->describe(),
              ") has no CUDA kernel");
@@ -327,7 +311,8 @@ class CudaBackend final : public Backend {
 
   bool records_launches() const override { return ex_.opts.graphs && !profile_; }
 
-  void run_nodes(const std::vector<Tensor*>& nodes, uint64_t signature, std::unique_ptr<Replay>& slot) override {
+  void run_nodes(const std::vector<Tensor*>& nodes, uint64_t signature,
+                 std::unique_ptr<Replay>& slot) override {
     if (!records_launches()) return Backend::run_nodes(nodes, signature, slot);
     DeviceScope scope(ex_.device);
     auto* r = dynamic_cast<CudaReplay*>(slot.get());
@@ -403,8 +388,8 @@ class CudaBackend final : public Backend {
   bool tuning_pending() const {
     const auto now = std::chrono::steady_clock::now();
     for (const LtTuned& e : *ex_.lt_tuned)
-      if (!e.settled && std::chrono::duration<double>(now - e.first).count() <
-                            LtTuned::kSettleSeconds + kSettleWaitSeconds)
+      if (!e.settled &&
+          std::chrono::duration<double>(now - e.first).count() < LtTuned::kSettleSeconds + kSettleWaitSeconds)
         return true;
     return false;
   }
@@ -578,6 +563,33 @@ void cuda_reset_peak(Backend& backend) {
 
 void cuda_empty_cache(Backend& backend) {
   cuda::as_cuda(backend, "cuda_empty_cache").allocator().empty_cache();
+}
+
+namespace {
+// The value of a switch that is 0 or 1: v unchanged when the variable is unset or empty.
+bool flag_from_env(const char* name, bool v) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return v;
+  RT_CHECK((e[0] == '0' || e[0] == '1') && !e[1], "cuda backend: ", name, "=", e, " must be 0 or 1");
+  return e[0] == '1' || v;
+}
+}  // namespace
+
+CudaOptions cuda_options_from_env(CudaOptions o) {
+  if (const char* e = std::getenv("RETORT_GEMM_TUNE"); e && *e) {
+    RT_CHECK(e[0] >= '0' && e[0] <= '2' && !e[1], "cuda backend: RETORT_GEMM_TUNE=", e,
+             " must be 0 (off), 1 (accumulating GEMMs) or 2 (all)");
+    o.gemm_tune = GemmTune(e[0] - '0');
+  }
+  if (const char* e = std::getenv("RETORT_GEMM_CACHE"); e && *e) o.gemm_cache = e;
+  o.op_profile = flag_from_env("RETORT_OP_PROFILE", o.op_profile);
+  o.chunk_profile = flag_from_env("RETORT_CHUNK_PROFILE", o.chunk_profile);
+  return o;
+}
+
+bool cuda_has_kernel(Op op) {
+  RT_CHECK(size_t(op) < size_t(kOpCount), "cuda_has_kernel: op ", int(op), " is outside the op list");
+  return cuda::launcher_table()[size_t(op)] != nullptr;
 }
 
 size_t cuda_tuned_gemms(Backend& backend) {

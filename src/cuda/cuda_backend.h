@@ -36,22 +36,20 @@ struct CudaOptions {
   // in f32 rounding (Off for bitwise-reproducible runs); at most 64 shapes per backend are timed, later ones
   // take the first choice. Default All: on an H100 cuBLASLt's first choice is 11-17 % slower than another of
   // its first 8 candidates for the 16-bit logits GEMMs in steady state, and 5-12 % for dW += Gᵀ·H
-  // (bench/HISTORY.md, sessions 14 and 15). Environment override, read by make_cuda_backend (which throws on
-  // another value): RETORT_GEMM_TUNE=0 (Off), 1 (Accumulating), 2 (All).
+  // (bench/HISTORY.md, sessions 14 and 15). Environment: RETORT_GEMM_TUNE (see cuda_options_from_env).
   GemmTune gemm_tune = GemmTune::All;
   // A file that keeps the timed picks across processes (empty: none): a GEMM shape that gemm_tune times,
   // found there under this device's signature (its name, SM count, cuBLASLt version and workspace size) takes
   // the recorded algorithms without timing, so runs on one machine pick the same algorithms and round alike;
-  // each shape timed is added (merged with the file, written atomically: src/io/tune_cache.h). A pick is
+  // each shape timed is added (merged with the file, written atomically: src/cuda/tune_cache.h). A pick is
   // recorded when first timed and again when timed the second time; delete the file to time afresh. A
-  // malformed file is a retort::Error naming it at the first fused GEMM. Environment override:
-  // RETORT_GEMM_CACHE=<path>.
+  // malformed file is a retort::Error naming it at the first fused GEMM. Environment: RETORT_GEMM_CACHE.
   std::string gemm_cache;
   // Fused cross-entropy on sm_90a (H100 / H200) with bf16 hidden and weight, no bias, no label smoothing and
   // no softcap: each chunk's logits GEMM forms exp(z − z_label) in its epilogue, so the logits never make the
   // round trip through memory that a row pass costs (src/cuda/loss/softmax_chunk.h; the gradient GEMMs
   // read that bf16 matrix, as they read the bf16 gradient otherwise). Other losses, options and devices take
-  // the row-pass path. Environment override: RETORT_SOFTMAX_EPILOGUE=0 (off) or 1 (on).
+  // the row-pass path.
   bool softmax_epilogue = true;
   // How that epilogue GEMM's two consumer warpgroups share the work. Ping-pong (1): each takes 64 x 256 tiles
   // of its own and they run their mainloops in turn, so one's epilogue (the exponentials and the bf16
@@ -59,16 +57,34 @@ struct CudaOptions {
   // work on one 128 x 256 tile and the tensor cores wait during their epilogue, with 3/5 of the ping-pong's
   // L2 traffic per flop. -1 (the default): ping-pong for H ≤ 1,024, where the epilogue is a large part of
   // each tile's time (H100, session 19: fused CE at H = 768 1.13-1.15x its floor against 1.17; top-K at
-  // H = 2,048 1.16 against 1.07-1.10). Environment override: RETORT_SOFTMAX_PINGPONG=0 or 1. Other values
-  // throw retort::Error from make_cuda_backend.
+  // H = 2,048 1.16 against 1.07-1.10). Other values throw retort::Error from make_cuda_backend.
   int softmax_pingpong = -1;
   // A graph that runs again with the same nodes, parameters and placement (a training step, a teacher
-  // forward over same-shaped batches) has its launches recorded as a CUDA Graph at its second run and replayed
-  // from then on: one launch instead of hundreds, the same kernels in the same order, so bit-identical
-  // results. Recording waits until the fused losses' GEMM timings have settled; a list whose launchers cannot
-  // be recorded runs eagerly. The recording keeps the temporaries it used for the graph's life.
+  // forward over same-shaped batches) has its launches recorded as a CUDA Graph at its second run and
+  // replayed from then on: one launch instead of hundreds, the same kernels in the same order, so
+  // bit-identical results. Recording waits until the fused losses' GEMM timings have settled; a list whose
+  // launchers cannot be recorded runs eagerly. The recording keeps the temporaries it used for the graph's
+  // life.
   bool graphs = true;
+  // Every node's kernels timed with a pair of CUDA events, summed per op and per op and shape, printed to
+  // stderr when the backend goes away (cuda_reset_peak restarts the count). Turns CUDA Graph replay off, so
+  // it times eager launches. Environment: RETORT_OP_PROFILE.
+  bool op_profile = false;
+  // The fused losses' phases (each GEMM by shape, each row loss, the whole op) timed in context by CUDA
+  // events, medians and means printed to stderr at exit (src/cuda/loss/phase_profile.h). Process-wide: the
+  // first backend made with it on turns it on. Environment: RETORT_CHUNK_PROFILE.
+  bool chunk_profile = false;
 };
+
+// The environment's word on a CudaOptions, read in this one place (make_cuda_backend calls it on the options
+// it is given, so a program gets the switches without code):
+//   RETORT_GEMM_TUNE=0|1|2     gemm_tune: Off, Accumulating, All
+//   RETORT_GEMM_CACHE=<path>   gemm_cache
+//   RETORT_OP_PROFILE=1        op_profile (0 or unset: as given)
+//   RETORT_CHUNK_PROFILE=1     chunk_profile (0 or unset: as given)
+// An unset or empty variable leaves the option as given. Throws retort::Error naming the variable when a
+// value is not one of those.
+CudaOptions cuda_options_from_env(CudaOptions options);
 
 // True when retort was built with CUDA and at least one device is usable; why_not gets the reason otherwise.
 // Never throws and never aborts: a missing device or a failing driver is a reason, not a crash.
@@ -93,6 +109,9 @@ CudaMemoryStats cuda_memory_stats(Backend& backend);
 void cuda_reset_peak(Backend& backend);
 // Returns cached (free) blocks to the device. Throws retort::Error if backend is not a CUDA backend.
 void cuda_empty_cache(Backend& backend);
+// Whether the CUDA backend has a kernel for op (asks no device; op_list.h says which ops must have one).
+// Throws retort::Error when retort was built without CUDA or op is outside the op list.
+bool cuda_has_kernel(Op op);
 // How many GEMM shapes the backend's fused linear losses timed cuBLASLt's algorithms for
 // (CudaOptions::gemm_tune). Throws retort::Error if backend is not a CUDA backend.
 size_t cuda_tuned_gemms(Backend& backend);

@@ -168,7 +168,7 @@ struct LtTuned {
   bool settled = false;                         // timed the second time
 };
 
-// The fused linear losses' GEMM algorithm cache file (CudaOptions::gemm_cache, io/tune_cache.h), shared by
+// The fused linear losses' GEMM algorithm cache file (CudaOptions::gemm_cache, cuda/tune_cache.h), shared by
 // a backend's executors: per GemmKey, {candidate count, index picked for beta = 0, for beta != 0}. Read at
 // the first GEMM that would be timed; written (merged, atomically) each time a shape is timed.
 struct GemmCacheFile {

@@ -28,6 +28,14 @@ void cuda_empty_cache(Backend&) {
   RT_FAIL("cuda_empty_cache: ", kNoCuda);
 }
 
+CudaOptions cuda_options_from_env(CudaOptions) {
+  RT_FAIL("cuda_options_from_env: ", kNoCuda);
+}
+
+bool cuda_has_kernel(Op) {
+  RT_FAIL("cuda_has_kernel: ", kNoCuda);
+}
+
 size_t cuda_tuned_gemms(Backend&) {
   RT_FAIL("cuda_tuned_gemms: ", kNoCuda);
 }

@@ -224,8 +224,8 @@ Tensor* flash_attention_lse(Tensor* attention) {
 }
 
 void register_attention_ops(OpTable& t) {
-  t[size_t(Op::FlashAttention)] = {"flash_attention", cpu_flash_attention, back_flash_attention, true};
-  t[size_t(Op::FlashAttentionBack)] = {"flash_attention_back", cpu_flash_attention_back, nullptr, false};
+  t[size_t(Op::FlashAttention)] = {cpu_flash_attention, back_flash_attention, true};
+  t[size_t(Op::FlashAttentionBack)] = {cpu_flash_attention_back, nullptr, false};
 }
 
 }  // namespace retort

@@ -128,7 +128,7 @@ void cpu_all_reduce(Tensor* node, ThreadPool&) {
 }  // namespace
 
 void register_collective_ops(OpTable& t) {
-  t[size_t(Op::AllReduce)] = {"all_reduce", cpu_all_reduce, nullptr, false};
+  t[size_t(Op::AllReduce)] = {cpu_all_reduce, nullptr, false};
 }
 
 }  // namespace retort

@@ -218,23 +218,23 @@ Tensor* gelu(Context& ctx, Tensor* x) { return unary(ctx, Op::Gelu, "gelu", x); 
 Tensor* silu(Context& ctx, Tensor* x) { return unary(ctx, Op::Silu, "silu", x); }
 
 void register_elementwise_ops(OpTable& t) {
-  t[size_t(Op::Add)] = {"add", cpu_add, back_add, true};
-  t[size_t(Op::Sub)] = {"sub", cpu_sub, back_sub, true};
-  t[size_t(Op::Mul)] = {"mul", cpu_mul, back_mul, true};
-  t[size_t(Op::Div)] = {"div", cpu_div, back_div, true};
-  t[size_t(Op::Scale)] = {"scale", cpu_scale, back_scale, true};
-  t[size_t(Op::Neg)] = {"neg", cpu_neg, back_neg, true};
-  t[size_t(Op::Exp)] = {"exp", cpu_exp, back_exp, true};
-  t[size_t(Op::Log)] = {"log", cpu_log, back_log, true};
-  t[size_t(Op::Sqrt)] = {"sqrt", cpu_sqrt, back_sqrt, true};
-  t[size_t(Op::Rsqrt)] = {"rsqrt", cpu_rsqrt, back_rsqrt, true};
-  t[size_t(Op::Tanh)] = {"tanh", cpu_tanh, back_tanh, true};
-  t[size_t(Op::Relu)] = {"relu", cpu_relu, back_relu, true};
-  t[size_t(Op::Gelu)] = {"gelu", cpu_gelu, back_gelu, true};
-  t[size_t(Op::Silu)] = {"silu", cpu_silu, back_silu, true};
-  t[size_t(Op::ReluBack)] = {"relu_back", cpu_relu_back, nullptr, false};
-  t[size_t(Op::GeluBack)] = {"gelu_back", cpu_gelu_back, nullptr, false};
-  t[size_t(Op::SiluBack)] = {"silu_back", cpu_silu_back, nullptr, false};
+  t[size_t(Op::Add)] = {cpu_add, back_add, true};
+  t[size_t(Op::Sub)] = {cpu_sub, back_sub, true};
+  t[size_t(Op::Mul)] = {cpu_mul, back_mul, true};
+  t[size_t(Op::Div)] = {cpu_div, back_div, true};
+  t[size_t(Op::Scale)] = {cpu_scale, back_scale, true};
+  t[size_t(Op::Neg)] = {cpu_neg, back_neg, true};
+  t[size_t(Op::Exp)] = {cpu_exp, back_exp, true};
+  t[size_t(Op::Log)] = {cpu_log, back_log, true};
+  t[size_t(Op::Sqrt)] = {cpu_sqrt, back_sqrt, true};
+  t[size_t(Op::Rsqrt)] = {cpu_rsqrt, back_rsqrt, true};
+  t[size_t(Op::Tanh)] = {cpu_tanh, back_tanh, true};
+  t[size_t(Op::Relu)] = {cpu_relu, back_relu, true};
+  t[size_t(Op::Gelu)] = {cpu_gelu, back_gelu, true};
+  t[size_t(Op::Silu)] = {cpu_silu, back_silu, true};
+  t[size_t(Op::ReluBack)] = {cpu_relu_back, nullptr, false};
+  t[size_t(Op::GeluBack)] = {cpu_gelu_back, nullptr, false};
+  t[size_t(Op::SiluBack)] = {cpu_silu_back, nullptr, false};
 }
 
 }  // namespace retort

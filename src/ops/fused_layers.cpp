@@ -233,12 +233,12 @@ Tensor* swiglu(Context& ctx, Tensor* gate, Tensor* up, DType out) {
 }
 
 void register_fused_layer_ops(OpTable& t) {
-  t[size_t(Op::RmsNormAffine)] = {"rms_norm_affine", cpu_rms_norm_affine, back_rms_norm_affine, true};
+  t[size_t(Op::RmsNormAffine)] = {cpu_rms_norm_affine, back_rms_norm_affine, true};
   t[size_t(Op::RmsNormAffine)].grads_through_aux = true;
-  t[size_t(Op::RmsNormAffineBack)] = {"rms_norm_affine_back", cpu_rms_norm_affine_back, nullptr, false};
-  t[size_t(Op::RmsNormAffineBackW)] = {"rms_norm_affine_back_w", cpu_rms_norm_affine_back_w, nullptr, false};
-  t[size_t(Op::Swiglu)] = {"swiglu", cpu_swiglu, back_swiglu, true};
-  t[size_t(Op::SwigluBack)] = {"swiglu_back", cpu_swiglu_back, nullptr, false};
+  t[size_t(Op::RmsNormAffineBack)] = {cpu_rms_norm_affine_back, nullptr, false};
+  t[size_t(Op::RmsNormAffineBackW)] = {cpu_rms_norm_affine_back_w, nullptr, false};
+  t[size_t(Op::Swiglu)] = {cpu_swiglu, back_swiglu, true};
+  t[size_t(Op::SwigluBack)] = {cpu_swiglu_back, nullptr, false};
 }
 
 }  // namespace retort

@@ -103,8 +103,8 @@ Tensor* get_rows(Context& ctx, Tensor* table, Tensor* ids) {
 }
 
 void register_get_rows_ops(OpTable& t) {
-  t[size_t(Op::GetRows)] = {"get_rows", cpu_get_rows, back_get_rows, true};
-  t[size_t(Op::GetRowsBack)] = {"get_rows_back", cpu_get_rows_back, nullptr, false};
+  t[size_t(Op::GetRows)] = {cpu_get_rows, back_get_rows, true};
+  t[size_t(Op::GetRowsBack)] = {cpu_get_rows_back, nullptr, false};
 }
 
 }  // namespace retort

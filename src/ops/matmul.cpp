@@ -162,7 +162,7 @@ Tensor* matmul_lowp(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool t
 }
 
 void register_matmul_ops(OpTable& t) {
-  t[size_t(Op::Matmul)] = {"matmul", cpu_matmul, back_matmul, true};
+  t[size_t(Op::Matmul)] = {cpu_matmul, back_matmul, true};
 }
 
 }  // namespace retort

@@ -138,10 +138,10 @@ Tensor* layer_norm(Context& ctx, Tensor* x, float eps) {
 }
 
 void register_norm_ops(OpTable& t) {
-  t[size_t(Op::RmsNorm)] = {"rms_norm", cpu_rms_norm, back_rms_norm, true};
-  t[size_t(Op::RmsNormBack)] = {"rms_norm_back", cpu_rms_norm_back, nullptr, false};
-  t[size_t(Op::LayerNorm)] = {"layer_norm", cpu_layer_norm, back_layer_norm, true};
-  t[size_t(Op::LayerNormBack)] = {"layer_norm_back", cpu_layer_norm_back, nullptr, false};
+  t[size_t(Op::RmsNorm)] = {cpu_rms_norm, back_rms_norm, true};
+  t[size_t(Op::RmsNormBack)] = {cpu_rms_norm_back, nullptr, false};
+  t[size_t(Op::LayerNorm)] = {cpu_layer_norm, back_layer_norm, true};
+  t[size_t(Op::LayerNormBack)] = {cpu_layer_norm_back, nullptr, false};
 }
 
 }  // namespace retort

@@ -289,9 +289,9 @@ Tensor* sgd_step_op(Context& ctx, Tensor* stats, Tensor* table, Tensor* hparams,
 }
 
 void register_optim_ops(OpTable& t) {
-  t[size_t(Op::GradNorm)] = {"grad_norm", cpu_grad_norm, nullptr, false};
-  t[size_t(Op::AdamWStep)] = {"adamw_step", cpu_adamw_step, nullptr, false};
-  t[size_t(Op::SgdStep)] = {"sgd_step", cpu_sgd_step, nullptr, false};
+  t[size_t(Op::GradNorm)] = {cpu_grad_norm, nullptr, false};
+  t[size_t(Op::AdamWStep)] = {cpu_adamw_step, nullptr, false};
+  t[size_t(Op::SgdStep)] = {cpu_sgd_step, nullptr, false};
 }
 
 }  // namespace retort

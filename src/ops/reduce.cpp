@@ -231,15 +231,15 @@ Tensor* reduce_to(Context& ctx, Tensor* x, const int64_t ne[kMaxDims]) {
 }
 
 void register_reduce_ops(OpTable& t) {
-  t[size_t(Op::SumRows)] = {"sum_rows", cpu_sum_rows, back_sum, true};
-  t[size_t(Op::MeanRows)] = {"mean_rows", cpu_mean_rows, back_mean_rows, true};
-  t[size_t(Op::MaxRows)] = {"max_rows", cpu_max_rows, back_max_rows, true};
-  t[size_t(Op::Sum)] = {"sum", cpu_sum, back_sum, true};
-  t[size_t(Op::Mean)] = {"mean", cpu_mean, back_mean, true};
-  t[size_t(Op::Max)] = {"max", cpu_max, back_max, true};
-  t[size_t(Op::Repeat)] = {"repeat", cpu_repeat, back_repeat, true};
-  t[size_t(Op::ReduceTo)] = {"reduce_to", cpu_reduce_to, back_reduce_to, true};
-  t[size_t(Op::MaxBack)] = {"max_back", cpu_max_back, nullptr, false};
+  t[size_t(Op::SumRows)] = {cpu_sum_rows, back_sum, true};
+  t[size_t(Op::MeanRows)] = {cpu_mean_rows, back_mean_rows, true};
+  t[size_t(Op::MaxRows)] = {cpu_max_rows, back_max_rows, true};
+  t[size_t(Op::Sum)] = {cpu_sum, back_sum, true};
+  t[size_t(Op::Mean)] = {cpu_mean, back_mean, true};
+  t[size_t(Op::Max)] = {cpu_max, back_max, true};
+  t[size_t(Op::Repeat)] = {cpu_repeat, back_repeat, true};
+  t[size_t(Op::ReduceTo)] = {cpu_reduce_to, back_reduce_to, true};
+  t[size_t(Op::MaxBack)] = {cpu_max_back, nullptr, false};
 }
 
 }  // namespace retort

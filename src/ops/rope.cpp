@@ -88,7 +88,7 @@ Tensor* rope(Context& ctx, Tensor* x, Tensor* positions, RopeMode mode, float th
 }
 
 void register_rope_ops(OpTable& t) {
-  t[size_t(Op::Rope)] = {"rope", cpu_rope, back_rope, true};
+  t[size_t(Op::Rope)] = {cpu_rope, back_rope, true};
 }
 
 }  // namespace retort

@@ -75,7 +75,7 @@ Tensor* set_rows(Context& ctx, Tensor* dst, Tensor* src, Tensor* rows) {
 }
 
 void register_set_rows_ops(OpTable& t) {
-  t[size_t(Op::SetRows)] = {"set_rows", cpu_set_rows, nullptr, false};
+  t[size_t(Op::SetRows)] = {cpu_set_rows, nullptr, false};
 }
 
 }  // namespace retort

@@ -146,11 +146,11 @@ Tensor* causal_softmax(Context& ctx, Tensor* x, float scale, int64_t n_past) {
 }
 
 void register_softmax_ops(OpTable& t) {
-  t[size_t(Op::Softmax)] = {"softmax", cpu_softmax, back_softmax, true};
-  t[size_t(Op::LogSoftmax)] = {"log_softmax", cpu_log_softmax, back_log_softmax, true};
-  t[size_t(Op::CausalSoftmax)] = {"causal_softmax", cpu_causal_softmax, back_causal_softmax, true};
-  t[size_t(Op::SoftmaxBack)] = {"softmax_back", cpu_softmax_back, nullptr, false};
-  t[size_t(Op::LogSoftmaxBack)] = {"log_softmax_back", cpu_log_softmax_back, nullptr, false};
+  t[size_t(Op::Softmax)] = {cpu_softmax, back_softmax, true};
+  t[size_t(Op::LogSoftmax)] = {cpu_log_softmax, back_log_softmax, true};
+  t[size_t(Op::CausalSoftmax)] = {cpu_causal_softmax, back_causal_softmax, true};
+  t[size_t(Op::SoftmaxBack)] = {cpu_softmax_back, nullptr, false};
+  t[size_t(Op::LogSoftmaxBack)] = {cpu_log_softmax_back, nullptr, false};
 }
 
 }  // namespace retort

@@ -142,7 +142,7 @@ TopKLogprobs topk_logprobs(Context& ctx, Tensor* logits, int64_t k) {
 
 void register_topk_ops(OpTable& t) {
   // Not differentiable: a selection has no useful gradient, so backward() through it throws.
-  t[size_t(Op::TopKLogprobs)] = {"topk_logprobs", cpu_topk_logprobs, nullptr, false};
+  t[size_t(Op::TopKLogprobs)] = {cpu_topk_logprobs, nullptr, false};
 }
 
 }  // namespace retort

@@ -284,14 +284,14 @@ void back_slice_back(BackwardCtx& bc, Tensor* t, Tensor* g) {
 }  // namespace
 
 void register_view_ops(OpTable& t) {
-  t[size_t(Op::None)] = {"leaf", nullptr, nullptr, false};
-  t[size_t(Op::View)] = {"view", cpu_nothing, back_view, true};
-  t[size_t(Op::Cont)] = {"contiguous", cpu_cont, back_cont, true};
-  t[size_t(Op::Fill)] = {"fill", cpu_fill, nullptr, false};
-  t[size_t(Op::Accumulate)] = {"accumulate", cpu_accumulate, nullptr, false};
-  t[size_t(Op::AuxOutput)] = {"aux_output", cpu_nothing, nullptr, false};
-  t[size_t(Op::SliceBack)] = {"slice_back", cpu_slice_back, back_slice_back, true};
-  t[size_t(Op::Concat)] = {"concat", cpu_concat, back_concat, true};
+  t[size_t(Op::None)] = {nullptr, nullptr, false};
+  t[size_t(Op::View)] = {cpu_nothing, back_view, true};
+  t[size_t(Op::Cont)] = {cpu_cont, back_cont, true};
+  t[size_t(Op::Fill)] = {cpu_fill, nullptr, false};
+  t[size_t(Op::Accumulate)] = {cpu_accumulate, nullptr, false};
+  t[size_t(Op::AuxOutput)] = {cpu_nothing, nullptr, false};
+  t[size_t(Op::SliceBack)] = {cpu_slice_back, back_slice_back, true};
+  t[size_t(Op::Concat)] = {cpu_concat, back_concat, true};
 }
 
 }  // namespace retort

@@ -1,8 +1,21 @@
 #include "cuda_test_util.h"
 
 #include <memory>
+#include <random>
 
 namespace retort::test {
+
+ShardSet make_shards(const ScratchDir& dir, int64_t vocab, const ShardRecipe& r) {
+  std::mt19937 rng(r.seed);
+  std::vector<int32_t> toks(r.tokens);
+  for (size_t i = 0; i < toks.size(); ++i)
+    toks[i] = i > 0 && rng() % 3 ? int32_t((toks[i - 1] * r.mul + r.add) % vocab)
+                                 : int32_t(rng() % uint32_t(vocab));
+  ShardWriteOptions o;
+  o.val_fraction = 0.1;
+  o.tokens_per_shard = r.tokens_per_shard;
+  return write_shards(toks, dir.file("d"), vocab, o);
+}
 
 Backend& cuda_backend() {
   static std::unique_ptr<Backend> be = make_cuda_backend(0);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "io/shards.h"
 
 namespace retort::test {
 
@@ -63,6 +64,17 @@ struct ScratchDir {
   std::string file(const std::string& name) const { return (path / name).string(); }
   std::filesystem::path path;
 };
+
+// Token shards of a training test: `tokens` tokens over vocab, from a generator seeded with seed, where two
+// tokens in three follow their predecessor (next = prev * mul + add mod vocab) so there is something to
+// learn; a tenth held out for validation.
+struct ShardRecipe {
+  uint32_t seed;
+  size_t tokens;
+  int64_t tokens_per_shard;
+  int32_t mul, add;
+};
+ShardSet make_shards(const ScratchDir& dir, int64_t vocab, const ShardRecipe& r);
 
 // The message of the retort::Error f throws (a failure if it throws nothing).
 std::string error_of(const std::function<void()>& f);

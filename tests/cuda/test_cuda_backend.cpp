@@ -46,15 +46,11 @@ TEST(CudaAvailability, GivesAReasonOrAWorkingBackend) {
   const std::string emsg = error_of([] { make_cuda_backend(0); });
   unsetenv("RETORT_GEMM_TUNE");
   EXPECT_TRUE(mentions(emsg, "RETORT_GEMM_TUNE=3 must be 0")) << emsg;
-  // The softmax-epilogue switch: a bad RETORT_SOFTMAX_EPILOGUE, and its statistics asked of the CPU.
-  ASSERT_EQ(setenv("RETORT_SOFTMAX_EPILOGUE", "2", 1), 0);
-  const std::string smsg = error_of([] { make_cuda_backend(0); });
-  unsetenv("RETORT_SOFTMAX_EPILOGUE");
-  EXPECT_TRUE(mentions(smsg, "RETORT_SOFTMAX_EPILOGUE=2 must be 0")) << smsg;
-  ASSERT_EQ(setenv("RETORT_SOFTMAX_PINGPONG", "yes", 1), 0);
+  // The profile switches take 0 or 1 and nothing else.
+  ASSERT_EQ(setenv("RETORT_OP_PROFILE", "yes", 1), 0);
   const std::string pmsg = error_of([] { make_cuda_backend(0); });
-  unsetenv("RETORT_SOFTMAX_PINGPONG");
-  EXPECT_TRUE(mentions(pmsg, "RETORT_SOFTMAX_PINGPONG=yes must be 0")) << pmsg;
+  unsetenv("RETORT_OP_PROFILE");
+  EXPECT_TRUE(mentions(pmsg, "RETORT_OP_PROFILE=yes must be 0 or 1")) << pmsg;
   CudaOptions bad_pp;
   bad_pp.softmax_pingpong = 2;
   const std::string ppmsg = error_of([&] { make_cuda_backend(0, bad_pp); });

@@ -148,12 +148,10 @@ LossCase epilogue_case(const std::string& name, int64_t n, int64_t h, int64_t v,
   return c;
 }
 
-// Whether the shared backend runs the epilogue: the device can, and RETORT_SOFTMAX_EPILOGUE does not say 0.
+// Whether the shared backend (default options: the epilogue on) runs the epilogue: the device can.
 bool epilogue_on(const CudaSoftmaxEpilogueStats& s) {
-  const char* e = std::getenv("RETORT_SOFTMAX_EPILOGUE");
-  const bool on = s.supported && !(e && std::string(e) == "0");
-  if (!on) std::printf("softmax epilogue off or not supported here: the row pass runs these cases\n");
-  return on;
+  if (!s.supported) std::printf("softmax epilogue not supported here: the row pass runs these cases\n");
+  return s.supported;
 }
 
 TEST_F(CudaFused, SoftmaxEpilogueCrossEntropy) {

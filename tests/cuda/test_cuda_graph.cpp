@@ -18,17 +18,6 @@ namespace {
 
 class CudaGraphTest : public CudaTest {};
 
-ShardSet make_shards(const ScratchDir& dir, int64_t vocab) {
-  std::mt19937 rng(7);
-  std::vector<int32_t> toks(6000);
-  for (size_t i = 0; i < toks.size(); ++i)
-    toks[i] = i > 0 && rng() % 3 ? int32_t((toks[i - 1] * 5 + 1) % vocab) : int32_t(rng() % uint32_t(vocab));
-  ShardWriteOptions o;
-  o.val_fraction = 0.1;
-  o.tokens_per_shard = 2000;
-  return write_shards(toks, dir.file("d"), vocab, o);
-}
-
 // A 16-bit student (flash attention, the fused top-K loss, the fused optimizer) trained for a few steps on
 // teacher data that changes every step.
 struct TrainRun {
@@ -103,7 +92,7 @@ CudaOptions untimed(bool graphs) {
 
 TEST_F(CudaGraphTest, ReplayedTrainingStepsEqualEagerOnesBitForBit) {
   ScratchDir dir;
-  const ShardSet set = make_shards(dir, 96);
+  const ShardSet set = make_shards(dir, 96, {7, 6000, 2000, 5, 1});
   const int steps = 8;
   auto eager_be = make_cuda_backend(0, untimed(false));
   auto graph_be = make_cuda_backend(0, untimed(true));
@@ -132,7 +121,7 @@ TEST_F(CudaGraphTest, ReplayedTrainingStepsEqualEagerOnesBitForBit) {
 // LtTuned::kSettleSeconds under load), then records and replays.
 TEST_F(CudaGraphTest, RecordingWaitsForTheGemmTimingsToSettle) {
   ScratchDir dir;
-  const ShardSet set = make_shards(dir, 96);
+  const ShardSet set = make_shards(dir, 96, {7, 6000, 2000, 5, 1});
   CudaOptions o;
   o.gemm_tune = GemmTune::All;
   auto be = make_cuda_backend(0, o);

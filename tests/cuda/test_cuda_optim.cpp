@@ -193,23 +193,12 @@ TEST_F(CudaOptimTest, NonFiniteGradientSkipsTheStepOnTheDevice) {
   EXPECT_NE(get_bytes(p), before);
 }
 
-ShardSet make_shards(const ScratchDir& dir, int64_t vocab) {
-  std::mt19937 rng(3);
-  std::vector<int32_t> toks(4000);
-  for (size_t i = 0; i < toks.size(); ++i)
-    toks[i] = i > 0 && rng() % 3 ? int32_t((toks[i - 1] * 7 + 3) % vocab) : int32_t(rng() % uint32_t(vocab));
-  ShardWriteOptions o;
-  o.val_fraction = 0.1;
-  o.tokens_per_shard = 1500;
-  return write_shards(toks, dir.file("d"), vocab, o);
-}
-
 // LmTrainer's step on the GPU waits for the device once (the read of its loss and norm), issue 24's target,
 // and trains like the CPU: losses within 1e-4 relative over six steps. GEMM timing is off: it waits for its
 // timings at a shape's first calls, which is not the steady state this counts.
 TEST_F(CudaOptimTest, TrainerStepWaitsForTheDeviceOnce) {
   ScratchDir dir;
-  const ShardSet set = make_shards(dir, 48);
+  const ShardSet set = make_shards(dir, 48, {3, 4000, 1500, 7, 3});
   TransformerConfig c;
   c.vocab = 48;
   c.context = 8;

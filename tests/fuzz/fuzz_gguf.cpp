@@ -2,7 +2,7 @@
 // A parsed file has every metadata value read through every accessor and its small tensors dequantized, so
 // the validation is checked against the code that trusts it. Anything else (a sanitizer report, another
 // exception, an allocation past libFuzzer's limit) is a finding. Run it with tools/fuzz.sh.
-// SOURCES: src/io/gguf.cpp src/io/file.cpp src/core/quant.cpp src/core/dtype.cpp src/core/error.cpp
+// SOURCES: src/io/gguf.cpp src/io/file.cpp src/core/atomic_file.cpp src/core/quant.cpp src/core/dtype.cpp src/core/error.cpp
 // SOURCES: src/core/tensor.cpp
 #include <cstddef>
 #include <cstdint>

@@ -4,7 +4,7 @@
 // round trip, a crash, a sanitizer report, any other exception or a retort internal error is a finding.
 // Run it with tools/fuzz.sh (seeds: tests/fuzz/seeds_gpt2_vocab.cpp, small vocabularies in GPT-2's format).
 //
-// SOURCES: src/core/error.cpp src/io/file.cpp src/io/json.cpp src/io/unicode_classes.cpp
+// SOURCES: src/core/error.cpp src/io/file.cpp src/core/atomic_file.cpp src/io/json.cpp src/io/unicode_classes.cpp
 // SOURCES: src/io/pretokenize.cpp src/io/special_matcher.cpp src/io/tokenizer.cpp
 // SOURCES: src/io/tokenizer_files.cpp src/io/tokenizer_hf.cpp src/io/bpe_train.cpp
 #include <algorithm>

@@ -4,7 +4,7 @@
 // dtype, a short read, a crash or a sanitizer report is a finding. The checksum is not verified, so a
 // mutated body reaches the code behind it (a crafted file can carry a valid checksum anyway).
 // Run it with tools/fuzz.sh (seeds: tests/fuzz/seeds_token_shard.cpp).
-// SOURCES: src/io/shards.cpp src/io/batch_loader.cpp src/io/file.cpp src/core/error.cpp
+// SOURCES: src/io/shards.cpp src/io/batch_loader.cpp src/io/file.cpp src/core/atomic_file.cpp src/core/error.cpp
 // SOURCES: src/io/json.cpp src/io/unicode_classes.cpp src/io/pretokenize.cpp src/io/special_matcher.cpp
 // SOURCES: src/io/tokenizer.cpp src/io/tokenizer_files.cpp src/io/tokenizer_hf.cpp src/io/bpe_train.cpp
 #include <algorithm>

@@ -6,7 +6,7 @@
 // 1, 48 for version 2, the checksum in its last 4 bytes), so mutations reach the checks behind the checksum.
 // Run it with tools/fuzz.sh (seeds: tests/fuzz/seeds_tokenizer_file.cpp, files written by Tokenizer::save).
 //
-// SOURCES: src/core/error.cpp src/io/file.cpp src/io/json.cpp src/io/unicode_classes.cpp
+// SOURCES: src/core/error.cpp src/io/file.cpp src/core/atomic_file.cpp src/io/json.cpp src/io/unicode_classes.cpp
 // SOURCES: src/io/pretokenize.cpp src/io/special_matcher.cpp src/io/tokenizer.cpp
 // SOURCES: src/io/tokenizer_files.cpp src/io/tokenizer_hf.cpp src/io/bpe_train.cpp
 #include <algorithm>

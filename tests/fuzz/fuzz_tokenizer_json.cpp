@@ -7,7 +7,7 @@
 // the ones `RETORT_SAVE_TOKENIZERS=DIR pytest bindings/tests/test_tokenizers_hf.py` saves, make better seeds:
 // copy them into build-fuzz/corpus/tokenizer_json/).
 //
-// SOURCES: src/core/error.cpp src/io/file.cpp src/io/json.cpp src/io/unicode_classes.cpp
+// SOURCES: src/core/error.cpp src/io/file.cpp src/core/atomic_file.cpp src/io/json.cpp src/io/unicode_classes.cpp
 // SOURCES: src/io/pretokenize.cpp src/io/special_matcher.cpp src/io/tokenizer.cpp
 // SOURCES: src/io/tokenizer_files.cpp src/io/tokenizer_hf.cpp src/io/bpe_train.cpp
 #include <algorithm>

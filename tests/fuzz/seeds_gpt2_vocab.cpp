@@ -1,7 +1,7 @@
 // Writes small vocabularies in GPT-2's format (encoder.json, a NUL byte, vocab.bpe) into the directory given as
 // argv[1]: the seed corpus of fuzz_gpt2_vocab. Each has the 256 byte tokens in GPT-2's byte-to-unicode alphabet
 // and a few merges; one has an <|endoftext|> token.
-// SOURCES: src/core/error.cpp src/io/file.cpp src/io/json.cpp src/io/unicode_classes.cpp
+// SOURCES: src/core/error.cpp src/io/file.cpp src/core/atomic_file.cpp src/io/json.cpp src/io/unicode_classes.cpp
 // SOURCES: src/io/pretokenize.cpp src/io/special_matcher.cpp src/io/tokenizer.cpp
 // SOURCES: src/io/tokenizer_files.cpp src/io/tokenizer_hf.cpp src/io/bpe_train.cpp
 #include <cstdio>

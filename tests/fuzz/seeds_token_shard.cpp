@@ -1,6 +1,6 @@
 // Writes small valid token shards (u16 and u32, empty, one token, a few windows) into the directory given as
 // argv[1]: the seed corpus of fuzz_token_shard, made by the library's own writer.
-// SOURCES: src/io/shards.cpp src/io/file.cpp src/core/error.cpp
+// SOURCES: src/io/shards.cpp src/io/file.cpp src/core/atomic_file.cpp src/core/error.cpp
 // SOURCES: src/io/json.cpp src/io/unicode_classes.cpp src/io/pretokenize.cpp src/io/special_matcher.cpp
 // SOURCES: src/io/tokenizer.cpp src/io/tokenizer_files.cpp src/io/tokenizer_hf.cpp src/io/bpe_train.cpp
 #include <cstdio>

@@ -1,6 +1,6 @@
 // Writes small valid tokenizer files (Tokenizer::save) into the directory given as argv[1]: the seed corpus of
 // fuzz_tokenizer_file: byte-level BPE trained on a few sentences, with specials, and with other pre-tokenizers.
-// SOURCES: src/core/error.cpp src/io/file.cpp src/io/json.cpp src/io/unicode_classes.cpp
+// SOURCES: src/core/error.cpp src/io/file.cpp src/core/atomic_file.cpp src/io/json.cpp src/io/unicode_classes.cpp
 // SOURCES: src/io/pretokenize.cpp src/io/special_matcher.cpp src/io/tokenizer.cpp
 // SOURCES: src/io/tokenizer_files.cpp src/io/tokenizer_hf.cpp src/io/bpe_train.cpp
 #include <cstdio>

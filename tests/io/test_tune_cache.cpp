@@ -1,17 +1,18 @@
-// The tune cache file (src/io/tune_cache.h): round trip, signatures, merging, and every malformed line.
+// The tune cache file (src/cuda/tune_cache.h): round trip, signatures, merging, and every malformed line.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "io/file.h"
-#include "io/tune_cache.h"
+#include "cuda/tune_cache.h"
 #include "io_test_util.h"
 
 namespace retort::test {
 namespace {
 
 using namespace retort::io;
+using namespace retort::cuda;
 
 void put(const std::string& path, const std::string& text) {
   spit(path, std::vector<uint8_t>(text.begin(), text.end()));

@@ -12,8 +12,8 @@
 #include <mutex>
 #include <string>
 
-#include "../../io/tune_cache.h"
 #include "../lt_gemm.h"
+#include "../tune_cache.h"
 #include "cuda_chunk_kernels.h"
 #include "phase_profile.h"
 
@@ -236,7 +236,7 @@ bool ChunkGemm::cache_lookup(GemmPlan& plan) {
   if (f.path.empty()) return false;
   if (!f.loaded) {
     f.signature = cache_signature();
-    for (io::TuneEntry& e : io::read_tune_cache(f.path, f.signature))
+    for (TuneEntry& e : read_tune_cache(f.path, f.signature))
       f.entries[std::move(e.key)] = std::move(e.value);
     f.loaded = true;
   }
@@ -254,14 +254,14 @@ void ChunkGemm::cache_store(const GemmPlan& plan) {
   GemmCacheFile& f = *ex_.gemm_cache;
   if (f.path.empty() || plan.cands.size() < 2) return;
   if (f.signature.empty()) f.signature = cache_signature();
-  io::TuneEntry e{std::vector<int64_t>(plan.key.begin(), plan.key.end()),
-                  {int64_t(plan.cands.size()), plan.idx[0], plan.idx[1]}};
+  TuneEntry e{std::vector<int64_t>(plan.key.begin(), plan.key.end()),
+              {int64_t(plan.cands.size()), plan.idx[0], plan.idx[1]}};
   f.entries[e.key] = e.value;
   // One writer at a time in this process: the atomic write's temporary name is per process, and backends
   // on other threads may share the file.
   static std::mutex write_mu;
   std::lock_guard<std::mutex> lock(write_mu);
-  io::write_tune_cache(f.path, f.signature, {e});
+  write_tune_cache(f.path, f.signature, {e});
 }
 
 // Times plan's candidates on its own operands (the GEMM about to run, whose C this call overwrites) and

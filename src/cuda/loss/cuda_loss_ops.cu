@@ -32,7 +32,7 @@ using loss::kIpIgnore;
 using loss::kIpReduction;
 constexpr int kAuxRows = 0, kAuxLse = 1, kAuxParts = 2, kAuxGrad = 3;
 
-// ---- check kernels ----------------------------------------------------------------------------------------
+// Check kernels.
 
 __device__ __forceinline__ long long index_at(const void* p, bool i64, int64_t i) {
   return i64 ? static_cast<const long long*>(p)[i]
@@ -56,7 +56,7 @@ __global__ void check_ids_kernel(const void* ids, bool i64, int64_t n, int64_t v
   }
 }
 
-// ---- inputs -----------------------------------------------------------------------------------------------
+// Inputs.
 
 // Temporaries of one launch. Freed when the launcher returns, which is safe: the allocator hands a block out
 // again only to work queued later on the same stream.
@@ -102,7 +102,7 @@ const void* contiguous_as(Scratch& s, const Tensor* t, DType dt) {
   return p;
 }
 
-// ---- outputs, scale and reduction -------------------------------------------------------------------------
+// Outputs, scale and reduction.
 
 Reduction reduction(const Tensor* node) {
   return Reduction(node->ip[kIpReduction]);
@@ -193,7 +193,7 @@ bool is_i64(const Tensor* t) {
   return t->dtype == DType::I64;
 }
 
-// ---- launchers --------------------------------------------------------------------------------------------
+// Launchers.
 
 loss::Block matrix(const Tensor* t) {  // [rows, cols] through its strides
   if (!t) return {};

@@ -414,8 +414,7 @@ __global__ void __launch_bounds__(kGatherWarps * 32)
   }
 }
 
-// ---- forward KL in one pass (sparse_fkl_kernel)
-// ------------------------------------------------------------- With beta = 0 the top-K loss's gradient at
+// Forward KL in one pass (sparse_fkl_kernel). With beta = 0 the top-K loss's gradient at
 // slot k is g_k = c·(Q_k·S_P − P_k) (Q the student's softmax over the valid slots at T, P the teacher's
 // probabilities, S_P = Σ P_k, c = scale·w_soft·T), so
 //   dhidden = Σ_k g_k·W_k = c·(S_P·Σ_k Q_k·W_k − Σ_k P_k·W_k),

@@ -21,7 +21,7 @@ using rowk::vec_rows_ok;
 constexpr int kThreads = 512;
 constexpr float kLog2e = rowk::kLog2e;
 
-// ---- device helpers ---------------------------------------------------------------------------------------
+// Device helpers.
 
 __device__ __forceinline__ const char* side_at(const SideMatrix& s, int64_t r, int64_t c) {
   return static_cast<const char*>(s.data) + r * s.row_stride + c * s.col_stride;
@@ -262,7 +262,7 @@ __device__ inline void bitonic_sort(unsigned long long* keys, int64_t n) {
     }
 }
 
-// ---- host helpers ---------------------------------------------------------------------------------------
+// Host helpers.
 
 inline int grid_for(int64_t rows) {
   static const int sms = [] {

@@ -23,7 +23,7 @@ namespace {
 
 using namespace distk;
 
-// ---- full-vocabulary distillation -------------------------------------------------------------------------
+// Full-vocabulary distillation.
 
 struct DistillFlags {
   bool hard_on, want_hard;
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- full-vocabulary distillation on Hopper: rows held in a cluster's shared memory ----------------------
+// Full-vocabulary distillation on Hopper: rows held in a cluster's shared memory.
 //
 // The L2 kernel above reads each student and teacher row two or three times (statistics, divergence,
 // gradient), and at 8192 × 151936 the rows in flight do not fit in L2, so most re-reads go to HBM. Here a

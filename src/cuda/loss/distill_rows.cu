@@ -27,7 +27,7 @@ namespace {
 
 using namespace distk;
 
-// ---- top-K distillation -----------------------------------------------------------------------------------
+// Top-K distillation.
 
 struct TopKFlags {
   bool gathered;   // no ids: slot k is column k
@@ -212,8 +212,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- top-K rows as cross-entropy rows
-// ----------------------------------------------------------------------
+// Top-K rows as cross-entropy rows.
 //
 // At T = 1 with forward KL (beta = 0 over the teacher's slots) or normalize_topk, the dense part of the
 // gradient is one softmax term: scale·(w_hard·[labels] + w_soft·Σ_k p_k [not normalize_topk])·q_j, minus

@@ -2,6 +2,7 @@
 #include "phase_profile.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -14,15 +15,14 @@ namespace {
 
 class PhaseProfile {
  public:
-  static PhaseProfile* get() {
-    static PhaseProfile* p = [] {
-      const char* e = std::getenv("RETORT_CHUNK_PROFILE");
-      if (!e || e[0] != '1') return static_cast<PhaseProfile*>(nullptr);
-      auto* q = new PhaseProfile;  // lives to the end: printed by the atexit hook below
+  // The profile once enable() made it, else null.
+  static PhaseProfile* get() { return instance().load(std::memory_order_acquire); }
+  static void enable() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      instance().store(new PhaseProfile, std::memory_order_release);  // lives to the end: printed at exit
       std::atexit([] { get()->report(); });
-      return q;
-    }();
-    return p;
+    });
   }
   // Records the start of a phase on stream s; end() records its end.
   int begin(const std::string& label, cudaStream_t s) {
@@ -71,7 +71,7 @@ class PhaseProfile {
     flush_locked();
     std::fprintf(
         stderr,
-        "fused-loss phases (RETORT_CHUNK_PROFILE): label, count, median us, mean us (the first calls "
+        "fused-loss phases (CudaOptions::chunk_profile): label, count, median us, mean us (the first calls "
         "include module loading and GEMM timing)\n");
     for (auto& [label, v] : samples_) {
       double sum = 0.0;
@@ -81,6 +81,10 @@ class PhaseProfile {
                    1e3 * sum / double(v.size()));
     }
   }
+  static std::atomic<PhaseProfile*>& instance() {
+    static std::atomic<PhaseProfile*> p{nullptr};
+    return p;
+  }
   std::mutex mu_;
   int next_ = 0;
   std::map<int, Rec> open_;                            // begun, not ended
@@ -89,6 +93,10 @@ class PhaseProfile {
 };
 
 }  // namespace
+
+void enable_phase_profile() {
+  PhaseProfile::enable();
+}
 
 bool phase_profile_on() {
   return PhaseProfile::get() != nullptr;

@@ -60,8 +60,7 @@ __device__ __forceinline__ float grad_scale(const RowBlock& b) {
   return b.scale_dev ? b.scale * *b.scale_dev : b.scale;
 }
 
-// ---- row drivers
-// --------------------------------------------------------------------------------------------
+// Row drivers.
 //
 // A policy P describes one loss: begin_row(b, r, row) loads the row's side data, and reads from the row what
 // finish() needs (the gradient may overwrite the row once the statistics are merged); acc() makes the
@@ -155,7 +154,7 @@ struct SumExp {
 // Up to 1024 threads per CTA (launch_rows picks the count that splits a segment's vectors most evenly).
 template <class P, typename T, typename G>
 __global__ void __launch_bounds__(1024)
-    rows_cluster_kernel(RowBlock b, P p, int64_t seg, int nbuf, bool gvec, bool halves) {
+    rows_cluster_kernel(RowBlock b, P p, int64_t seg, int nbuf, bool gvec) {
 #ifdef RT_HAS_CLUSTERS
   const int nt = int(blockDim.x);
   extern __shared__ uint4 dyn_smem[];
@@ -180,10 +179,11 @@ __global__ void __launch_bounds__(1024)
   const int tail = int(n % 8);
   const uint32_t seg_bytes = uint32_t((n - tail) * int64_t(sizeof(T)));
   const int64_t first = blockIdx.x / cs, step = gridDim.x / cs;
-  // One buffer in two halves (halves: nbuf == 1), each on a barrier of its own (bars[0], bars[1]): the
+  // A single buffer (nbuf == 1) is used in two halves, each on a barrier of its own (bars[0], bars[1]): the
   // gradient pass asks for the next row's first half as soon as it is past it, so that load runs under the
-  // pass's second half instead of after it. hv: the first half's length, whole 8-element vectors.
-  halves = halves && nbuf == 1 && n - tail >= 16;
+  // pass's second half instead of after it. A segment too short to split (under two vectors) is one piece.
+  // hv: the first half's length, whole 8-element vectors.
+  const bool halves = nbuf == 1 && n - tail >= 16;
   const int hv = halves ? int((n - tail) / 16 * 8) : int(n - tail);
   const uint32_t h0_bytes = uint32_t(hv * int64_t(sizeof(T)));
   if (threadIdx.x == 0) {
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(1024)
 #endif
 }
 
-// ---- cross-entropy ----------------------------------------------------------------------------------------
+// Cross-entropy.
 
 struct CePolicy {
   CrossEntropyRows o;
@@ -492,7 +492,7 @@ struct CePolicy {
   }
 };
 
-// ---- entropy ----------------------------------------------------------------------------------------------
+// Entropy.
 
 struct EntropyPolicy {
   float inv_t;
@@ -562,7 +562,7 @@ struct EntropyPolicy {
   }
 };
 
-// ---- selective log-softmax --------------------------------------------------------------------------------
+// Selective log-softmax.
 
 template <typename G>
 struct SelGrad {
@@ -649,7 +649,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- small helpers ----------------------------------------------------------------------------------------
+// Small helpers.
 
 __global__ void count_kernel(const void* labels, bool i64, int64_t rows, int64_t ignore, float weight,
                              float* inv_count, int* count) {
@@ -732,11 +732,10 @@ void launch_rows(const RowBlock& b, P p, void* stream, const char* what) {
       if (clusters > 0) {
         clusters = int(std::min<int64_t>(b.rows, clusters));
         cfg.gridDim = dim3(clusters * cs);
-        // A single buffer is split in halves (rows_cluster_kernel).
         int64_t seg_arg = seg;
         int nbuf_arg = nbuf;
-        bool gvec_arg = gvec, halves_arg = true;
-        RT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, b, p, seg_arg, nbuf_arg, gvec_arg, halves_arg));
+        bool gvec_arg = gvec;
+        RT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, b, p, seg_arg, nbuf_arg, gvec_arg));
         launched = true;
       }
     }

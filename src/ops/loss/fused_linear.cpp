@@ -91,7 +91,7 @@ std::string what(const Tensor* node) {
   return os.str();
 }
 
-// ---- build-time checks --------------------------------------------------------------------------------
+// Build-time checks.
 
 // Errors name the op, the role and the lm-head's shapes: "fused_linear_topk_kd: beta must be in [0, 1] ...,
 // got 1.5 (hidden f32[4, 8], weight f32[6, 8])".
@@ -207,7 +207,7 @@ LossOutputs make_outputs(Context& ctx, Tensor* node, bool per_row, bool lse, boo
   return o;
 }
 
-// ---- CPU kernels --------------------------------------------------------------------------------------
+// CPU kernels.
 
 loss::Block matrix(const Tensor* t) {
   if (!t) return {};
@@ -330,7 +330,7 @@ void cpu_fused(Tensor* node, ThreadPool& pool) {
   loss::run_fused_linear(*ex, loss::problem_from_node(node));
 }
 
-// ---- backward -----------------------------------------------------------------------------------------
+// Backward.
 
 bool is_unit_fill(const Tensor* g) {
   return g->op == Op::Fill && g->fp[0] == 1.0f;
@@ -409,7 +409,7 @@ loss::FusedLinearProblem loss::problem_from_node(const Tensor* node) {
   return p;
 }
 
-// ---- constructors -------------------------------------------------------------------------------------
+// Constructors.
 
 LossOutputs fused_linear_cross_entropy(Context& ctx, Tensor* hidden, Tensor* weight, Tensor* bias,
                                        Tensor* labels, const CrossEntropyOptions& o,
@@ -505,17 +505,12 @@ bool accumulate_fused_aux(Tensor* aux) {
 }
 
 void register_fused_ops(OpTable& t) {
-  t[size_t(Op::FusedLinearCrossEntropy)] = {"fused_linear_cross_entropy", cpu_fused, back_fused, true,
-                                            accumulate_fused_aux};
-  t[size_t(Op::FusedLinearTopKDistill)] = {"fused_linear_topk_kd", cpu_fused, back_fused, true,
-                                           accumulate_fused_aux};
-  t[size_t(Op::FusedLinearDistill)] = {"fused_linear_distill", cpu_fused, back_fused, true,
-                                       accumulate_fused_aux};
-  t[size_t(Op::FusedLinearEntropy)] = {"fused_linear_entropy", cpu_fused, back_fused, true,
-                                       accumulate_fused_aux};
-  t[size_t(Op::FusedLinearSelectiveLogSoftmax)] = {"fused_linear_selective_log_softmax", cpu_fused,
-                                                   back_fused, true, accumulate_fused_aux};
-  t[size_t(Op::FusedLinearBack)] = {"fused_linear_back", cpu_fused, nullptr, false, accumulate_fused_aux};
+  t[size_t(Op::FusedLinearCrossEntropy)] = {cpu_fused, back_fused, true, accumulate_fused_aux};
+  t[size_t(Op::FusedLinearTopKDistill)] = {cpu_fused, back_fused, true, accumulate_fused_aux};
+  t[size_t(Op::FusedLinearDistill)] = {cpu_fused, back_fused, true, accumulate_fused_aux};
+  t[size_t(Op::FusedLinearEntropy)] = {cpu_fused, back_fused, true, accumulate_fused_aux};
+  t[size_t(Op::FusedLinearSelectiveLogSoftmax)] = {cpu_fused, back_fused, true, accumulate_fused_aux};
+  t[size_t(Op::FusedLinearBack)] = {cpu_fused, nullptr, false, accumulate_fused_aux};
 }
 
 }  // namespace retort

@@ -66,7 +66,7 @@ std::string what(const Tensor* node) {
   return os.str();
 }
 
-// ---- build-time checks --------------------------------------------------------------------------------
+// Build-time checks.
 
 void check_matrix(const char* op, const char* role, const Tensor* t, bool want_float) {
   RT_CHECK(t != nullptr, op, ": ", role, " is null");
@@ -99,7 +99,7 @@ std::string context(const Tensor* x) {
   return " (logits " + x->describe() + ")";
 }
 
-// ---- node and outputs ---------------------------------------------------------------------------------
+// Node and outputs.
 
 Tensor* loss_node(Context& ctx, Op op, Tensor* logits, Reduction red) {
   int64_t ne[kMaxDims] = {1, 1, 1, 1};
@@ -138,7 +138,7 @@ LossOutputs make_outputs(Context& ctx, Tensor* node, bool per_row, bool lse, boo
   return o;
 }
 
-// ---- CPU kernels --------------------------------------------------------------------------------------
+// CPU kernels.
 
 loss::Block matrix(const Tensor* t) {
   if (!t) return {};
@@ -272,7 +272,7 @@ void cpu_selective_back(Tensor* node, ThreadPool& pool) {
   loss::row_loss(spec, matrix(x), out, pool);
 }
 
-// ---- backward -----------------------------------------------------------------------------------------
+// Backward.
 
 bool is_unit_fill(const Tensor* g) {
   return g->op == Op::Fill && g->fp[0] == 1.0f;
@@ -333,7 +333,7 @@ void back_selective(BackwardCtx& bc, Tensor* node, Tensor* grad) {
 
 }  // namespace
 
-// ---- constructors -------------------------------------------------------------------------------------
+// Constructors.
 
 LossOutputs cross_entropy_loss(Context& ctx, Tensor* logits, Tensor* labels, const CrossEntropyOptions& o) {
   const char* op = "cross_entropy_loss";
@@ -464,13 +464,13 @@ Tensor* selective_log_softmax_grad(Context& ctx, Tensor* values, Tensor* grad_ou
 }
 
 void register_loss_ops(OpTable& t) {
-  t[size_t(Op::CrossEntropyLoss)] = {"cross_entropy_loss", cpu_row_loss, back_loss, true};
-  t[size_t(Op::TopKDistill)] = {"topk_kd", cpu_row_loss, back_loss, true};
-  t[size_t(Op::TopKKLGathered)] = {"topk_kl_gathered", cpu_row_loss, back_loss, true};
-  t[size_t(Op::Distill)] = {"distill", cpu_row_loss, back_loss, true};
-  t[size_t(Op::Entropy)] = {"entropy", cpu_row_loss, back_loss, true};
-  t[size_t(Op::SelectiveLogSoftmax)] = {"selective_log_softmax", cpu_selective, back_selective, true};
-  t[size_t(Op::SelectiveLogSoftmaxBack)] = {"selective_log_softmax_back", cpu_selective_back, nullptr, false};
+  t[size_t(Op::CrossEntropyLoss)] = {cpu_row_loss, back_loss, true};
+  t[size_t(Op::TopKDistill)] = {cpu_row_loss, back_loss, true};
+  t[size_t(Op::TopKKLGathered)] = {cpu_row_loss, back_loss, true};
+  t[size_t(Op::Distill)] = {cpu_row_loss, back_loss, true};
+  t[size_t(Op::Entropy)] = {cpu_row_loss, back_loss, true};
+  t[size_t(Op::SelectiveLogSoftmax)] = {cpu_selective, back_selective, true};
+  t[size_t(Op::SelectiveLogSoftmaxBack)] = {cpu_selective_back, nullptr, false};
 }
 
 }  // namespace retort

@@ -180,7 +180,7 @@ void zero_outputs(const RowOut& out, int64_t r) {
 
 }  // namespace
 
-// ---- cross-entropy ------------------------------------------------------------------------------------
+// Cross-entropy.
 
 int64_t check_cross_entropy(const CrossEntropySide& side, int64_t v, const std::string& what) {
   return count_valid(side.labels, side.labels.rows, v, side.ignore_index, what);
@@ -245,7 +245,7 @@ void cross_entropy_rows(const Block& logits, const CrossEntropySide& side, const
   });
 }
 
-// ---- top-K distillation -------------------------------------------------------------------------------
+// Top-K distillation.
 
 namespace {
 
@@ -402,7 +402,7 @@ void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, Thr
   });
 }
 
-// ---- full-vocabulary distillation ---------------------------------------------------------------------
+// Full-vocabulary distillation.
 
 int64_t check_distill(const DistillSide& side, int64_t rows, int64_t v, const std::string& what) {
   return count_valid(side.labels, rows, v, side.ignore_index, what);
@@ -580,7 +580,7 @@ void distill_rows(const Block& logits, const DistillSide& side, const RowOut& ou
   });
 }
 
-// ---- entropy ------------------------------------------------------------------------------------------
+// Entropy.
 
 void entropy_rows(const Block& logits, const EntropySide& side, const RowOut& out, ThreadPool& pool) {
   const int64_t v = logits.cols;
@@ -617,7 +617,7 @@ void entropy_rows(const Block& logits, const EntropySide& side, const RowOut& ou
   });
 }
 
-// ---- selective log-softmax ----------------------------------------------------------------------------
+// Selective log-softmax.
 
 void check_ids(const Block& ids, int64_t v, const std::string& what) {
   for (int64_t r = 0; r < ids.rows; ++r)

@@ -63,7 +63,7 @@ struct RowOut {
   RowOut sub_rows(int64_t r0, int64_t n) const;
 };
 
-// ---- cross-entropy ------------------------------------------------------------------------------------
+// Cross-entropy.
 // Row loss with s = softcap > 0 ? c·tanh(z/c) : z, lse = LSE(s), y = label:
 //   (1 − eps)·(lse − s_y) + eps·(lse − mean_j s_j) + z_loss·lse²
 struct CrossEntropySide {
@@ -79,7 +79,7 @@ int64_t check_cross_entropy(const CrossEntropySide& side, int64_t v, const std::
 void cross_entropy_rows(const Block& logits, const CrossEntropySide& side, const RowOut& out,
                         ThreadPool& pool);
 
-// ---- divergences ----------------------------------------------------------------------------------------
+// Divergences.
 // D(P, Q) over a row's slots (top-K) or its vocabulary (full), as a sum of per-entry terms of the teacher
 // log p and the student log q; each kernel also needs dD/d(log q) per entry (the chain rule through the
 // softmax does the rest, the same for every divergence):
@@ -97,7 +97,7 @@ struct DivergenceSpec {
   constexpr bool forward_kl() const { return kind == Divergence::Kl && beta == 0.0f; }
 };
 
-// ---- top-K distillation -------------------------------------------------------------------------------
+// Top-K distillation.
 // Slot k of a row is valid when mask[k] != 0 (or no mask) and logprob[k] != −inf; other slots are padding and
 // are never read beyond that. With S the valid slots and x = z/T:
 //   teacher log p_k = logprob_k (T = 1), or logprob_k/T − LSE_{S}(logprob/T) (T ≠ 1: renormalized over S)
@@ -119,7 +119,7 @@ struct TopKSide {
 int64_t check_topk(const TopKSide& side, int64_t rows, int64_t v, const std::string& what);
 void topk_rows(const Block& logits, const TopKSide& side, const RowOut& out, ThreadPool& pool);
 
-// ---- full-vocabulary distillation ---------------------------------------------------------------------
+// Full-vocabulary distillation.
 // P = softmax(teacher/T), Q = softmax(student/T) over all V; D as above with the sums over V; soft = T²·D,
 // hard = LSE(z) − z_label at T = 1.
 struct DistillSide {
@@ -133,14 +133,14 @@ struct DistillSide {
 int64_t check_distill(const DistillSide& side, int64_t rows, int64_t v, const std::string& what);
 void distill_rows(const Block& logits, const DistillSide& side, const RowOut& out, ThreadPool& pool);
 
-// ---- entropy ------------------------------------------------------------------------------------------
+// Entropy.
 // loss = H(softmax(z/T)) = −Σ q log q; the gradient is −(1/T)·q_j·(log q_j + H).
 struct EntropySide {
   float temperature = 1.0f;
 };
 void entropy_rows(const Block& logits, const EntropySide& side, const RowOut& out, ThreadPool& pool);
 
-// ---- selective log-softmax ----------------------------------------------------------------------------
+// Selective log-softmax.
 // out[r, k] = z_{ids[r, k]} − LSE(z); lse[r] = LSE(z) when lse is not null.
 void check_ids(const Block& ids, int64_t v, const std::string& what);
 void selective_log_softmax_rows(const Block& logits, const Block& ids, const Block& out, float* lse,

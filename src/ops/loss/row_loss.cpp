@@ -99,7 +99,7 @@ LossSpec LossSpec::sub_rows(int64_t r0, int64_t n) const {
   return s;
 }
 
-// ---- option checks --------------------------------------------------------------------------------------
+// Option checks.
 
 void check_reduction(const char* op, Reduction r, const std::string& context) {
   RT_CHECK(r == Reduction::Mean || r == Reduction::Sum || r == Reduction::None, op, ": unknown reduction ",
@@ -166,7 +166,7 @@ void check_options(const char* op, const DistillOptions& o, bool has_labels, con
   check_distill_options(op, o, has_labels, context);
 }
 
-// ---- options in slots -----------------------------------------------------------------------------------
+// Options in slots.
 
 void set_options(Tensor* node, const CrossEntropyOptions& o) {
   node->ip[kIpIgnore] = o.ignore_index;
@@ -222,7 +222,7 @@ LossSpec spec_from_slots(const Tensor* node, LossKind kind) {
   return s;
 }
 
-// ---- the CPU entry --------------------------------------------------------------------------------------
+// The CPU entry.
 
 int64_t check_side(const LossSpec& spec, int64_t rows, int64_t v, const std::string& what) {
   switch (spec.kind) {

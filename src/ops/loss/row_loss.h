@@ -42,7 +42,7 @@ struct LossSpec {
   LossSpec sub_rows(int64_t r0, int64_t n) const;
 };
 
-// ---- options in a node's slots --------------------------------------------------------------------------
+// Options in a node's slots.
 // Slots every loss node shares (row losses and fused linear losses); a fused node keeps its own integers
 // from kIpFirstFree on.
 inline constexpr int kIpReduction = 0, kIpGrad = 1, kIpIgnore = 2, kIpNormalize = 3, kIpDivergence = 4;
@@ -69,7 +69,7 @@ void set_entropy_options(Tensor* node, float temperature);
 // the caller, who knows where the node keeps them.
 LossSpec spec_from_slots(const Tensor* node, LossKind kind);
 
-// ---- the CPU row-loss entry -----------------------------------------------------------------------------
+// The CPU row-loss entry.
 // Checks spec's side data for `rows` rows of v logits (labels and ids in range, finite teacher logprobs) and
 // returns the number of rows that count (label != ignore_index; all rows for losses without labels). Throws
 // retort::Error naming `what` before anything is computed.

@@ -10,13 +10,14 @@
 //   <k0> <k1> ... : <v0> <v1> ...
 //
 // Read defensively (every malformed line is a retort::Error naming the file and the line), written
-// atomically (temporary file, fsync, rename: never torn).
+// atomically (core/atomic_file.h: never torn). Host-only C++, built with or without CUDA so that its tests
+// and fuzzing run everywhere.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace retort::io {
+namespace retort::cuda {
 
 struct TuneEntry {
   std::vector<int64_t> key;
@@ -36,4 +37,4 @@ std::vector<TuneEntry> read_tune_cache(const std::string& path, const std::strin
 void write_tune_cache(const std::string& path, const std::string& signature,
                       const std::vector<TuneEntry>& entries);
 
-}  // namespace retort::io
+}  // namespace retort::cuda

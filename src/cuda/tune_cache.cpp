@@ -6,9 +6,9 @@
 #include <set>
 #include <string_view>
 
-#include "file.h"
+#include "../core/atomic_file.h"
 
-namespace retort::io {
+namespace retort::cuda {
 
 namespace {
 
@@ -122,4 +122,4 @@ void write_tune_cache(const std::string& path, const std::string& signature,
   write_file_atomic(path, text.data(), text.size());
 }
 
-}  // namespace retort::io
+}  // namespace retort::cuda
