@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "cuda_test_util.h"
+#include "rope_reference.h"
 
 namespace retort::test {
 namespace {
@@ -436,22 +437,7 @@ TEST_F(CudaOps, RopeMatchesFloat64AndFiniteDifferences) {
         return rope(ctx, in[0], in[1], mode, 10000.0f);
       };
       const bool neox = mode == RopeMode::Neox;
-      c.reference = [neox](const Refs& in) {
-        const Ref& x = in[0];
-        Ref out = x;
-        const int64_t d = x.ne[0], half = d / 2;
-        for (int64_t b = 0; b < x.ne[3]; ++b)
-          for (int64_t t = 0; t < x.ne[2]; ++t)
-            for (int64_t h = 0; h < x.ne[1]; ++h)
-              for (int64_t i = 0; i < half; ++i) {
-                const double a = in[1].v[size_t(t)] * std::pow(10000.0, -2.0 * double(i) / double(d));
-                const int64_t j = neox ? i : 2 * i, k = neox ? i + half : 2 * i + 1;
-                const double x0 = x.at(j, h, t, b), x1 = x.at(k, h, t, b);
-                out.at(j, h, t, b) = x0 * std::cos(a) - x1 * std::sin(a);
-                out.at(k, h, t, b) = x0 * std::sin(a) + x1 * std::cos(a);
-              }
-        return out.v;
-      };
+      c.reference = [neox](const Refs& in) { return ref_rope(in[0], in[1], neox, 10000.0); };
       c.fwd_tol = 1e-12;
       c.grad_tol = 1e-8;
       EXPECT_TRUE(run_case(c, &cuda_backend())) << c.name;
