@@ -358,7 +358,8 @@ void time_steps(const Options& o, Backend& backend, bool cuda, const DeviceInfo&
   r.cpu_ms_per_step = double(std::clock() - c0) * 1e3 / CLOCKS_PER_SEC / double(o.steps);
   r.tokens_per_s = tokens / secs;
   r.tflops = r.flops_per_token * r.tokens_per_s / 1e12;
-  const double peak = o.peak_tflops > 0 ? o.peak_tflops : dev.peak_tflops;
+  // The world's FLOPs over the world's peak: every rank has one device like this one.
+  const double peak = (o.peak_tflops > 0 ? o.peak_tflops : dev.peak_tflops) * double(world);
   r.mfu = peak > 0 ? r.tflops / peak : 0;
   if (cuda) r.peak_gib = double(cuda_memory_stats(backend).peak_bytes) / double(1ull << 30);
 }

@@ -3,6 +3,8 @@
 // collective on its own stream, and unpacked there too, so the compute stream goes on with backward; a join
 // node makes the compute stream wait before the optimizer reads the sums. Every argument is fixed for the
 // graph's life (the weight is read on the device), so the launches can be captured in a CUDA Graph.
+#include <algorithm>
+
 #include "../ops/collective_ops.h"
 #include "cuda_common.cuh"
 
@@ -22,21 +24,50 @@ __device__ __forceinline__ int which(const Bucket& b, int64_t i) {
   return k;
 }
 
-__global__ void pack_kernel(Bucket b, const float* weight, char* staging, DType wire, int64_t n) {
-  const float w = weight ? *weight : 1.0f;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int k = which(b, i);
-    const int64_t j = i - (k ? b.end[k - 1] : 0);
-    store_f(staging + i * int64_t(dtype_size_dev(wire)), wire, b.t[k][j] * w);
+// Blocks along y take one tensor each (no per-element search), x strides over its elements eight at a time
+// where the tensor and its place in the staging buffer are 16-byte aligned.
+template <bool Pack>
+__global__ void move_kernel(Bucket b, const float* weight, char* staging, DType wire) {
+  const int k = blockIdx.y;
+  const int64_t lo = k ? b.end[k - 1] : 0, n = b.end[k] - lo;
+  const int ws = dtype_size_dev(wire);
+  float* t = b.t[k];
+  char* s = staging + lo * ws;
+  const float w = Pack && weight ? *weight : 1.0f;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x, first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if (((reinterpret_cast<uintptr_t>(t) | reinterpret_cast<uintptr_t>(s)) & 15) == 0) {
+    done = n / 8 * 8;
+    for (int64_t i = first * 8; i < done; i += stride * 8) {
+      float x[8];
+      if (Pack) {
+        load8f(reinterpret_cast<const char*>(t + i), DType::F32, x);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j] *= w;
+        store8f(s + i * ws, wire, x);
+      } else {
+        load8f(s + i * ws, wire, x);
+        store8f(reinterpret_cast<char*>(t + i), DType::F32, x);
+      }
+    }
+  }
+  for (int64_t i = done + first; i < n; i += stride) {
+    if (Pack)
+      store_f(s + i * ws, wire, t[i] * w);
+    else
+      t[i] = load_f(s + i * ws, wire);
   }
 }
 
-__global__ void unpack_kernel(Bucket b, const char* staging, DType wire, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int k = which(b, i);
-    const int64_t j = i - (k ? b.end[k - 1] : 0);
-    b.t[k][j] = load_f(staging + i * int64_t(dtype_size_dev(wire)), wire);
-  }
+// Packs (Pack) the bucket's tensors into staging, scaled by *weight, or unpacks them from it, on stream.
+template <bool Pack>
+void move_bucket(CudaExec& ex, const Bucket& b, const float* weight, char* staging, DType wire, cudaStream_t stream) {
+  int64_t most = 0;
+  for (int k = 0; k < b.count; ++k) most = std::max(most, b.end[k] - (k ? b.end[k - 1] : 0));
+  const int block = 256;
+  const int x = std::max(1, std::min(ex.grid_for((most + 7) / 8, block) / b.count, int((most / 8 + block) / block)));
+  move_kernel<Pack><<<dim3(x, b.count), block, 0, stream>>>(b, weight, staging, wire);
+  RT_CUDA_LAUNCH_CHECK(Pack ? "all_reduce pack" : "all_reduce unpack");
 }
 
 // Gather mode: element lo + i of the tensors' run (0 past its end) into staging[lo + i], i < slice.
@@ -80,9 +111,7 @@ void launch_all_gather(CudaExec& ex, Tensor* node) {
   RT_CUDA_LAUNCH_CHECK("all_gather pack");
   comm.all_gather(staging + lo, staging, size_t(slice) * sizeof(float));
   cudaStream_t cs = comm.stream() ? static_cast<cudaStream_t>(comm.stream()) : ex.stream;
-  unpack_kernel<<<ex.grid_for(total, block), block, 0, cs>>>(b, reinterpret_cast<const char*>(staging),
-                                                              DType::F32, total);
-  RT_CUDA_LAUNCH_CHECK("all_gather unpack");
+  move_bucket<false>(ex, b, nullptr, reinterpret_cast<char*>(staging), DType::F32, cs);
   comm.join();
 }
 
@@ -91,25 +120,14 @@ void launch_all_reduce(CudaExec& ex, Tensor* node) {
   Collective& comm = all_reduce_comm(node);
   Tensor* staging = node->src[3];
   const DType wire = staging->dtype;
-  Bucket b{};
   int64_t n = 0;
-  for (int i = 0; i < kMaxSrc; ++i) {
-    if (i >= 1 && i <= 3) continue;
-    Tensor* t = node->src[i];
-    if (!t) continue;
-    b.t[b.count] = static_cast<float*>(t->data);
-    n += t->nelements();
-    b.end[b.count++] = n;
-  }
+  const Bucket b = bucket_of(node, &n);
   const float* weight = node->src[1] ? static_cast<const float*>(node->src[1]->data) : nullptr;
-  const int block = 256;
-  pack_kernel<<<ex.grid_for(n, block), block, 0, ex.stream>>>(b, weight, static_cast<char*>(staging->data),
-                                                               wire, n);
-  RT_CUDA_LAUNCH_CHECK("all_reduce pack");
+  char* st = static_cast<char*>(staging->data);
+  move_bucket<true>(ex, b, weight, st, wire, ex.stream);
   comm.all_reduce_sum(staging->data, n, wire);
   cudaStream_t cs = comm.stream() ? static_cast<cudaStream_t>(comm.stream()) : ex.stream;
-  unpack_kernel<<<ex.grid_for(n, block), block, 0, cs>>>(b, static_cast<const char*>(staging->data), wire, n);
-  RT_CUDA_LAUNCH_CHECK("all_reduce unpack");
+  move_bucket<false>(ex, b, nullptr, st, wire, cs);
   if (node->ip[1]) comm.join();
 }
 
