@@ -64,6 +64,8 @@ inline TDesc contiguous_desc(void* data, DType dtype, const int64_t ne[4]) {
 
 // Copies every element of src into out (same shape), converting dtype; queued on ex.stream (cuda_views.cu).
 void copy_elements(CudaExec& ex, const TDesc& out, const TDesc& src);
+// acc[i] += g[i] for i < n, dense f32 (cuda_views.cu).
+void accumulate_dense_f32(CudaExec& ex, float* acc, const float* g, int64_t n);
 
 // ---- dtype load / store (the branch is uniform across a warp, so it costs little) -------------------------
 __device__ __forceinline__ float load_f(const char* p, DType t) {

@@ -203,10 +203,6 @@ bool lt_gemm(CudaExec& ex, const Tensor* a, bool ta, const Tensor* b, bool tb, T
   return true;
 }
 
-__global__ void add_into_kernel(float* out, const float* c, int64_t n) {
-  RT_GRID_LOOP(i, n) { out[i] += c[i]; }
-}
-
 // A matrix-like operand of dtype want: x itself, or a contiguous copy (kept alive by tmp, described by
 // scratch).
 const Tensor* as_operand(CudaExec& ex, const Tensor* x, DType want, std::unique_ptr<DeviceBuffer>& tmp,
@@ -255,11 +251,7 @@ void matmul_l(CudaExec& ex, Tensor* t) {
       c_in = static_cast<const float*>(keep->data());
     }
     simple_gemm(ex, A, ta, B, tb, t, M, N, K);
-    if (c_in) {
-      const int64_t n = t->nelements();
-      add_into_kernel<<<ex.grid_for(n, kBlock), kBlock, 0, ex.stream>>>(static_cast<float*>(t->data), c_in, n);
-      RT_CUDA_LAUNCH_CHECK("add_into_kernel");
-    }
+    if (c_in) accumulate_dense_f32(ex, static_cast<float*>(t->data), c_in, t->nelements());
   };
   if (ex.opts.simple_gemm) {
     simple(a, b);

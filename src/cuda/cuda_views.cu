@@ -211,6 +211,11 @@ void launch_slice_back(CudaExec& ex, Tensor* t) {
 
 }  // namespace
 
+void accumulate_dense_f32(CudaExec& ex, float* acc, const float* g, int64_t n) {
+  dense_accumulate_kernel<float, float><<<ex.grid_for((n + 3) / 4, kBlock), kBlock, 0, ex.stream>>>(acc, g, n);
+  RT_CUDA_LAUNCH_CHECK("dense_accumulate_kernel");
+}
+
 void copy_elements(CudaExec& ex, const TDesc& out, const TDesc& src) {
   int64_t n = out.ne[0] * out.ne[1] * out.ne[2] * out.ne[3];
   if (is_int(out.dtype)) {

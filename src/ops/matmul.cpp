@@ -44,12 +44,22 @@ void cpu_matmul(Tensor* t, ThreadPool& pool) {
   // Graph::backward's addend (its C): the result is op(A) op(B) + C, C possibly the result's own storage (a
   // parameter's accumulator), read before the GEMM overwrites it; none in a run that starts the accumulator.
   const Tensor* addend = t->src[2] && !t->has(kFresh) ? t->src[2] : nullptr;
+  // The GEMM adds into C itself (C is first set to the addend unless it already is the result's storage);
+  // only the gemv path, which cannot accumulate, adds a copy of the addend after it.
+  bool accumulate = false;
   std::vector<float> c_in;
   if (addend) {
     RT_ASSERT(f32_out && batches == 1 && addend->dtype == DType::F32 && addend->is_contiguous() &&
               addend->nelements() == t->nelements());
     const float* cp = static_cast<const float*>(addend->data);
-    c_in.assign(cp, cp + t->nelements());
+    float* out = static_cast<float*>(t->data);
+    if (gemm::gemv_applies(m, operand(a, ta, 0, 0), operand(b, tb, 0, 0))) {
+      c_in.assign(cp, cp + t->nelements());
+    } else {
+      if (cp != out)
+        pool.parallel_for(t->nelements(), [&](int64_t i0, int64_t i1) { std::copy(cp + i0, cp + i1, out + i0); });
+      accumulate = true;
+    }
   }
 
   auto one = [&](int64_t batch, ThreadPool* p) {
@@ -58,7 +68,8 @@ void cpu_matmul(Tensor* t, ThreadPool& pool) {
     // A 16-bit result is accumulated in f32 and rounded once at the end, like a tensor-core GEMM's epilogue.
     std::vector<float> acc(f32_out ? 0 : size_t(m * n));
     float* c = f32_out ? reinterpret_cast<float*>(out) : acc.data();
-    gemm::sgemm(m, n, k, operand(a, ta, i2, i3), operand(b, tb, i2 % b->ne[2], i3 % b->ne[3]), c, n, p, kernel);
+    gemm::sgemm(m, n, k, operand(a, ta, i2, i3), operand(b, tb, i2 % b->ne[2], i3 % b->ne[3]), c, n, p, kernel,
+                accumulate);
     if (!f32_out)
       for (int64_t i = 0; i < m * n; ++i) store_f32(out, t->dtype, i, acc[size_t(i)]);
   };
@@ -74,7 +85,7 @@ void cpu_matmul(Tensor* t, ThreadPool& pool) {
   } else {
     for (int64_t i = 0; i < batches; ++i) one(i, &pool);
   }
-  if (addend) {
+  if (!c_in.empty()) {
     float* out = static_cast<float*>(t->data);
     pool.parallel_for(int64_t(c_in.size()), [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) out[i] += c_in[size_t(i)];

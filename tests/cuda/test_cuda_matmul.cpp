@@ -3,7 +3,9 @@
 // gradients against finite differences.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
+#include <vector>
 
 #include "cuda_test_util.h"
 
@@ -197,6 +199,69 @@ TEST_F(CudaMatmul, LargeBatchedMatchesTheCpu) {
       c.grad_tol = 1e-11;  // the gradients are f32 matmuls (and a reduce_to over B's broadcast batch)
       EXPECT_TRUE(compare_with_cpu(c));
     }
+}
+
+// Graph::backward hands a matmul the other addend of a gradient sum as its C, and a weight-gradient matmul writes
+// into its accumulator in place: both GEMM paths (cuBLASLt with beta 1, and the fallback kernel that adds C
+// after) must give the CPU's gradients, accumulate over two runs, and start again after zero_grad.
+TEST_F(CudaMatmul, GradientMatmulsAddTheirAddendOnBothGemmPaths) {
+  reseed("cuda_matmul_addend");
+  const int64_t R = 37, I = 24, O = 19;
+  auto floats = [](int64_t n) {
+    const Vec v = random_vec(n);
+    return std::vector<float>(v.begin(), v.end());
+  };
+  const std::vector<float> xv = floats(R * I), w1v = floats(O * I), w2v = floats(O * I), uv = floats(R * O),
+                           vv = floats(R * O);
+  // {dx, dw1, dw2} after one run, two runs, and a run after zero_grad.
+  auto grads = [&](Backend& be) {
+    Context ctx(be);
+    auto param = [&](const Shape& s, const std::vector<float>& v, const char* name) {
+      Tensor* p = ctx.param(DType::F32, s, name);
+      set_data(p, v);
+      return p;
+    };
+    Tensor* x = param({R, I}, xv, "x");
+    Tensor* w1 = param({O, I}, w1v, "w1");
+    Tensor* w2 = param({O, I}, w2v, "w2");
+    Tensor* u = ctx.input(DType::F32, {R, O}, "u");
+    Tensor* v = ctx.input(DType::F32, {R, O}, "v");
+    set_data(u, uv);
+    set_data(v, vv);
+    Tensor* loss = add(ctx, sum(ctx, mul(ctx, matmul(ctx, x, w1, false, true), u)),
+                       sum(ctx, mul(ctx, matmul(ctx, x, w2, false, true), v)));
+    Graph g(ctx);
+    g.backward(loss);
+    int addends = 0;
+    for (const Tensor* n : g.nodes()) addends += n->op == Op::Matmul && n->src[2] != nullptr;
+    EXPECT_EQ(addends, 3);
+    std::vector<std::vector<float>> out;
+    auto read = [&] {
+      for (const Tensor* p : {x, w1, w2}) out.push_back(get_data(g.grad(p)));
+    };
+    g.compute();
+    read();
+    g.compute();
+    read();
+    g.zero_grad();
+    g.compute();
+    read();
+    return out;
+  };
+  const auto want = grads(default_cpu_backend());
+  CudaOptions simple;
+  simple.simple_gemm = true;
+  auto fallback = make_cuda_backend(0, simple);
+  for (Backend* be : {&cuda_backend(), fallback.get()}) {
+    const auto got = grads(*be);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t t = 0; t < got.size(); ++t) {
+      ASSERT_EQ(got[t].size(), want[t].size());
+      for (size_t i = 0; i < got[t].size(); ++i)
+        EXPECT_NEAR(got[t][i], want[t][i], 1e-4 * (1.0 + std::fabs(want[t][i])))
+            << (be == fallback.get() ? "fallback" : "cuBLASLt") << " gradient " << t << " at " << i;
+    }
+  }
 }
 
 }  // namespace
