@@ -159,13 +159,10 @@ __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// c[m][n] += A_m (16 × 16·KS) · B for MT row tiles A_m, with B[k][n·8 + j] = s[(n·8 + j)·ld + k]: the tile's
-// rows are B's columns (K in q·kᵀ). ldmatrix hands each lane its B fragment directly (an 8×8 matrix row per 16
-// bytes); every fragment loaded feeds all MT row tiles, so more row tiles per warp mean fewer shared-memory
-// reads per product.
-template <typename T, int KS, int N, int MT>
-__device__ __forceinline__ void mma_nmajor(float (&c)[MT][N][4], const uint32_t (&a)[MT][KS][4], const T* s,
-                                           int ld) {
+// c[n] += A (16 × 16·KS) · B with B[k][n·8 + j] = s[(n·8 + j)·ld + k]: the tile's rows are B's columns (K in
+// q·kᵀ). ldmatrix hands each lane its B fragment directly (an 8×8 matrix row per 16 bytes).
+template <typename T, int KS, int N>
+__device__ __forceinline__ void mma_nmajor(float (&c)[N][4], const uint32_t (&a)[KS][4], const T* s, int ld) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
@@ -175,30 +172,20 @@ __device__ __forceinline__ void mma_nmajor(float (&c)[MT][N][4], const uint32_t 
       uint32_t r[4];
       if (kk + 1 < KS) {
         ldsm_x4(r, row + kk * 16);
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          Mma<T>::run(c[m][n], a[m][kk], r[0], r[1]);
-          Mma<T>::run(c[m][n], a[m][kk + 1], r[2], r[3]);
-        }
+        Mma<T>::run(c[n], a[kk], r[0], r[1]);
+        Mma<T>::run(c[n], a[kk + 1], r[2], r[3]);
       } else {
         ldsm_x2(r, s + (n * 8 + (lane & 7)) * ld + kk * 16 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-        for (int m = 0; m < MT; ++m) Mma<T>::run(c[m][n], a[m][kk], r[0], r[1]);
+        Mma<T>::run(c[n], a[kk], r[0], r[1]);
       }
     }
   }
 }
-template <typename T, int KS, int N>
-__device__ __forceinline__ void mma_nmajor(float (&c)[N][4], const uint32_t (&a)[KS][4], const T* s, int ld) {
-  mma_nmajor<T, KS, N, 1>(reinterpret_cast<float(&)[1][N][4]>(c), reinterpret_cast<const uint32_t(&)[1][KS][4]>(a),
-                          s, ld);
-}
 
-// c[m][n] += A_m (16 × 16·KS) · B with B[k][n] = s[k·ld + n]: the tile's rows are B's rows (V in p·v), read
+// c[n] += A (16 × 16·KS) · B with B[k][n] = s[k·ld + n]: the tile's rows are B's rows (V in p·v), read
 // transposed by ldmatrix.trans. N is even (D / 8 for D a multiple of 16).
-template <typename T, int KS, int N, int MT>
-__device__ __forceinline__ void mma_kmajor(float (&c)[MT][N][4], const uint32_t (&a)[MT][KS][4], const T* s,
-                                           int ld) {
+template <typename T, int KS, int N>
+__device__ __forceinline__ void mma_kmajor(float (&c)[N][4], const uint32_t (&a)[KS][4], const T* s, int ld) {
   static_assert(N % 2 == 0, "two column tiles per ldmatrix");
   const int lane = threadIdx.x & 31;
   const T* base = s + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8;
@@ -208,18 +195,10 @@ __device__ __forceinline__ void mma_kmajor(float (&c)[MT][N][4], const uint32_t 
     for (int kk = 0; kk < KS; ++kk) {
       uint32_t r[4];
       ldsm_x4_t(r, base + kk * 16 * ld + n * 8);
-#pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        Mma<T>::run(c[m][n], a[m][kk], r[0], r[1]);
-        Mma<T>::run(c[m][n + 1], a[m][kk], r[2], r[3]);
-      }
+      Mma<T>::run(c[n], a[kk], r[0], r[1]);
+      Mma<T>::run(c[n + 1], a[kk], r[2], r[3]);
     }
   }
-}
-template <typename T, int KS, int N>
-__device__ __forceinline__ void mma_kmajor(float (&c)[N][4], const uint32_t (&a)[KS][4], const T* s, int ld) {
-  mma_kmajor<T, KS, N, 1>(reinterpret_cast<float(&)[1][N][4]>(c), reinterpret_cast<const uint32_t(&)[1][KS][4]>(a),
-                          s, ld);
 }
 
 template <int N>
@@ -251,43 +230,28 @@ __device__ __forceinline__ int keys_end(const Shape& s, int q0, int rows) {
 }
 
 // ---- forward ------------------------------------------------------------------------------------------------
-// Row tiles of 16 queries per warp in the forward: two where the accumulators fit in registers (D ≤ 64), so
-// each K and V fragment read from shared memory feeds twice the products.
-template <int D>
-constexpr int fwd_tiles() {
-  return D <= 64 ? 2 : 1;
-}
-
 // Grid (query blocks, H, B). lse in natural log, -inf for a row without a visible key (its output is 0).
 template <typename T, int D>
 __global__ __launch_bounds__(kWarps * 32) void attention_fwd(const T* q, const T* k, const T* v, T* o, float* lse,
                                                             Shape s) {
-  constexpr int MT = fwd_tiles<D>(), kBlockRows = kWarps * 16 * MT;
   extern __shared__ __align__(16) unsigned char smem[];
   T* stages = reinterpret_cast<T*>(smem);  // two stages of K, V tiles [kKeys][D + kPad]
   constexpr int kTile = kKeys * (D + kPad);
   const int b = blockIdx.z, h = blockIdx.y, kvh = h / (s.H / s.KV);
   const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   // The last query blocks see the most keys: run them first so the short ones fill the tail.
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockRows, qw = q0 + warp * 16 * MT;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kRows, qw = q0 + warp * 16;
   const int64_t qstride = int64_t(s.H) * D, kstride = int64_t(s.KV) * D;
   const T* qb = q + (int64_t(b) * s.Tq * s.H + h) * D;
   const T* kb = k + (int64_t(b) * s.Tk * s.KV + kvh) * D;
   const T* vb = v + (int64_t(b) * s.Tk * s.KV + kvh) * D;
 
-  uint32_t qa[MT][D / 16][4];
-  float acc[MT][D / 8][4];
-  float m[MT][2], l[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    load_a_rows<T, D>(qa[mt], qb + int64_t(qw + 16 * mt) * qstride, qstride, s.Tq - qw - 16 * mt);
-    zero(acc[mt]);
-    m[mt][0] = m[mt][1] = -INFINITY;
-    l[mt][0] = l[mt][1] = 0.0f;
-  }
-  // Keys this warp's rows can see: a tile past them is skipped by the warp (the block still stages it).
-  const int warp_end = keys_end(s, qw, 16 * MT);
-  const int steps = (keys_end(s, q0, kBlockRows) + kKeys - 1) / kKeys;
+  uint32_t qa[D / 16][4];
+  load_a_rows<T, D>(qa, qb + int64_t(qw) * qstride, qstride, s.Tq - qw);
+  float acc[D / 8][4];
+  zero(acc);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int steps = (keys_end(s, q0, kRows) + kKeys - 1) / kKeys;
   auto fetch = [&](int step) {
     T* st = stages + (step & 1) * 2 * kTile;
     const int k0 = step * kKeys;
@@ -305,80 +269,69 @@ __global__ __launch_bounds__(kWarps * 32) void attention_fwd(const T* q, const T
       cp_wait<0>();
     }
     __syncthreads();
-    if (k0 < warp_end) {
-      const T* ks = stages + (step & 1) * 2 * kTile;
-      const T* vs = ks + kTile;
-      float sc[MT][kKeys / 8][4];
+    const T* ks = stages + (step & 1) * 2 * kTile;
+    const T* vs = ks + kTile;
+    float sc[kKeys / 8][4];
+    zero(sc);
+    mma_nmajor<T, D / 16>(sc, qa, ks, D + kPad);
+    float mx[2] = {-INFINITY, -INFINITY};
+    // The mask only where the tile crosses the diagonal or an edge (a warp-uniform branch).
+    const bool whole = all_visible(s, qw, 16, k0, kKeys);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) zero(sc[mt]);
-      mma_nmajor<T, D / 16, kKeys / 8, MT>(sc, qa, ks, D + kPad);
-      uint32_t pa[MT][kKeys / 16][4];
+    for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int r0 = qw + 16 * mt;
-        float mx[2] = {-INFINITY, -INFINITY};
-        // The mask only where the tile crosses the diagonal or an edge (a warp-uniform branch).
-        const bool whole = all_visible(s, r0, 16, k0, kKeys);
-#pragma unroll
-        for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = r0 + g + (e >> 1) * 8, key = k0 + n * 8 + 2 * t + (e & 1);
-            sc[mt][n][e] = whole || visible(s, row, key) ? sc[mt][n][e] * s.scale_log2 : -INFINITY;
-            mx[e >> 1] = fmaxf(mx[e >> 1], sc[mt][n][e]);
-          }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        }
-        float alpha[2], base[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float mn = fmaxf(m[mt][r], mx[r]);
-          base[r] = mn == -INFINITY ? 0.0f : mn;  // a row with nothing visible yet: every exp2 below is 0
-          alpha[r] = exp2f(m[mt][r] - base[r]);
-          m[mt][r] = mn;
-          l[mt][r] *= alpha[r];
-        }
-#pragma unroll
-        for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            sc[mt][n][e] = exp2f(sc[mt][n][e] - base[e >> 1]);
-            l[mt][e >> 1] += sc[mt][n][e];
-          }
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          acc[mt][n][0] *= alpha[0];
-          acc[mt][n][1] *= alpha[0];
-          acc[mt][n][2] *= alpha[1];
-          acc[mt][n][3] *= alpha[1];
-        }
-        c_to_a<T, kKeys / 8>(pa[mt], sc[mt]);
+      for (int e = 0; e < 4; ++e) {
+        const int row = qw + g + (e >> 1) * 8, key = k0 + n * 8 + 2 * t + (e & 1);
+        sc[n][e] = whole || visible(s, row, key) ? sc[n][e] * s.scale_log2 : -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], sc[n][e]);
       }
-      mma_kmajor<T, kKeys / 16, D / 8, MT>(acc, pa, vs, D + kPad);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
     }
+    float alpha[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float mn = fmaxf(m[r], mx[r]);
+      base[r] = mn == -INFINITY ? 0.0f : mn;  // a row with nothing visible yet: every exp2 below is 0
+      alpha[r] = exp2f(m[r] - base[r]);
+      m[r] = mn;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[n][e] = exp2f(sc[n][e] - base[e >> 1]);
+        l[e >> 1] += sc[n][e];
+      }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      acc[n][0] *= alpha[0];
+      acc[n][1] *= alpha[0];
+      acc[n][2] *= alpha[1];
+      acc[n][3] *= alpha[1];
+    }
+    uint32_t pa[kKeys / 16][4];
+    c_to_a<T, kKeys / 8>(pa, sc);
+    mma_kmajor<T, kKeys / 16>(acc, pa, vs, D + kPad);
     __syncthreads();  // this stage is refilled two steps on
   }
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const int r0 = qw + 16 * mt;
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  const float f0 = l[0] > 0.0f ? 1.0f / l[0] : 0.0f, f1 = l[1] > 0.0f ? 1.0f / l[1] : 0.0f;
+  store_c_rows<T, D>(o + (int64_t(b) * s.Tq * s.H + h) * D + int64_t(qw) * qstride, qstride, s.Tq - qw, acc, f0,
+                     f1);
+  if (t == 0) {
+    float* lrow = lse + (int64_t(b) * s.H + h) * s.Tq;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 1);
-      l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 2);
-    }
-    const float f0 = l[mt][0] > 0.0f ? 1.0f / l[mt][0] : 0.0f, f1 = l[mt][1] > 0.0f ? 1.0f / l[mt][1] : 0.0f;
-    store_c_rows<T, D>(o + (int64_t(b) * s.Tq * s.H + h) * D + int64_t(r0) * qstride, qstride, s.Tq - r0, acc[mt],
-                       f0, f1);
-    if (t == 0) {
-      float* lrow = lse + (int64_t(b) * s.H + h) * s.Tq;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = r0 + g + 8 * r;
-        if (row < s.Tq) lrow[row] = l[mt][r] > 0.0f ? (m[mt][r] + log2f(l[mt][r])) / kLog2e : -INFINITY;
-      }
+      const int row = qw + g + 8 * r;
+      if (row < s.Tq) lrow[row] = l[r] > 0.0f ? (m[r] + log2f(l[r])) / kLog2e : -INFINITY;
     }
   }
 }
@@ -613,8 +566,7 @@ void forward(CudaExec& ex, Tensor* node) {
   const size_t smem = sizeof(T) * 4 * kKeys * (D + kPad);  // two stages of K and V
   auto kernel = attention_fwd<T, D>;
   allow_smem(kernel, smem);
-  constexpr int rows = kWarps * 16 * fwd_tiles<D>();
-  const dim3 grid((s.Tq + rows - 1) / rows, s.H, s.B);
+  const dim3 grid((s.Tq + kRows - 1) / kRows, s.H, s.B);
   kernel<<<grid, kWarps * 32, smem, ex.stream>>>(
       static_cast<const T*>(node->src[0]->data), static_cast<const T*>(node->src[1]->data),
       static_cast<const T*>(node->src[2]->data), static_cast<T*>(node->data), static_cast<float*>(node->aux[0]->data),
