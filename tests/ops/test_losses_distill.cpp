@@ -274,68 +274,7 @@ TEST(Distill, BadInputThrows) {
 
 // ---- entropy ------------------------------------------------------------------------------------------
 
-LossCase entropy_case(const std::string& name, double t, Reduction red, int64_t n, int64_t v,
-                      DType dt = DType::F32, double lo = -3, double hi = 3) {
-  LossCase c;
-  c.name = name;
-  c.inputs = {LossInput({n, v}, dt, true, lo, hi)};
-  c.build = [t, red](Context& ctx, const std::vector<Tensor*>& in) {
-    return entropy(ctx, in[0], float(t), red);
-  };
-  c.reference = [t, red](const std::vector<Ref>& in) { return entropy_ref(mat(in[0]), t, red); };
-  return c;
-}
-
-TEST(Entropy, MatchesReference) {
-  for (double t : {1.0, 2.0, 0.5})
-    for (Reduction red : {Reduction::None, Reduction::Mean, Reduction::Sum})
-      EXPECT_TRUE(
-          run_case(to_op_case(entropy_case("entropy_t" + std::to_string(t) + red_name(red), t, red, 5, 9))));
-  for (int64_t v = 1; v <= 7; ++v)
-    EXPECT_TRUE(
-        run_case(to_op_case(entropy_case("entropy_v" + std::to_string(v), 1.5, Reduction::None, 3, v))));
-  // A longer row, maximum anywhere.
-  LossCase big = entropy_case("entropy_v1000", 1.0, Reduction::Mean, 2, 1000, DType::F32, -6, 6);
-  EXPECT_TRUE(run_case(to_op_case(big)));
-  for (DType dt : {DType::BF16, DType::F16})
-    EXPECT_TRUE(run_case(
-        to_op_case(entropy_case(std::string("entropy_") + dtype_name(dt), 2, Reduction::None, 4, 11, dt))));
-}
-
-TEST(Entropy, LongRisingRows) {
-  // Increasing logits over more than two blocks of the CPU kernels' passes.
-  LossCase c = entropy_case("entropy_rising", 1.0, Reduction::None, 2, 2600);
-  Vec v;
-  for (int r = 0; r < 2; ++r)
-    for (int j = 0; j < 2600; ++j) v.push_back(0.003 * j * (r + 1) - 3);
-  c.inputs[0].values = v;
-  EXPECT_TRUE(run_loss_case(c));
-}
-
-TEST(Entropy, HugeLogitsStridedAndSinglePass) {
-  // Logits of ±1e4 at a temperature that keeps the distribution spread out: a full comparison.
-  LossCase c = entropy_case("entropy_huge_spread", 5000, Reduction::None, 4, 9, DType::F32, -1e4, 1e4);
-  c.grad_tol = 1e-6;
-  EXPECT_TRUE(run_loss_case(c));
-  // At T = 2 the distribution is one-hot and the entropy ~1e-100: it must come out 0 (or as tiny), never NaN.
-  LossCase h = entropy_case("entropy_huge_onehot", 2, Reduction::Mean, 4, 9, DType::F32, -1e4, 1e4);
-  h.unit_seed = true;
-  h.reference = [](const std::vector<Ref>& in) {
-    Vec v = entropy_ref(mat(in[0]), 2, Reduction::Mean);
-    for (double& x : v) x = std::abs(x) < 1e-30 ? 0.0 : x;  // below f32's range: compare absolutely with 0
-    return v;
-  };
-  EXPECT_TRUE(run_loss_case(h));
-  LossCase t;
-  t.name = "entropy_transposed";
-  t.inputs = {LossInput({7, 4}, DType::F32, true, -3, 3)};
-  t.build = [](Context& ctx, const std::vector<Tensor*>& in) {
-    return entropy(ctx, transpose(ctx, in[0]), 1.5f);
-  };
-  t.reference = [](const std::vector<Ref>& in) { return entropy_ref(mat_t(in[0]), 1.5, Reduction::None); };
-  EXPECT_TRUE(run_loss_case(t));
-  check_single_pass(entropy_case("entropy_single", 2, Reduction::Mean, 4, 9));
-}
+// entropy's values and gradients are the case list of tests/ops/loss_cases_ce.cpp (test_loss_cases.cpp).
 
 TEST(Entropy, BadInputThrows) {
   Context ctx(default_cpu_backend());

@@ -1,0 +1,38 @@
+// The row losses' case lists, one per op, that every backend runs from the same entries:
+// tests/ops/test_loss_cases.cpp on the CPU (against the float64 references of test_losses_ref.h, gradients
+// against central differences), tests/cuda/test_cuda_loss_cases.cpp on CUDA (against the same references and
+// against the CPU backend, at the case's backend_tol). A case names its own tolerances; one a backend cannot
+// run says why in cuda_unsupported. Inputs are drawn from the case's name (fresh per case, the seed printed
+// with a failure). Tests of what a list cannot express (errors, memory, launch order) stay beside the op's
+// other tests.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "test_losses_ref.h"
+
+namespace retort::test {
+
+// cross_entropy_loss: every option (label smoothing, z-loss, softcap, reduction) and output, f32 / bf16 / f16
+// logits contiguous, transposed and sliced, i32 and i64 labels, V = 1..7 up to 128,256, rising and ±1e4
+// logits, ignored rows, the single pass, and logits computed by another op.
+std::vector<LossCase> cross_entropy_cases();
+// entropy: temperatures × reductions, V = 1..7 up to 128,256, dtypes, rising, ±1e4 and near-1e4 logits, −inf
+// logits, a transposed view, the single pass.
+std::vector<LossCase> entropy_cases();
+// selective_log_softmax: K = 1, K > V (repeated ids), V = 1..7 up to 8,192 with K = 300, dtypes, ±1e4,
+// strided logits and ids, and as part of a loss (one consumer and two).
+std::vector<LossCase> selective_cases();
+
+// The pieces appended in order: a case's name. (Not "a" + std::string: GCC 12 warns there, -Wrestrict.)
+template <typename... Parts>
+std::string cat(const Parts&... parts) {
+  std::string s;
+  (s.append(parts), ...);
+  return s;
+}
+
+// Finds a case of a list by name (for the tests that run cases in a given order); fails the test if absent.
+const LossCase& case_named(const std::vector<LossCase>& list, const std::string& name);
+
+}  // namespace retort::test
