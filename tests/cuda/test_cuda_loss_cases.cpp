@@ -28,18 +28,21 @@ INSTANTIATE_TEST_SUITE_P(CrossEntropy, CudaLossCases, ::testing::ValuesIn(cross_
 INSTANTIATE_TEST_SUITE_P(Entropy, CudaLossCases, ::testing::ValuesIn(entropy_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(SelectiveLogSoftmax, CudaLossCases, ::testing::ValuesIn(selective_cases()),
                          param_name);
+INSTANTIATE_TEST_SUITE_P(TopKKd, CudaLossCases, ::testing::ValuesIn(topk_kd_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(TopKKlGathered, CudaLossCases, ::testing::ValuesIn(topk_gathered_cases()),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(Distill, CudaLossCases, ::testing::ValuesIn(distill_cases()), param_name);
 
 class CudaLossOrder : public CudaTest {};
 
 // The cluster kernel's shared memory limit is a property of the kernel: rows of 50,304 bf16 values take
 // 2 × 100.6 KB on Hopper, rows of 128,256 (three segments) 85.5 KB. A launch with a size used before must
-// still be allowed after a launch with a smaller one (once refused with "invalid argument", H100, session 16):
-// the list's cases in an order a list cannot state.
+// still be allowed after a launch with a smaller one (once refused with "invalid argument", H100, session
+// 16): the list's cases in an order a list cannot state.
 TEST_F(CudaLossOrder, CrossEntropyVocabulariesAlternate) {
   const std::vector<LossCase> cs = cross_entropy_cases();
   for (const char* name : {"ce_vocab50304_bf16", "ce_vocab128256_bf16", "ce_vocab50304_bf16",
-                           "ce_vocab128256_bf16", "ce_vocab60000_f32"})
-  {
+                           "ce_vocab128256_bf16", "ce_vocab60000_f32"}) {
     const LossCase& c = case_named(cs, name);
     EXPECT_TRUE(check_cuda(c, {c.backend_tol, c.backend_grad_tol, false}));
   }

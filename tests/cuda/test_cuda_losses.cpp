@@ -17,7 +17,6 @@ namespace {
 
 class CudaLosses : public CudaTest {};
 
-
 // ---- bad labels and ids -------------------------------------------------------------------------------
 
 bool mentions(const std::string& msg, const std::string& part) {

@@ -23,6 +23,19 @@ std::vector<LossCase> entropy_cases();
 // selective_log_softmax: K = 1, K > V (repeated ids), V = 1..7 up to 8,192 with K = 300, dtypes, ±1e4,
 // strided logits and ids, and as part of a loss (one consumer and two).
 std::vector<LossCase> selective_cases();
+// topk_kd: beta × temperature × normalize_topk × hard loss × reduction, every divergence (TVD, skew KL and
+// skew reverse KL) on short and long rows, every output, i32 and i64 ids, no mask and an int or float mask,
+// K = 1, K = V, K = 3000, V = 1..7 up to 100,000, rising and ±1e4 logits, −inf and masked padding, fully
+// masked and ignored rows, bf16 / f16 logits and teacher logprobs, a transposed view, the single pass.
+std::vector<LossCase> topk_kd_cases();
+// topk_kl_gathered: temperature × reduction × mask, outputs, bf16, −inf padding and a fully masked row, the
+// single pass, and the same loss as topk_kd with normalize_topk.
+std::vector<LossCase> topk_gathered_cases();
+// distill: beta × temperature × hard loss × reduction, every divergence on rows of 9, 1,000 and 3,001, every
+// output, V = 1..7 up to 128,256 (CUDA's cluster kernel in two and three segments), odd row lengths, rising,
+// ±1e4 logits and a teacher with −inf logits, ignored rows, bf16 / f16 student and teacher in either dtype,
+// transposed views of one or both, the single pass.
+std::vector<LossCase> distill_cases();
 
 // The pieces appended in order: a case's name. (Not "a" + std::string: GCC 12 warns there, -Wrestrict.)
 template <typename... Parts>

@@ -102,8 +102,9 @@ void ce_options(std::vector<LossCase>& cs) {
     for (double zl : {0.0, 0.01})
       for (double cap : {0.0, 2.5})
         for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
-          cs.push_back(ce_case(cat("e", tag(eps, 10), "_z", tag(zl, 100), "_c", tag(cap, 10), "_", red_name(red)),
-                               ce_cfg(eps, zl, cap, red)));
+          cs.push_back(
+              ce_case(cat("e", tag(eps, 10), "_z", tag(zl, 100), "_c", tag(cap, 10), "_", red_name(red)),
+                      ce_cfg(eps, zl, cap, red)));
   // The extra outputs (the lse of ignored rows too; the per-row loss is 0 there), with i64 labels.
   for (Reduction red : {Reduction::Mean, Reduction::None})
     for (Out what : {Out::PerRow, Out::Lse}) {
@@ -240,8 +241,9 @@ void ce_edges(std::vector<LossCase>& cs) {
     double eps, cap;
     Reduction red;
   };
-  for (const Huge& h : {Huge{"huge_mean", 0.05, 0, Reduction::Mean}, Huge{"huge_none", 0.05, 0, Reduction::None},
-                        Huge{"huge_cap5", 0, 5, Reduction::Mean}, Huge{"huge_cap30", 0.05, 30, Reduction::Mean}}) {
+  for (const Huge& h :
+       {Huge{"huge_mean", 0.05, 0, Reduction::Mean}, Huge{"huge_none", 0.05, 0, Reduction::None},
+        Huge{"huge_cap5", 0, 5, Reduction::Mean}, Huge{"huge_cap30", 0.05, 30, Reduction::Mean}}) {
     CeCfg cfg = ce_cfg(h.eps, 0, h.cap, h.red);
     cfg.n = 4;
     cfg.v = 9;

@@ -25,6 +25,9 @@ std::string param_name(const ::testing::TestParamInfo<LossCase>& i) {
 INSTANTIATE_TEST_SUITE_P(CrossEntropy, LossCases, ::testing::ValuesIn(cross_entropy_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Entropy, LossCases, ::testing::ValuesIn(entropy_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(SelectiveLogSoftmax, LossCases, ::testing::ValuesIn(selective_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(TopKKd, LossCases, ::testing::ValuesIn(topk_kd_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(TopKKlGathered, LossCases, ::testing::ValuesIn(topk_gathered_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Distill, LossCases, ::testing::ValuesIn(distill_cases()), param_name);
 
 }  // namespace
 }  // namespace retort::test
