@@ -19,8 +19,9 @@ struct CudaTol {
 // unit_seed runs backward on the scalar loss itself: the single-pass path, no multiply by an upstream.
 // EXPECTs inside; returns false on any failure.
 bool check_cuda(const LossCase& c, const CudaTol& tol);
-// The same with the case's own tolerances against the CPU (backend_tol, backend_grad_tol) and its fd and
-// fd_samples; a case the CUDA backend does not support (cuda_unsupported) fails here: skip it before.
+// The same with the case's own tolerances against the CPU (backend_tol, backend_grad_tol; against the
+// reference the looser of those and fwd_tol / grad_tol) and its fd and fd_samples; a case the CUDA backend
+// does not support (cuda_unsupported) fails here: skip it before.
 bool check_cuda(const LossCase& c);
 
 // c on two CUDA backends (say, with different CudaOptions): outputs finite and bitwise equal, every gradient

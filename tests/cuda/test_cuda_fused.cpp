@@ -19,6 +19,7 @@
 #include <string>
 
 #include "cuda_loss_check.h"
+#include "loss_cases.h"
 
 namespace retort::test {
 namespace {
@@ -57,96 +58,11 @@ void loosen_for(DType dt, LossCase& c, CudaTol& tol) {
   tol.cpu_grad = kBf16GradTol;
 }
 
-// ---- cross-entropy ------------------------------------------------------------------------------------
+// ---- cross-entropy: CUDA's paths ----------------------------------------------------------------------
 
-struct CeCfg {
-  CeRef r;
-  int64_t n = 7, h = 5, v = 11, chunk = 3;
-  DType dt = DType::F32;
-  bool bias = true;
-  Out what = Out::Loss;
-};
-
-// Labels in [-1, v) with ignore_index -1: some rows are ignored.
-LossCase ce_case(const std::string& name, CeCfg cfg) {
-  cfg.r.ignore = -1;
-  LossCase c;
-  c.name = name;
-  c.inputs = {hidden_in(cfg.n, cfg.h, cfg.dt), weight_in(cfg.v, cfg.h, cfg.dt), bias_in(cfg.v, cfg.dt),
-              LossInput(Shape{cfg.n}, DType::I32, false, -1, double(cfg.v))};
-  c.inputs[2].param = cfg.bias;
-  c.build = [cfg](Context& ctx, const std::vector<Tensor*>& in) {
-    CrossEntropyOptions o;
-    o.ignore_index = cfg.r.ignore;
-    o.label_smoothing = float(cfg.r.eps);
-    o.z_loss = float(cfg.r.z_loss);
-    o.softcap = float(cfg.r.cap);
-    o.reduction = cfg.r.red;
-    o.return_per_row = cfg.what == Out::PerRow;
-    o.return_lse = cfg.what == Out::Lse;
-    return pick(fused_linear_cross_entropy(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], o,
-                                           chunked(cfg.chunk)),
-                cfg.what);
-  };
-  c.reference = [cfg](const std::vector<Ref>& in) {
-    return ce_ref(head_ref(in[0], in[1], cfg.bias ? &in[2] : nullptr), ints(in[3]), cfg.r, cfg.what);
-  };
-  c.check_grad = cfg.what == Out::Loss;
-  return c;
-}
-
-TEST_F(CudaFused, CrossEntropyOptionsReductionsChunks) {
-  for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
-    for (int64_t chunk : chunk_sizes(7)) {
-      CeCfg cfg;
-      cfg.r.red = red;
-      cfg.r.eps = 0.1;
-      cfg.r.z_loss = 0.01;
-      cfg.chunk = chunk;
-      EXPECT_TRUE(check_cuda(ce_case(std::string("cflce_") + red_name(red) + std::to_string(chunk), cfg)));
-    }
-  CeCfg cap;  // softcap without bias; the unit seed: the single-pass gradient
-  cap.r.cap = 2.5;
-  cap.bias = false;
-  LossCase c = ce_case("cflce_cap", cap);
-  c.unit_seed = true;
-  EXPECT_TRUE(check_cuda(c));
-}
-
-TEST_F(CudaFused, CrossEntropyBf16AndF16) {
-  for (DType dt : {DType::BF16, DType::F16})
-    for (Reduction red : {Reduction::Mean, Reduction::None}) {
-      CeCfg cfg;
-      cfg.dt = dt;
-      cfg.r.red = red;
-      cfg.r.eps = 0.1;
-      LossCase c = ce_case(std::string("cflce_") + dtype_name(dt) + red_name(red), cfg);
-      CudaTol tol;
-      loosen_for(dt, c, tol);
-      EXPECT_TRUE(check_cuda(c, tol));
-    }
-}
-
-// The softmax-epilogue path (CudaOptions::softmax_epilogue, src/cuda/loss/softmax_chunk.h): bf16 hidden and
-// W with 16-byte rows, no bias, no label smoothing or softcap. Its logits gradient is exp(z − z_label) in
-// bf16 scaled per row (the row-pass path rounds the gradient itself to bf16), so the bf16 tolerances hold. On
-// a device without it the same cases run the row pass; the counters say which ran.
-LossCase epilogue_case(const std::string& name, int64_t n, int64_t h, int64_t v, int64_t chunk, Reduction red,
-                       double z_loss, Out what = Out::Loss, double hidden_range = 1) {
-  CeCfg cfg;
-  cfg.n = n;
-  cfg.h = h;
-  cfg.v = v;
-  cfg.chunk = chunk;
-  cfg.dt = DType::BF16;
-  cfg.bias = false;
-  cfg.r.red = red;
-  cfg.r.z_loss = z_loss;
-  cfg.what = what;
-  LossCase c = ce_case(name, cfg);
-  c.inputs[0] = hidden_in(n, h, DType::BF16, -hidden_range, hidden_range);
-  return c;
-}
+// fused_linear_cross_entropy's values and gradients are the CPU's case list
+// (tests/ops/loss_cases_fused_ce.cpp, run here by test_cuda_loss_cases.cpp). What the list cannot say: which
+// of CUDA's paths ran them.
 
 // Whether the shared backend (default options: the epilogue on) runs the epilogue: the device can.
 bool epilogue_on(const CudaSoftmaxEpilogueStats& s) {
@@ -154,31 +70,31 @@ bool epilogue_on(const CudaSoftmaxEpilogueStats& s) {
   return s.supported;
 }
 
-TEST_F(CudaFused, SoftmaxEpilogueCrossEntropy) {
+// Runs the list's cases named prefix* on the shared backend (no central differences: the list's own run has
+// them) and returns how many ran.
+size_t run_named(const std::vector<LossCase>& list, const std::string& prefix) {
+  size_t n = 0;
+  for (const LossCase& c : list)
+    if (c.name.rfind(prefix, 0) == 0) {
+      EXPECT_TRUE(check_cuda(c, {c.backend_tol, c.backend_grad_tol, false}));
+      ++n;
+    }
+  return n;
+}
+
+// The softmax-epilogue path (CudaOptions::softmax_epilogue, src/cuda/loss/softmax_chunk.h) runs the list's
+// epilogue cases, every chunk; none of the in-range ones falls back to the per-row kernel.
+TEST_F(CudaFused, SoftmaxEpilogueRunsTheEpilogueCases) {
   Backend& be = cuda_backend();
+  const std::vector<LossCase> cs = fused_ce_cases();
   const CudaSoftmaxEpilogueStats before = cuda_softmax_epilogue_stats(be);
   const bool on = epilogue_on(before);
-  // H = 8 (the least: rows of 16 bytes), V = 300 (pad columns 300-383 masked in the epilogue, a second
-  // 256-column tile), ignored rows, z-loss; one row, odd and whole chunks; every reduction. Small enough for
-  // central differences.
-  for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
-    for (int64_t chunk : {int64_t(1), int64_t(4), int64_t(9)}) {
-      LossCase c = epilogue_case(std::string("cflse_") + red_name(red) + std::to_string(chunk), 9, 8, 300,
-                                 chunk, red, red == Reduction::Sum ? 0.0 : 0.01);
-      CudaTol tol;
-      loosen_for(DType::BF16, c, tol);
-      EXPECT_TRUE(check_cuda(c, tol));
-    }
-  // GPT-2's vocabulary, 3 chunks (the last short), per-row losses and LSE; the single-pass gradient.
-  for (Out what : {Out::Loss, Out::PerRow, Out::Lse}) {
-    LossCase c = epilogue_case("cflse_gpt2_" + std::to_string(int(what)), 300, 64, 50257, 128,
-                               Reduction::Mean, 0.0, what);
-    c.unit_seed = what == Out::Loss;
-    CudaTol tol;
-    loosen_for(DType::BF16, c, tol);
-    tol.finite_differences = false;
-    EXPECT_TRUE(check_cuda(c, tol));
-  }
+  // V = 300 in chunks of 1, 4 and 9 rows of 9 (3 reductions each), then GPT-2's vocabulary in 3 chunks.
+  const size_t small = run_named(cs, "fce_epilogue_mean") + run_named(cs, "fce_epilogue_sum") +
+                       run_named(cs, "fce_epilogue_none");
+  const size_t gpt2 = run_named(cs, "fce_epilogue_gpt2");
+  EXPECT_EQ(small, 9u);
+  EXPECT_EQ(gpt2, 3u);
   const CudaSoftmaxEpilogueStats after = cuda_softmax_epilogue_stats(be);
   if (on) {
     EXPECT_GE(after.chunks - before.chunks, size_t(3 * (9 + 3 + 1) + 3 * 3));
@@ -187,21 +103,12 @@ TEST_F(CudaFused, SoftmaxEpilogueCrossEntropy) {
 }
 
 TEST_F(CudaFused, SoftmaxEpilogueRecomputesRowsBeyondItsRange) {
-  // Hidden values in ±20 and H = 16: logits with a spread of ~27, so many rows' losses pass 69 nats at the
-  // label's shift (their sums leave [2^-100, 2^100]) and the exact per-row kernel recomputes them; the rest
-  // stay on the epilogue. Both must match the float64 reference and the CPU (no central differences at
-  // logits this size).
+  // The list's far cases: many rows' losses pass 69 nats at the label's shift and the exact per-row kernel
+  // recomputes them; the rest stay on the epilogue.
   Backend& be = cuda_backend();
   const CudaSoftmaxEpilogueStats before = cuda_softmax_epilogue_stats(be);
   const bool on = epilogue_on(before);
-  for (Reduction red : {Reduction::Mean, Reduction::None}) {
-    LossCase c = epilogue_case(std::string("cflse_far_") + red_name(red), 40, 16, 200, 24, red, 0.001,
-                               Out::Loss, 20.0);
-    CudaTol tol;
-    loosen_for(DType::BF16, c, tol);
-    tol.finite_differences = false;
-    EXPECT_TRUE(check_cuda(c, tol));
-  }
+  EXPECT_EQ(run_named(fused_ce_cases(), "fce_epilogue_far"), 2u);
   const CudaSoftmaxEpilogueStats after = cuda_softmax_epilogue_stats(be);
   if (on) {
     EXPECT_GT(after.fallback_rows, before.fallback_rows);
@@ -209,120 +116,28 @@ TEST_F(CudaFused, SoftmaxEpilogueRecomputesRowsBeyondItsRange) {
   }
 }
 
-TEST_F(CudaFused, SoftmaxEpilogueAccumulatesSharedInputs) {
-  // The same hidden and W feed two fused losses: the second backward adds into dhidden and dW (the
-  // executor's accumulate flags), on the epilogue path too.
+// A case of the epilogue's shape for the schedules test: bf16, no bias, rows of 16 bytes.
+LossCase epilogue_case(const std::string& name, int64_t n, int64_t h, int64_t v, int64_t chunk, Reduction red,
+                       double z_loss) {
   LossCase c;
-  c.name = "cflse_shared";
-  c.inputs = {hidden_in(10, 8, DType::BF16), weight_in(150, 8, DType::BF16),
-              LossInput(Shape{10}, DType::I32, false, -1, 150.0),
-              LossInput(Shape{10}, DType::I32, false, -1, 150.0)};
-  c.build = [](Context& ctx, const std::vector<Tensor*>& in) {
-    CrossEntropyOptions a;
-    a.ignore_index = -1;
-    CrossEntropyOptions b = a;
-    b.reduction = Reduction::Sum;
-    b.z_loss = 0.01f;
-    Tensor* la = fused_linear_cross_entropy(ctx, in[0], in[1], nullptr, in[2], a, chunked(4)).loss;
-    Tensor* lb = fused_linear_cross_entropy(ctx, in[0], in[1], nullptr, in[3], b, chunked(3)).loss;
-    return add(ctx, la, lb);
-  };
-  c.reference = [](const std::vector<Ref>& in) {
-    const Mat z = head_ref(in[0], in[1], nullptr);
-    CeRef a;
-    a.ignore = -1;
-    CeRef b = a;
-    b.red = Reduction::Sum;
-    b.z_loss = 0.01;
-    Vec x = ce_ref(z, ints(in[2]), a), y = ce_ref(z, ints(in[3]), b);
-    x[0] += y[0];
-    return x;
-  };
-  CudaTol tol;
-  loosen_for(DType::BF16, c, tol);
-  EXPECT_TRUE(check_cuda(c, tol));
-}
-
-TEST_F(CudaFused, CrossEntropyMixedDtypes) {
-  // bf16 hidden, f32 weight, f16 bias: the f32 gradient in place, the GEMMs on f32 copies of the odd operand.
-  CeRef r;
-  r.ignore = -1;
-  LossCase c;
-  c.name = "cflce_mixed";
-  c.inputs = {hidden_in(5, 6, DType::BF16), weight_in(9, 6), bias_in(9, DType::F16),
-              LossInput(Shape{5}, DType::I64, false, -1, 9)};
-  c.build = [r](Context& ctx, const std::vector<Tensor*>& in) {
+  c.name = name;
+  c.inputs = {hidden_in(n, h, DType::BF16), weight_in(v, h, DType::BF16),
+              LossInput(Shape{n}, DType::I32, false, -1, double(v))};
+  c.build = [=](Context& ctx, const std::vector<Tensor*>& in) {
     CrossEntropyOptions o;
-    o.ignore_index = r.ignore;
-    return fused_linear_cross_entropy(ctx, in[0], in[1], in[2], in[3], o, chunked(2)).loss;
+    o.ignore_index = -1;
+    o.z_loss = float(z_loss);
+    o.reduction = red;
+    return fused_linear_cross_entropy(ctx, in[0], in[1], nullptr, in[2], o, chunked(chunk)).loss;
   };
-  c.reference = [r](const std::vector<Ref>& in) {
-    return ce_ref(head_ref(in[0], in[1], &in[2]), ints(in[3]), r);
+  c.reference = [=](const std::vector<Ref>& in) {
+    CeRef r;
+    r.ignore = -1;
+    r.z_loss = z_loss;
+    r.red = red;
+    return ce_ref(head_ref(in[0], in[1], nullptr), ints(in[2]), r);
   };
-  EXPECT_TRUE(check_cuda(c));
-}
-
-TEST_F(CudaFused, CrossEntropyPerRowAndLse) {
-  for (Out what : {Out::PerRow, Out::Lse}) {
-    CeCfg cfg;
-    cfg.what = what;
-    cfg.r.eps = 0.2;
-    EXPECT_TRUE(check_cuda(ce_case("cflce_out" + std::to_string(int(what)), cfg)));
-  }
-}
-
-TEST_F(CudaFused, CrossEntropyGpt2Vocabulary) {
-  // V = 50,257 (not a multiple of 8 or 128: padded rows, unvectorized row kernels), 3 chunks, the last short.
-  for (DType dt : {DType::F32, DType::BF16}) {
-    CeCfg cfg;
-    cfg.n = 37;
-    cfg.h = 16;
-    cfg.v = 50257;
-    cfg.chunk = 16;
-    cfg.dt = dt;
-    LossCase c = ce_case(std::string("cflce_gpt2_") + dtype_name(dt), cfg);
-    CudaTol tol;
-    loosen_for(dt, c, tol);
-    tol.finite_differences = false;  // 800k weight entries
-    // dhidden sums 50,257 f32 products that nearly cancel (softmax − one-hot): cuBLAS and the CPU GEMM add
-    // them in different orders, which moves the result by ~1e-4 of its size (seen on H100: nmse 2.9e-7). Both
-    // stay within the float64 reference's tolerance, which is the check that matters here.
-    tol.cpu_grad = std::max(tol.cpu_grad, 2e-6);
-    EXPECT_TRUE(check_cuda(c, tol));
-  }
-}
-
-TEST_F(CudaFused, StridedInputs) {
-  // hidden: a column window of a wider tensor; weight: the transpose of a stored [H, V] (column-major).
-  CeRef r;
-  r.ignore = -1;
-  r.eps = 0.1;
-  LossCase c;
-  c.name = "cflce_views";
-  c.inputs = {hidden_in(6, 9), LossInput(Shape{5, 11}, DType::F32, true),
-              LossInput(Shape{6}, DType::I32, false, -1, 11)};
-  c.build = [r](Context& ctx, const std::vector<Tensor*>& in) {
-    CrossEntropyOptions o;
-    o.ignore_index = r.ignore;
-    o.label_smoothing = float(r.eps);
-    return fused_linear_cross_entropy(ctx, slice(ctx, in[0], 0, 3, 5), transpose(ctx, in[1]), nullptr, in[2],
-                                      o, chunked(4))
-        .loss;
-  };
-  c.reference = [r](const std::vector<Ref>& in) {
-    Ref h;
-    h.ne[0] = 5;
-    h.ne[1] = 6;
-    for (int64_t i = 0; i < 6; ++i)
-      for (int64_t j = 0; j < 5; ++j) h.v.push_back(in[0].at(j + 3, i));
-    Ref w;  // [V, H] = the stored [H, V] transposed
-    w.ne[0] = 5;
-    w.ne[1] = 11;
-    for (int64_t vv = 0; vv < 11; ++vv)
-      for (int64_t k = 0; k < 5; ++k) w.v.push_back(in[1].at(vv, k));
-    return ce_ref(head_ref(h, w, nullptr), ints(in[2]), r);
-  };
-  EXPECT_TRUE(check_cuda(c));
+  return c;
 }
 
 // ---- top-K distillation -------------------------------------------------------------------------------

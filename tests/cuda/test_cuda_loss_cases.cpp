@@ -32,6 +32,7 @@ INSTANTIATE_TEST_SUITE_P(TopKKd, CudaLossCases, ::testing::ValuesIn(topk_kd_case
 INSTANTIATE_TEST_SUITE_P(TopKKlGathered, CudaLossCases, ::testing::ValuesIn(topk_gathered_cases()),
                          param_name);
 INSTANTIATE_TEST_SUITE_P(Distill, CudaLossCases, ::testing::ValuesIn(distill_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(FusedCrossEntropy, CudaLossCases, ::testing::ValuesIn(fused_ce_cases()), param_name);
 
 class CudaLossOrder : public CudaTest {};
 

@@ -37,6 +37,20 @@ std::vector<LossCase> topk_gathered_cases();
 // transposed views of one or both, the single pass.
 std::vector<LossCase> distill_cases();
 
+// fused_linear_cross_entropy: every option and output, chunks of one row, some rows and all rows, a bias or
+// none, bf16 / f16 / mixed heads, strided hidden and weight views, ±1e4 logits, V = 50,257, the single pass,
+// and CUDA's softmax-epilogue shapes (bf16, no bias, rows of 16 bytes; rows beyond its range; two losses on
+// one head).
+std::vector<LossCase> fused_ce_cases();
+
+// Chunks of `rows` rows with f32 chunk logits whatever the inputs' dtype (the 16-bit default is
+// tests/cuda/test_cuda_fused_lowlogits.cpp's).
+FusedLinearOptions fused_chunks(int64_t rows);
+// 16-bit heads on CUDA keep the logits gradient in 16 bits for the gradient GEMMs (cuda_chunk_exec.h), a
+// rounding of 2^-9 relative per element: their gradients are held to 1e-4 there (a wrong one is ~1).
+inline constexpr double kHead16GradTol = 1e-4;
+void loosen_for_16bit_heads(DType dt, LossCase& c);
+
 // The pieces appended in order: a case's name. (Not "a" + std::string: GCC 12 warns there, -Wrestrict.)
 template <typename... Parts>
 std::string cat(const Parts&... parts) {

@@ -251,7 +251,7 @@ void ce_edges(std::vector<LossCase>& cs) {
     cfg.hi = 1e4;
     LossCase c = ce_case(h.name, cfg);
     c.fwd_tol = 1e-9;
-    c.grad_tol = 1e-5;
+    c.grad_tol = 1e-6;
     c.backend_grad_tol = 1e-5;
     cs.push_back(c);
   }

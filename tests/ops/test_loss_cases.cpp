@@ -28,6 +28,7 @@ INSTANTIATE_TEST_SUITE_P(SelectiveLogSoftmax, LossCases, ::testing::ValuesIn(sel
 INSTANTIATE_TEST_SUITE_P(TopKKd, LossCases, ::testing::ValuesIn(topk_kd_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(TopKKlGathered, LossCases, ::testing::ValuesIn(topk_gathered_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Distill, LossCases, ::testing::ValuesIn(distill_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(FusedCrossEntropy, LossCases, ::testing::ValuesIn(fused_ce_cases()), param_name);
 
 }  // namespace
 }  // namespace retort::test

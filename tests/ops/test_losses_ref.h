@@ -127,7 +127,8 @@ struct LossCase {
   // long to difference whole); fd_samples < 0 none (rows too long for even that).
   bool fd = true;
   int64_t fd_samples = 0;
-  // Another backend against the CPU backend (nmse), outputs and gradients.
+  // Another backend against the CPU backend (nmse), outputs and gradients; against the reference it is held
+  // to the looser of these and fwd_tol / grad_tol.
   double backend_tol = kCpuTol, backend_grad_tol = kCpuTol;
   // Non-empty: what the CUDA backend does not support in this case; the CUDA test skips it with this reason.
   std::string cuda_unsupported;
