@@ -33,6 +33,11 @@ INSTANTIATE_TEST_SUITE_P(TopKKlGathered, CudaLossCases, ::testing::ValuesIn(topk
                          param_name);
 INSTANTIATE_TEST_SUITE_P(Distill, CudaLossCases, ::testing::ValuesIn(distill_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(FusedCrossEntropy, CudaLossCases, ::testing::ValuesIn(fused_ce_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(FusedTopKKd, CudaLossCases, ::testing::ValuesIn(fused_topk_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(FusedDistill, CudaLossCases, ::testing::ValuesIn(fused_distill_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(FusedEntropy, CudaLossCases, ::testing::ValuesIn(fused_entropy_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(FusedSelectiveLogSoftmax, CudaLossCases,
+                         ::testing::ValuesIn(fused_selective_cases()), param_name);
 
 class CudaLossOrder : public CudaTest {};
 

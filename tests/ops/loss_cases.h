@@ -42,6 +42,20 @@ std::vector<LossCase> distill_cases();
 // and CUDA's softmax-epilogue shapes (bf16, no bias, rows of 16 bytes; rows beyond its range; two losses on
 // one head).
 std::vector<LossCase> fused_ce_cases();
+// fused_linear_topk_kd: beta × temperature × normalize_topk × hard loss × reduction, with and without bias,
+// labels and mask; every divergence dense and K-sparse; every output; the single pass in f32 and bf16; CUDA's
+// cross-entropy-rows form (duplicate ids, w_hard or w_soft zero, V = 60,000); the K-sparse path in f32 and
+// bf16 at every chunk size, H = 5 and 2,056; K = 1, K = V, −inf and masked padding with garbage ids; CUDA's
+// softmax-epilogue shapes (with and without labels and mask, V = 50,257, 16-bit chunk logits).
+std::vector<LossCase> fused_topk_cases();
+// fused_linear_distill against an online teacher: beta × temperature × hard loss × reduction with and
+// without either bias and labels; f32 and bf16 heads at chunks of one row, some and all; every divergence in
+// f32 and bf16; every output; a bf16 student with an f16 teacher of another width in the single pass.
+std::vector<LossCase> fused_distill_cases();
+// fused_linear_entropy: reduction × temperature, the single pass.
+std::vector<LossCase> fused_entropy_cases();
+// fused_linear_selective_log_softmax: K = 1, 3 and 9 (repeated ids), f32 and bf16 heads.
+std::vector<LossCase> fused_selective_cases();
 
 // Chunks of `rows` rows with f32 chunk logits whatever the inputs' dtype (the 16-bit default is
 // tests/cuda/test_cuda_fused_lowlogits.cpp's).

@@ -29,6 +29,11 @@ INSTANTIATE_TEST_SUITE_P(TopKKd, LossCases, ::testing::ValuesIn(topk_kd_cases())
 INSTANTIATE_TEST_SUITE_P(TopKKlGathered, LossCases, ::testing::ValuesIn(topk_gathered_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Distill, LossCases, ::testing::ValuesIn(distill_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(FusedCrossEntropy, LossCases, ::testing::ValuesIn(fused_ce_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(FusedTopKKd, LossCases, ::testing::ValuesIn(fused_topk_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(FusedDistill, LossCases, ::testing::ValuesIn(fused_distill_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(FusedEntropy, LossCases, ::testing::ValuesIn(fused_entropy_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(FusedSelectiveLogSoftmax, LossCases, ::testing::ValuesIn(fused_selective_cases()),
+                         param_name);
 
 }  // namespace
 }  // namespace retort::test
