@@ -14,7 +14,8 @@ std::mt19937_64& rng() {
   return gen;
 }
 
-void reseed(const std::string& key) { rng().seed(std::hash<std::string>{}(key) ^ 0x9e3779b97f4a7c15ull); }
+uint64_t seed_of(const std::string& key) { return std::hash<std::string>{}(key) ^ 0x9e3779b97f4a7c15ull; }
+void reseed(const std::string& key) { rng().seed(seed_of(key)); }
 
 Vec random_vec(int64_t n, double lo, double hi) {
   std::uniform_real_distribution<double> d(lo, hi);

@@ -30,6 +30,8 @@ struct Ref {
 // Deterministic per-test random numbers (seeded from the test name, so every case draws fresh values).
 std::mt19937_64& rng();
 void reseed(const std::string& key);
+// The seed reseed(key) sets, for failure messages.
+uint64_t seed_of(const std::string& key);
 Vec random_vec(int64_t n, double lo = -1.0, double hi = 1.0);
 std::vector<int64_t> random_ints(int64_t n, int64_t lo, int64_t hi);  // [lo, hi)
 

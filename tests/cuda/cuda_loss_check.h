@@ -7,12 +7,6 @@
 
 namespace retort::test {
 
-// CUDA against the CPU backend, on normalized MSE, for outputs and gradients alike, whatever the storage
-// dtype: both backends read the same stored values and every loss output and gradient is f32, so a bf16 or
-// f16 input changes nothing here. What differs is the order of the sums (the CPU in double, CUDA in f32
-// trees) and the 2-ulp exp2 approximation on the device: about 1e-13 in practice.
-inline constexpr double kCpuTol = 1e-9;
-
 struct CudaTol {
   double cpu = kCpuTol;       // outputs, CUDA vs CPU
   double cpu_grad = kCpuTol;  // gradients, CUDA vs CPU
@@ -24,7 +18,11 @@ struct CudaTol {
 // The forward vs reference uses c.fwd_tol, the gradients vs central differences c.grad_tol. A case with
 // unit_seed runs backward on the scalar loss itself: the single-pass path, no multiply by an upstream.
 // EXPECTs inside; returns false on any failure.
-bool check_cuda(const LossCase& c, const CudaTol& tol = {});
+bool check_cuda(const LossCase& c, const CudaTol& tol);
+// The same with the case's own tolerances against the CPU (backend_tol, backend_grad_tol; against the
+// reference the looser of those and fwd_tol / grad_tol) and its fd and fd_samples; a case the CUDA backend
+// does not support (cuda_unsupported) fails here: skip it before.
+bool check_cuda(const LossCase& c);
 
 // c on two CUDA backends (say, with different CudaOptions): outputs finite and bitwise equal, every gradient
 // finite and within grad_tol (nmse) of a's: GEMMs of other shapes may sum in another order. For cases whose

@@ -1,16 +1,10 @@
-// The fused linear losses on CUDA (src/cuda/loss/cuda_chunk_exec.cu, cuda_fused_ops.cu): every case runs the
-// same graph on the CPU and on CUDA from the same inputs (cuda_loss_check.h) and checks the CUDA result
-// against the CPU (kCpuTol), against the float64 lm-head + loss reference (forward 1e-10), and its gradients
-// of hidden, weight and bias against central differences of the reference (1e-8), with looser numbers only
-// where stated: bf16 heads keep the logits gradient in bf16 for the gradient GEMMs (cuda_chunk_exec.h), a
-// rounding of 2^-9 relative per element, so their gradients are held to 1e-4 (a wrong gradient is ~1).
-// Every graph runs with poisoned memory, so an output element the device never writes shows up as NaN.
-// Also: chunk-size independence (bitwise on the K-sparse top-K path), a 50,257-entry vocabulary, strided
-// inputs, peak device memory within the budget, and bad labels / ids raising retort::Error.
+// The fused linear losses on CUDA (src/cuda/loss/cuda_chunk_exec.cu, cuda_fused_ops.cu) beyond their case
+// lists (tests/ops/loss_cases_fused_*.cpp, run here by test_cuda_loss_cases.cpp against the CPU and the
+// float64 references): which path ran the list's softmax-epilogue cases (its counters), the epilogue's two
+// schedules agreeing, bitwise chunk-size independence on the K-sparse top-K path, peak device memory within
+// the budget, and bad labels / ids / teacher logprobs raising retort::Error. Every graph runs with poisoned
+// memory, so an output element the device never writes shows up as NaN.
 #include <gtest/gtest.h>
-
-#include <algorithm>
-#include <array>
 
 #include <cmath>
 #include <cstdio>
@@ -19,6 +13,7 @@
 #include <string>
 
 #include "cuda_loss_check.h"
+#include "loss_cases.h"
 
 namespace retort::test {
 namespace {
@@ -35,118 +30,11 @@ LossInput bias_in(int64_t v, DType dt = DType::F32) {
   return LossInput(Shape{v}, dt, true, -0.5, 0.5);
 }
 
-// One row, odd sizes, all rows.
-std::vector<int64_t> chunk_sizes(int64_t n) {
-  return {1, 3, n};
-}
+// ---- cross-entropy: CUDA's paths ----------------------------------------------------------------------
 
-// f32 chunk logits whatever the inputs' dtype (the 16-bit default is test_cuda_fused_lowlogits.cpp's).
-FusedLinearOptions chunked(int64_t rows) {
-  FusedLinearOptions f;
-  f.chunk_rows = rows;
-  f.logits_dtype = DType::F32;
-  return f;
-}
-
-// bf16 heads: the gradients see the 16-bit logits gradient (see the header comment).
-constexpr double kBf16GradTol = 1e-4;
-
-void loosen_for(DType dt, LossCase& c, CudaTol& tol) {
-  if (dt == DType::F32) return;
-  c.grad_tol = kBf16GradTol;
-  tol.cpu_grad = kBf16GradTol;
-}
-
-// ---- cross-entropy ------------------------------------------------------------------------------------
-
-struct CeCfg {
-  CeRef r;
-  int64_t n = 7, h = 5, v = 11, chunk = 3;
-  DType dt = DType::F32;
-  bool bias = true;
-  Out what = Out::Loss;
-};
-
-// Labels in [-1, v) with ignore_index -1: some rows are ignored.
-LossCase ce_case(const std::string& name, CeCfg cfg) {
-  cfg.r.ignore = -1;
-  LossCase c;
-  c.name = name;
-  c.inputs = {hidden_in(cfg.n, cfg.h, cfg.dt), weight_in(cfg.v, cfg.h, cfg.dt), bias_in(cfg.v, cfg.dt),
-              LossInput(Shape{cfg.n}, DType::I32, false, -1, double(cfg.v))};
-  c.inputs[2].param = cfg.bias;
-  c.build = [cfg](Context& ctx, const std::vector<Tensor*>& in) {
-    CrossEntropyOptions o;
-    o.ignore_index = cfg.r.ignore;
-    o.label_smoothing = float(cfg.r.eps);
-    o.z_loss = float(cfg.r.z_loss);
-    o.softcap = float(cfg.r.cap);
-    o.reduction = cfg.r.red;
-    o.return_per_row = cfg.what == Out::PerRow;
-    o.return_lse = cfg.what == Out::Lse;
-    return pick(fused_linear_cross_entropy(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], o,
-                                           chunked(cfg.chunk)),
-                cfg.what);
-  };
-  c.reference = [cfg](const std::vector<Ref>& in) {
-    return ce_ref(head_ref(in[0], in[1], cfg.bias ? &in[2] : nullptr), ints(in[3]), cfg.r, cfg.what);
-  };
-  c.check_grad = cfg.what == Out::Loss;
-  return c;
-}
-
-TEST_F(CudaFused, CrossEntropyOptionsReductionsChunks) {
-  for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
-    for (int64_t chunk : chunk_sizes(7)) {
-      CeCfg cfg;
-      cfg.r.red = red;
-      cfg.r.eps = 0.1;
-      cfg.r.z_loss = 0.01;
-      cfg.chunk = chunk;
-      EXPECT_TRUE(check_cuda(ce_case(std::string("cflce_") + red_name(red) + std::to_string(chunk), cfg)));
-    }
-  CeCfg cap;  // softcap without bias; the unit seed: the single-pass gradient
-  cap.r.cap = 2.5;
-  cap.bias = false;
-  LossCase c = ce_case("cflce_cap", cap);
-  c.unit_seed = true;
-  EXPECT_TRUE(check_cuda(c));
-}
-
-TEST_F(CudaFused, CrossEntropyBf16AndF16) {
-  for (DType dt : {DType::BF16, DType::F16})
-    for (Reduction red : {Reduction::Mean, Reduction::None}) {
-      CeCfg cfg;
-      cfg.dt = dt;
-      cfg.r.red = red;
-      cfg.r.eps = 0.1;
-      LossCase c = ce_case(std::string("cflce_") + dtype_name(dt) + red_name(red), cfg);
-      CudaTol tol;
-      loosen_for(dt, c, tol);
-      EXPECT_TRUE(check_cuda(c, tol));
-    }
-}
-
-// The softmax-epilogue path (CudaOptions::softmax_epilogue, src/cuda/loss/softmax_chunk.h): bf16 hidden and
-// W with 16-byte rows, no bias, no label smoothing or softcap. Its logits gradient is exp(z − z_label) in
-// bf16 scaled per row (the row-pass path rounds the gradient itself to bf16), so the bf16 tolerances hold. On
-// a device without it the same cases run the row pass; the counters say which ran.
-LossCase epilogue_case(const std::string& name, int64_t n, int64_t h, int64_t v, int64_t chunk, Reduction red,
-                       double z_loss, Out what = Out::Loss, double hidden_range = 1) {
-  CeCfg cfg;
-  cfg.n = n;
-  cfg.h = h;
-  cfg.v = v;
-  cfg.chunk = chunk;
-  cfg.dt = DType::BF16;
-  cfg.bias = false;
-  cfg.r.red = red;
-  cfg.r.z_loss = z_loss;
-  cfg.what = what;
-  LossCase c = ce_case(name, cfg);
-  c.inputs[0] = hidden_in(n, h, DType::BF16, -hidden_range, hidden_range);
-  return c;
-}
+// fused_linear_cross_entropy's values and gradients are the CPU's case list
+// (tests/ops/loss_cases_fused_ce.cpp, run here by test_cuda_loss_cases.cpp). What the list cannot say: which
+// of CUDA's paths ran them.
 
 // Whether the shared backend (default options: the epilogue on) runs the epilogue: the device can.
 bool epilogue_on(const CudaSoftmaxEpilogueStats& s) {
@@ -154,31 +42,31 @@ bool epilogue_on(const CudaSoftmaxEpilogueStats& s) {
   return s.supported;
 }
 
-TEST_F(CudaFused, SoftmaxEpilogueCrossEntropy) {
+// Runs the list's cases named prefix* on the shared backend (no central differences: the list's own run has
+// them) and returns how many ran.
+size_t run_named(const std::vector<LossCase>& list, const std::string& prefix) {
+  size_t n = 0;
+  for (const LossCase& c : list)
+    if (c.name.rfind(prefix, 0) == 0) {
+      EXPECT_TRUE(check_cuda(c, {c.backend_tol, c.backend_grad_tol, false}));
+      ++n;
+    }
+  return n;
+}
+
+// The softmax-epilogue path (CudaOptions::softmax_epilogue, src/cuda/loss/softmax_chunk.h) runs the list's
+// epilogue cases, every chunk; none of the in-range ones falls back to the per-row kernel.
+TEST_F(CudaFused, SoftmaxEpilogueRunsTheEpilogueCases) {
   Backend& be = cuda_backend();
+  const std::vector<LossCase> cs = fused_ce_cases();
   const CudaSoftmaxEpilogueStats before = cuda_softmax_epilogue_stats(be);
   const bool on = epilogue_on(before);
-  // H = 8 (the least: rows of 16 bytes), V = 300 (pad columns 300-383 masked in the epilogue, a second
-  // 256-column tile), ignored rows, z-loss; one row, odd and whole chunks; every reduction. Small enough for
-  // central differences.
-  for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
-    for (int64_t chunk : {int64_t(1), int64_t(4), int64_t(9)}) {
-      LossCase c = epilogue_case(std::string("cflse_") + red_name(red) + std::to_string(chunk), 9, 8, 300,
-                                 chunk, red, red == Reduction::Sum ? 0.0 : 0.01);
-      CudaTol tol;
-      loosen_for(DType::BF16, c, tol);
-      EXPECT_TRUE(check_cuda(c, tol));
-    }
-  // GPT-2's vocabulary, 3 chunks (the last short), per-row losses and LSE; the single-pass gradient.
-  for (Out what : {Out::Loss, Out::PerRow, Out::Lse}) {
-    LossCase c = epilogue_case("cflse_gpt2_" + std::to_string(int(what)), 300, 64, 50257, 128,
-                               Reduction::Mean, 0.0, what);
-    c.unit_seed = what == Out::Loss;
-    CudaTol tol;
-    loosen_for(DType::BF16, c, tol);
-    tol.finite_differences = false;
-    EXPECT_TRUE(check_cuda(c, tol));
-  }
+  // V = 300 in chunks of 1, 4 and 9 rows of 9 (3 reductions each), then GPT-2's vocabulary in 3 chunks.
+  const size_t small = run_named(cs, "fce_epilogue_mean") + run_named(cs, "fce_epilogue_sum") +
+                       run_named(cs, "fce_epilogue_none");
+  const size_t gpt2 = run_named(cs, "fce_epilogue_gpt2");
+  EXPECT_EQ(small, 9u);
+  EXPECT_EQ(gpt2, 3u);
   const CudaSoftmaxEpilogueStats after = cuda_softmax_epilogue_stats(be);
   if (on) {
     EXPECT_GE(after.chunks - before.chunks, size_t(3 * (9 + 3 + 1) + 3 * 3));
@@ -187,21 +75,12 @@ TEST_F(CudaFused, SoftmaxEpilogueCrossEntropy) {
 }
 
 TEST_F(CudaFused, SoftmaxEpilogueRecomputesRowsBeyondItsRange) {
-  // Hidden values in ±20 and H = 16: logits with a spread of ~27, so many rows' losses pass 69 nats at the
-  // label's shift (their sums leave [2^-100, 2^100]) and the exact per-row kernel recomputes them; the rest
-  // stay on the epilogue. Both must match the float64 reference and the CPU (no central differences at
-  // logits this size).
+  // The list's far cases: many rows' losses pass 69 nats at the label's shift and the exact per-row kernel
+  // recomputes them; the rest stay on the epilogue.
   Backend& be = cuda_backend();
   const CudaSoftmaxEpilogueStats before = cuda_softmax_epilogue_stats(be);
   const bool on = epilogue_on(before);
-  for (Reduction red : {Reduction::Mean, Reduction::None}) {
-    LossCase c = epilogue_case(std::string("cflse_far_") + red_name(red), 40, 16, 200, 24, red, 0.001,
-                               Out::Loss, 20.0);
-    CudaTol tol;
-    loosen_for(DType::BF16, c, tol);
-    tol.finite_differences = false;
-    EXPECT_TRUE(check_cuda(c, tol));
-  }
+  EXPECT_EQ(run_named(fused_ce_cases(), "fce_epilogue_far"), 2u);
   const CudaSoftmaxEpilogueStats after = cuda_softmax_epilogue_stats(be);
   if (on) {
     EXPECT_GT(after.fallback_rows, before.fallback_rows);
@@ -209,120 +88,28 @@ TEST_F(CudaFused, SoftmaxEpilogueRecomputesRowsBeyondItsRange) {
   }
 }
 
-TEST_F(CudaFused, SoftmaxEpilogueAccumulatesSharedInputs) {
-  // The same hidden and W feed two fused losses: the second backward adds into dhidden and dW (the
-  // executor's accumulate flags), on the epilogue path too.
+// A case of the epilogue's shape for the schedules test: bf16, no bias, rows of 16 bytes.
+LossCase epilogue_case(const std::string& name, int64_t n, int64_t h, int64_t v, int64_t chunk, Reduction red,
+                       double z_loss) {
   LossCase c;
-  c.name = "cflse_shared";
-  c.inputs = {hidden_in(10, 8, DType::BF16), weight_in(150, 8, DType::BF16),
-              LossInput(Shape{10}, DType::I32, false, -1, 150.0),
-              LossInput(Shape{10}, DType::I32, false, -1, 150.0)};
-  c.build = [](Context& ctx, const std::vector<Tensor*>& in) {
-    CrossEntropyOptions a;
-    a.ignore_index = -1;
-    CrossEntropyOptions b = a;
-    b.reduction = Reduction::Sum;
-    b.z_loss = 0.01f;
-    Tensor* la = fused_linear_cross_entropy(ctx, in[0], in[1], nullptr, in[2], a, chunked(4)).loss;
-    Tensor* lb = fused_linear_cross_entropy(ctx, in[0], in[1], nullptr, in[3], b, chunked(3)).loss;
-    return add(ctx, la, lb);
-  };
-  c.reference = [](const std::vector<Ref>& in) {
-    const Mat z = head_ref(in[0], in[1], nullptr);
-    CeRef a;
-    a.ignore = -1;
-    CeRef b = a;
-    b.red = Reduction::Sum;
-    b.z_loss = 0.01;
-    Vec x = ce_ref(z, ints(in[2]), a), y = ce_ref(z, ints(in[3]), b);
-    x[0] += y[0];
-    return x;
-  };
-  CudaTol tol;
-  loosen_for(DType::BF16, c, tol);
-  EXPECT_TRUE(check_cuda(c, tol));
-}
-
-TEST_F(CudaFused, CrossEntropyMixedDtypes) {
-  // bf16 hidden, f32 weight, f16 bias: the f32 gradient in place, the GEMMs on f32 copies of the odd operand.
-  CeRef r;
-  r.ignore = -1;
-  LossCase c;
-  c.name = "cflce_mixed";
-  c.inputs = {hidden_in(5, 6, DType::BF16), weight_in(9, 6), bias_in(9, DType::F16),
-              LossInput(Shape{5}, DType::I64, false, -1, 9)};
-  c.build = [r](Context& ctx, const std::vector<Tensor*>& in) {
+  c.name = name;
+  c.inputs = {hidden_in(n, h, DType::BF16), weight_in(v, h, DType::BF16),
+              LossInput(Shape{n}, DType::I32, false, -1, double(v))};
+  c.build = [=](Context& ctx, const std::vector<Tensor*>& in) {
     CrossEntropyOptions o;
-    o.ignore_index = r.ignore;
-    return fused_linear_cross_entropy(ctx, in[0], in[1], in[2], in[3], o, chunked(2)).loss;
+    o.ignore_index = -1;
+    o.z_loss = float(z_loss);
+    o.reduction = red;
+    return fused_linear_cross_entropy(ctx, in[0], in[1], nullptr, in[2], o, fused_chunks(chunk)).loss;
   };
-  c.reference = [r](const std::vector<Ref>& in) {
-    return ce_ref(head_ref(in[0], in[1], &in[2]), ints(in[3]), r);
+  c.reference = [=](const std::vector<Ref>& in) {
+    CeRef r;
+    r.ignore = -1;
+    r.z_loss = z_loss;
+    r.red = red;
+    return ce_ref(head_ref(in[0], in[1], nullptr), ints(in[2]), r);
   };
-  EXPECT_TRUE(check_cuda(c));
-}
-
-TEST_F(CudaFused, CrossEntropyPerRowAndLse) {
-  for (Out what : {Out::PerRow, Out::Lse}) {
-    CeCfg cfg;
-    cfg.what = what;
-    cfg.r.eps = 0.2;
-    EXPECT_TRUE(check_cuda(ce_case("cflce_out" + std::to_string(int(what)), cfg)));
-  }
-}
-
-TEST_F(CudaFused, CrossEntropyGpt2Vocabulary) {
-  // V = 50,257 (not a multiple of 8 or 128: padded rows, unvectorized row kernels), 3 chunks, the last short.
-  for (DType dt : {DType::F32, DType::BF16}) {
-    CeCfg cfg;
-    cfg.n = 37;
-    cfg.h = 16;
-    cfg.v = 50257;
-    cfg.chunk = 16;
-    cfg.dt = dt;
-    LossCase c = ce_case(std::string("cflce_gpt2_") + dtype_name(dt), cfg);
-    CudaTol tol;
-    loosen_for(dt, c, tol);
-    tol.finite_differences = false;  // 800k weight entries
-    // dhidden sums 50,257 f32 products that nearly cancel (softmax − one-hot): cuBLAS and the CPU GEMM add
-    // them in different orders, which moves the result by ~1e-4 of its size (seen on H100: nmse 2.9e-7). Both
-    // stay within the float64 reference's tolerance, which is the check that matters here.
-    tol.cpu_grad = std::max(tol.cpu_grad, 2e-6);
-    EXPECT_TRUE(check_cuda(c, tol));
-  }
-}
-
-TEST_F(CudaFused, StridedInputs) {
-  // hidden: a column window of a wider tensor; weight: the transpose of a stored [H, V] (column-major).
-  CeRef r;
-  r.ignore = -1;
-  r.eps = 0.1;
-  LossCase c;
-  c.name = "cflce_views";
-  c.inputs = {hidden_in(6, 9), LossInput(Shape{5, 11}, DType::F32, true),
-              LossInput(Shape{6}, DType::I32, false, -1, 11)};
-  c.build = [r](Context& ctx, const std::vector<Tensor*>& in) {
-    CrossEntropyOptions o;
-    o.ignore_index = r.ignore;
-    o.label_smoothing = float(r.eps);
-    return fused_linear_cross_entropy(ctx, slice(ctx, in[0], 0, 3, 5), transpose(ctx, in[1]), nullptr, in[2],
-                                      o, chunked(4))
-        .loss;
-  };
-  c.reference = [r](const std::vector<Ref>& in) {
-    Ref h;
-    h.ne[0] = 5;
-    h.ne[1] = 6;
-    for (int64_t i = 0; i < 6; ++i)
-      for (int64_t j = 0; j < 5; ++j) h.v.push_back(in[0].at(j + 3, i));
-    Ref w;  // [V, H] = the stored [H, V] transposed
-    w.ne[0] = 5;
-    w.ne[1] = 11;
-    for (int64_t vv = 0; vv < 11; ++vv)
-      for (int64_t k = 0; k < 5; ++k) w.v.push_back(in[1].at(vv, k));
-    return ce_ref(head_ref(h, w, nullptr), ints(in[2]), r);
-  };
-  EXPECT_TRUE(check_cuda(c));
+  return c;
 }
 
 // ---- top-K distillation -------------------------------------------------------------------------------
@@ -364,7 +151,7 @@ LossCase topk_case(const std::string& name, TopKCfg cfg) {
     o.return_per_row = cfg.what == Out::PerRow;
     o.return_lse = cfg.what == Out::Lse;
     o.return_parts = cfg.what == Out::Hard || cfg.what == Out::Soft;
-    FusedLinearOptions f = chunked(cfg.chunk);
+    FusedLinearOptions f = fused_chunks(cfg.chunk);
     f.logits_dtype = cfg.logits;
     return pick(fused_linear_topk_kd(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], in[4],
                                      cfg.mask ? in[5] : nullptr, cfg.labels ? in[6] : nullptr, o, f),
@@ -394,85 +181,14 @@ TopKCfg epilogue_topk_cfg(int64_t n, int64_t h, int64_t v, int64_t k, int64_t ch
 }
 
 // Top-K forward KL at T = 1 over the full vocabulary takes the softmax-epilogue path too (bf16, rows of 16
-// bytes, no bias): the slots and the label are folded into the bf16 exp(z − shift) block per row.
-TEST_F(CudaFused, SoftmaxEpilogueTopK) {
+// bytes, no bias): the list's epilogue cases (tests/ops/loss_cases_fused_topk.cpp) run there.
+TEST_F(CudaFused, SoftmaxEpilogueRunsTheTopKCases) {
   Backend& be = cuda_backend();
   const CudaSoftmaxEpilogueStats before = cuda_softmax_epilogue_stats(be);
   const bool on = epilogue_on(before);
-  auto base = [] { return epilogue_topk_cfg(9, 8, 300, 6, 4); };
-  auto check = [](const LossCase& c0, bool fd) {
-    LossCase c = c0;
-    CudaTol tol;
-    loosen_for(DType::BF16, c, tol);
-    tol.finite_differences = fd;
-    EXPECT_TRUE(check_cuda(c, tol));
-  };
-  // With and without labels (no labels: the shift is the largest z at a valid slot) and a mask; both
-  // reductions; central differences.
-  for (bool labels : {true, false})
-    for (bool mask : {true, false})
-      for (Reduction red : {Reduction::Mean, Reduction::None}) {
-        TopKCfg cfg = base();
-        cfg.labels = labels;
-        cfg.mask = mask;
-        cfg.r.red = red;
-        if (!labels) cfg.r.w_hard = 0.0;  // a hard part needs labels
-        check(topk_case(std::string("cflse_topk_") + (labels ? "l" : "") + (mask ? "m" : "") + red_name(red),
-                        cfg),
-              true);
-      }
-  // The parts, the LSE and the per-row losses.
-  for (Out what : {Out::Hard, Out::Soft, Out::Lse, Out::PerRow}) {
-    TopKCfg cfg = base();
-    cfg.what = what;
-    check(topk_case("cflse_topk_out" + std::to_string(int(what)), cfg), false);
-  }
-  {  // Ids and labels from [0, 5): duplicate ids in a row, and the label among them.
-    TopKCfg cfg = base();
-    cfg.r.w_soft = 0.75;
-    LossCase c = topk_case("cflse_topk_dup", cfg);
-    c.inputs[3] = LossInput({cfg.n, cfg.k}, DType::I32, false, 0, 5);
-    c.inputs[6] = LossInput({cfg.n}, DType::I32, false, -1, 5);
-    check(c, true);
-  }
-  {  // K = 64 over GPT-2's vocabulary, 3 chunks (the last short).
-    TopKCfg cfg = base();
-    cfg.n = 300;
-    cfg.h = 64;
-    cfg.v = 50257;
-    cfg.k = 64;
-    cfg.chunk = 128;
-    LossCase c = topk_case("cflse_topk_gpt2", cfg);
-    c.inputs[0] = hidden_in(cfg.n, cfg.h, DType::BF16, -1, 1);
-    check(c, false);
-  }
-  // 16-bit logits with labels: z at the slots from the bf16 exp block, |error| ≤ 2^-8 (the row pass reads
-  // them from bf16 logits, |error| ≤ 2^-9·|z|): the losses to 1e-6 nmse, the gradients as before.
-  for (bool big : {false, true}) {
-    TopKCfg cfg = base();
-    cfg.logits = DType::BF16;
-    cfg.what = Out::PerRow;
-    if (big) {
-      cfg.n = 300;
-      cfg.h = 64;
-      cfg.v = 50257;
-      cfg.k = 64;
-      cfg.chunk = 128;
-    }
-    LossCase c = topk_case(std::string("cflse_topk_low") + (big ? "_gpt2" : ""), cfg);
-    c.inputs[0] = hidden_in(cfg.n, cfg.h, DType::BF16, -1, 1);
-    c.fwd_tol = 1e-6;
-    CudaTol tol;
-    loosen_for(DType::BF16, c, tol);
-    tol.cpu = 1e-6;
-    tol.finite_differences = false;
-    EXPECT_TRUE(check_cuda(c, tol));
-    cfg.what = Out::Loss;  // and the gradients
-    LossCase g = topk_case(std::string("cflse_topk_lowg") + (big ? "_gpt2" : ""), cfg);
-    g.inputs[0] = hidden_in(cfg.n, cfg.h, DType::BF16, -1, 1);
-    g.fwd_tol = 1e-6;
-    EXPECT_TRUE(check_cuda(g, tol));
-  }
+  // 8 label / mask / reduction cases, 4 outputs, the duplicates (3 chunks each), GPT-2's vocabulary (3
+  // chunks), and 16-bit logits small and at GPT-2's vocabulary (2 × 3 chunks each).
+  EXPECT_EQ(run_named(fused_topk_cases(), "ftopk_epilogue"), 8u + 4 + 1 + 1 + 4);
   const CudaSoftmaxEpilogueStats after = cuda_softmax_epilogue_stats(be);
   if (on) {
     EXPECT_GE(after.chunks - before.chunks, size_t(8 * 3 + 4 * 3 + 3 + 3 + 2 * 3 + 2 * 3));
@@ -504,120 +220,6 @@ TEST_F(CudaFused, SoftmaxEpilogueSchedulesAgree) {
   EXPECT_GE(cuda_softmax_epilogue_stats(*b).chunks - b0.chunks, size_t(3 + 1 + 1));
 }
 
-TEST_F(CudaFused, TopKDense) {
-  // Full-vocabulary GEMMs: a hard loss, or Q over the full vocabulary.
-  for (double beta : {0.0, 0.5, 1.0})
-    for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
-      TopKCfg cfg;
-      cfg.r.beta = beta;
-      cfg.r.t = 2.0;
-      cfg.r.w_hard = 0.5;
-      cfg.r.red = red;
-      cfg.r.normalize = beta == 0.5;
-      EXPECT_TRUE(check_cuda(topk_case("cfltopk_b" + std::to_string(beta) + red_name(red), cfg)));
-    }
-  for (Out what : {Out::Hard, Out::Soft, Out::Lse}) {
-    TopKCfg cfg;
-    cfg.r.w_hard = 0.25;
-    cfg.what = what;
-    EXPECT_TRUE(check_cuda(topk_case("cfltopk_out" + std::to_string(int(what)), cfg)));
-  }
-}
-
-TEST_F(CudaFused, TopKAsCrossEntropyRows) {
-  // T = 1 with beta = 0, or normalize_topk: the chunk's rows run as cross-entropy rows with a per-row
-  // coefficient between a slot-gathering and a slot-fixup kernel (distill_rows.cu). Duplicate ids (K = 6 of
-  // V = 11), masked and ignored rows, every reduction and output, w_hard or w_soft zero, and a vocabulary of
-  // three cluster segments (V = 60,000 bf16 rows on Hopper).
-  for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
-    TopKCfg cfg;
-    cfg.k = 6;
-    cfg.r.w_hard = 0.5;
-    cfg.r.red = red;
-    EXPECT_TRUE(check_cuda(topk_case(std::string("cfltopk_ce_fkl") + red_name(red), cfg)));
-  }
-  for (double beta : {0.0, 0.5, 1.0}) {
-    TopKCfg cfg;
-    cfg.k = 6;
-    cfg.r.beta = beta;
-    cfg.r.normalize = true;
-    cfg.r.w_hard = 0.75;
-    EXPECT_TRUE(check_cuda(topk_case("cfltopk_ce_norm" + std::to_string(beta), cfg)));
-  }
-  for (double wh : {0.0, 1.0}) {
-    TopKCfg cfg;
-    cfg.k = 5;
-    cfg.r.w_hard = wh;
-    cfg.r.w_soft = 1.0 - wh;
-    cfg.chunk = 4;
-    EXPECT_TRUE(check_cuda(topk_case("cfltopk_ce_w" + std::to_string(wh), cfg)));
-  }
-  for (Out what : {Out::PerRow, Out::Hard, Out::Soft, Out::Lse}) {
-    TopKCfg cfg;
-    cfg.k = 6;
-    cfg.r.w_hard = 0.25;
-    cfg.what = what;
-    EXPECT_TRUE(check_cuda(topk_case("cfltopk_ce_out" + std::to_string(int(what)), cfg)));
-  }
-  TopKCfg wide;
-  wide.n = 5;
-  wide.h = 3;
-  wide.v = 60000;
-  wide.k = 64;
-  wide.chunk = 2;
-  wide.r.w_hard = 0.5;
-  wide.dt = DType::BF16;
-  LossCase c = topk_case("cfltopk_ce_wide", wide);
-  CudaTol tol;
-  loosen_for(wide.dt, c, tol);
-  tol.finite_differences = false;               // 180k weight entries
-  tol.cpu_grad = std::max(tol.cpu_grad, 2e-6);  // as CrossEntropyGpt2Vocabulary: dhidden's long sums
-  EXPECT_TRUE(check_cuda(c, tol));
-}
-
-TEST_F(CudaFused, TopKSparse) {
-  // normalize_topk, w_hard = 0: K dot products per row and K-sparse gradient updates. beta = 0 (forward KL)
-  // takes the one-pass kernel (sparse_forward_kl: logits, loss and dhidden as an online softmax-weighted sum
-  // of the weight rows), at T = 1 (the teacher's top-K as given) and T = 2 (renormalized); beta = 0.3 the
-  // gather, the gathered row loss and the scatter.
-  for (double beta : {0.3, 0.0})
-    for (DType dt : {DType::F32, DType::BF16})
-      for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
-        for (int64_t chunk : chunk_sizes(7)) {
-          TopKCfg cfg;
-          cfg.r.normalize = true;
-          cfg.r.beta = beta;
-          cfg.r.t = red == Reduction::Sum ? 2.0 : 1.0;
-          cfg.r.red = red;
-          cfg.dt = dt;
-          cfg.chunk = chunk;
-          cfg.h = 16;  // vectorized gather for bf16 (H a multiple of 8)
-          // No 16-bit logits gradient on this path (gather and scatter work in f32): the default tolerances
-          // hold for bf16 storage too.
-          EXPECT_TRUE(check_cuda(topk_case(
-              std::string("cfltopk_sparse_") + (beta == 0.0 ? "fkl_" : "") + dtype_name(dt) + red_name(red),
-              cfg)));
-        }
-  // H = 5: the unvectorized dhidden and dW kernels.
-  TopKCfg odd;
-  odd.r.normalize = true;
-  odd.r.beta = 0.7;
-  odd.h = 5;
-  EXPECT_TRUE(check_cuda(topk_case("cfltopk_sparse_h5", odd)));
-  // H = 2056: the dW kernel's column tiles (2048 columns per tile for 16-bit rows, 1024 for f32) and a
-  // partial last tile.
-  for (double beta : {0.5, 0.0})
-    for (DType dt : {DType::F32, DType::BF16}) {
-      TopKCfg wide;
-      wide.r.normalize = true;
-      wide.r.beta = beta;
-      wide.dt = dt;
-      wide.h = 2056;  // the one-pass kernel with 257 column groups (288 threads, the last warp mostly idle)
-      EXPECT_TRUE(check_cuda(topk_case(
-          std::string("cfltopk_sparse_wide_") + (beta == 0.0 ? "fkl_" : "") + dtype_name(dt), wide)));
-    }
-}
-
 TEST_F(CudaFused, TopKSparseIsBitwiseChunkIndependent) {
   // dW accumulates per vocabulary entry in row order: the same bits for every chunk size.
   for (int64_t k : {int64_t(3), int64_t(40)}) {  // K = 40 > V / 2: many repeated ids per row and column
@@ -632,7 +234,8 @@ TEST_F(CudaFused, TopKSparseIsBitwiseChunkIndependent) {
         TopKDistillOptions o;
         o.normalize_topk = true;
         o.ignore_index = -1;
-        return fused_linear_topk_kd(ctx, in[0], in[1], in[2], in[3], in[4], nullptr, in[5], o, chunked(chunk))
+        return fused_linear_topk_kd(ctx, in[0], in[1], in[2], in[3], in[4], nullptr, in[5], o,
+                                    fused_chunks(chunk))
             .loss;
       };
       const GraphResult r = run_graph(cuda_backend(), c);
@@ -645,139 +248,6 @@ TEST_F(CudaFused, TopKSparseIsBitwiseChunkIndependent) {
       for (size_t i = 0; i < r.grads.size(); ++i)
         EXPECT_EQ(r.grads[i], first.grads[i]) << "gradient " << i << ", K " << k << " chunk " << chunk;
     }
-  }
-}
-
-// ---- online distillation, entropy, selective log-softmax ----------------------------------------------
-
-LossCase distill_case(const std::string& name, DistillRef r, DType dt, int64_t chunk, Out what = Out::Loss) {
-  const int64_t n = 7, h = 4, ht = 6, v = 11;
-  r.ignore = -1;
-  LossCase c;
-  c.name = name;
-  c.inputs = {hidden_in(n, h, dt),
-              weight_in(v, h, dt),
-              bias_in(v, dt),
-              LossInput({n, ht}, dt, false, -1, 1),
-              LossInput({v, ht}, dt, false, -1, 1),
-              LossInput({v}, dt, false, -0.5, 0.5),
-              LossInput({n}, DType::I32, false, -1, double(v))};
-  c.build = [r, chunk, what](Context& ctx, const std::vector<Tensor*>& in) {
-    DistillOptions o;
-    o.divergence = r.div;
-    o.beta = float(r.beta);
-    o.skew_alpha = float(r.alpha);
-    o.temperature = float(r.t);
-    o.w_hard = float(r.w_hard);
-    o.w_soft = float(r.w_soft);
-    o.ignore_index = r.ignore;
-    o.reduction = r.red;
-    o.return_lse = what == Out::Lse;
-    o.return_parts = what == Out::Hard || what == Out::Soft;
-    return pick(fused_linear_distill(ctx, in[0], in[1], in[2], in[3], in[4], in[5], in[6], o, chunked(chunk)),
-                what);
-  };
-  c.reference = [r, what](const std::vector<Ref>& in) {
-    return distill_ref(head_ref(in[0], in[1], &in[2]), head_ref(in[3], in[4], &in[5]), ints(in[6]), r, what);
-  };
-  c.check_grad = what == Out::Loss;
-  return c;
-}
-
-TEST_F(CudaFused, OnlineTeacherDistill) {
-  for (DType dt : {DType::F32, DType::BF16})
-    for (double beta : {0.0, 0.5})
-      for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
-        for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(7)}) {
-          DistillRef r;
-          r.beta = beta;
-          r.t = 2.0;
-          r.w_hard = 0.25;
-          r.red = red;
-          LossCase c = distill_case(std::string("cfldist_") + dtype_name(dt) + std::to_string(beta) +
-                                        red_name(red) + std::to_string(chunk),
-                                    r, dt, chunk);
-          CudaTol tol;
-          loosen_for(dt, c, tol);
-          EXPECT_TRUE(check_cuda(c, tol));
-        }
-  for (Out what : {Out::Hard, Out::Soft, Out::Lse}) {
-    DistillRef r;
-    r.beta = 0.5;
-    r.w_hard = 0.5;
-    EXPECT_TRUE(check_cuda(distill_case("cfldist_out" + std::to_string(int(what)), r, DType::F32, 3, what)));
-  }
-}
-
-// TVD and the skew KLs in both fused distillation losses: top-K dense (Q over V, or a hard loss), top-K
-// K-sparse (normalize_topk, no hard loss), and full vocabulary against an online teacher.
-TEST_F(CudaFused, Divergences) {
-  int i = 0;
-  for (const DivCase& d : div_cases()) {
-    for (bool normalize : {false, true})
-      for (double w_hard : {0.0, 0.5}) {
-        TopKCfg cfg;
-        cfg.r.div = d.div;
-        cfg.r.alpha = d.alpha;
-        cfg.r.t = i % 2 ? 2.0 : 1.0;
-        cfg.r.normalize = normalize;
-        cfg.r.w_hard = w_hard;
-        cfg.r.red = std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i++ % 3)];
-        cfg.labels = w_hard > 0 || i % 2 == 0;
-        LossCase c = topk_case(std::string("cfltopk_") + d.name + (normalize ? "_norm" : "") +
-                                   (w_hard > 0 ? "_hard" : "") + red_name(cfg.r.red),
-                               cfg);
-        c.fwd_tol = 1e-8;  // small divergences (see the CPU suite's FusedLinearTopK.Divergences)
-        EXPECT_TRUE(check_cuda(c));
-      }
-    for (DType dt : {DType::F32, DType::BF16}) {
-      DistillRef r;
-      r.div = d.div;
-      r.alpha = d.alpha;
-      r.t = 2.0;
-      r.w_hard = 0.25;
-      r.red = std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i++ % 3)];
-      LossCase c =
-          distill_case(std::string("cfldist_") + d.name + dtype_name(dt) + red_name(r.red), r, dt, 3);
-      CudaTol tol;
-      loosen_for(dt, c, tol);
-      EXPECT_TRUE(check_cuda(c, tol));
-    }
-  }
-}
-
-TEST_F(CudaFused, Entropy) {
-  for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
-    LossCase c;
-    c.name = std::string("cflent_") + red_name(red);
-    c.inputs = {hidden_in(7, 5), weight_in(11, 5), bias_in(11)};
-    c.build = [red](Context& ctx, const std::vector<Tensor*>& in) {
-      return fused_linear_entropy(ctx, in[0], in[1], in[2], 1.5f, red, chunked(3));
-    };
-    c.reference = [red](const std::vector<Ref>& in) {
-      return entropy_ref(head_ref(in[0], in[1], &in[2]), 1.5, red);
-    };
-    EXPECT_TRUE(check_cuda(c));
-  }
-}
-
-TEST_F(CudaFused, SelectiveLogSoftmax) {
-  // Forward, and the recomputing backward (FusedLinearBack) with a per-element upstream gradient.
-  for (DType dt : {DType::F32, DType::BF16}) {
-    const int64_t k = 3;
-    LossCase c;
-    c.name = std::string("cflsel_") + dtype_name(dt);
-    c.inputs = {hidden_in(7, 5, dt), weight_in(11, 5, dt), bias_in(11, dt),
-                LossInput({7, k}, DType::I64, false, 0, 11)};
-    c.build = [](Context& ctx, const std::vector<Tensor*>& in) {
-      return fused_linear_selective_log_softmax(ctx, in[0], in[1], in[2], in[3], chunked(3));
-    };
-    c.reference = [k](const std::vector<Ref>& in) {
-      return selective_ref(head_ref(in[0], in[1], &in[2]), ints(in[3]), k);
-    };
-    CudaTol tol;
-    loosen_for(dt, c, tol);
-    EXPECT_TRUE(check_cuda(c, tol));
   }
 }
 

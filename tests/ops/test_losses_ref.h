@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,12 @@ struct LossInput {
   Vec values;
 };
 
+// Another backend against the CPU backend, on normalized MSE, for outputs and gradients alike, whatever the
+// storage dtype: both backends read the same stored values and every loss output and gradient is f32, so a
+// bf16 or f16 input changes nothing here. What differs is the order of the sums (the CPU in double, CUDA in
+// f32 trees) and the 2-ulp exp2 approximation on the device: about 1e-13 in practice.
+inline constexpr double kCpuTol = 1e-9;
+
 struct LossCase {
   std::string name;
   std::vector<LossInput> inputs;
@@ -112,7 +119,32 @@ struct LossCase {
   // true: backward(out) on the scalar loss itself (the graph seeds it with its constant 1: single pass);
   // false: backward(Σ w·out) with random weights w (a non-unit upstream gradient).
   bool unit_seed = false;
+  // The CPU also checks that the unit-seeded backward multiplies by nothing and that 3·loss gives three times
+  // the gradient (check_single_pass); the case's output must be a scalar.
+  bool single_pass = false;
+  // Gradients against central differences of the reference: off where an input the gradient is taken of
+  // holds −inf. fd_samples > 0 differences only that many elements per gradient, picked at random (rows too
+  // long to difference whole); fd_samples < 0 none (rows too long for even that).
+  bool fd = true;
+  int64_t fd_samples = 0;
+  // Another backend against the CPU backend (nmse), outputs and gradients; against the reference it is held
+  // to the looser of these and fwd_tol / grad_tol.
+  double backend_tol = kCpuTol, backend_grad_tol = kCpuTol;
+  // Non-empty: what the CUDA backend does not support in this case; the CUDA test skips it with this reason.
+  std::string cuda_unsupported;
 };
+
+// The case's random seed (drawn from its name), printed with every failure so a case can be rerun alone.
+uint64_t case_seed(const LossCase& c);
+// "name (seed N)", for SCOPED_TRACE.
+std::string case_trace(const LossCase& c);
+// gtest's printer for a case given as a test parameter: its name and seed, not its bytes.
+void PrintTo(const LossCase& c, std::ostream* os);
+// The case's name as a gtest parameter name (letters, digits and underscores).
+std::string case_param_name(const LossCase& c);
+// The elements of an input of n values whose gradient is differenced (c.fd, c.fd_samples), the same on every
+// backend.
+std::vector<size_t> fd_elements(const LossCase& c, size_t n);
 
 // Runs the case on the CPU: forward vs reference (nmse), every output and gradient finite, gradients of the
 // param inputs vs central differences of the reference. EXPECTs inside; returns false on any failure.
