@@ -85,13 +85,13 @@ double dot(const Vec& a, const Vec& b) {
 
 }  // namespace
 
-bool check_cuda(const LossCase& c) {
+bool check_cuda(const LossCase& c, bool finite_differences) {
   EXPECT_TRUE(c.cuda_unsupported.empty()) << c.name << " is not supported on CUDA: " << c.cuda_unsupported;
   // A result allowed backend_tol from the CPU's is allowed as much from the float64 reference.
   LossCase d = c;
   d.fwd_tol = std::max(c.fwd_tol, c.backend_tol);
   d.grad_tol = std::max(c.grad_tol, c.backend_grad_tol);
-  return check_cuda(d, {c.backend_tol, c.backend_grad_tol, true});
+  return check_cuda(d, {c.backend_tol, c.backend_grad_tol, finite_differences});
 }
 
 bool check_cuda(const LossCase& c, const CudaTol& tol) {

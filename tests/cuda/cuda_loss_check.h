@@ -20,9 +20,10 @@ struct CudaTol {
 // EXPECTs inside; returns false on any failure.
 bool check_cuda(const LossCase& c, const CudaTol& tol);
 // The same with the case's own tolerances against the CPU (backend_tol, backend_grad_tol; against the
-// reference the looser of those and fwd_tol / grad_tol) and its fd and fd_samples; a case the CUDA backend
-// does not support (cuda_unsupported) fails here: skip it before.
-bool check_cuda(const LossCase& c);
+// reference the looser of those and fwd_tol / grad_tol) and its fd and fd_samples (none when
+// finite_differences is false); a case the CUDA backend does not support (cuda_unsupported) fails here: skip
+// it before.
+bool check_cuda(const LossCase& c, bool finite_differences = true);
 
 // c on two CUDA backends (say, with different CudaOptions): outputs finite and bitwise equal, every gradient
 // finite and within grad_tol (nmse) of a's: GEMMs of other shapes may sum in another order. For cases whose
