@@ -63,11 +63,12 @@ void Graph::clear_pending_zero() const {
 
 namespace {
 
-// How many readers each gradient node has (nodes, and the parameters' accumulators): a matmul read only by
-// a sum can take the other addend as its GEMM's C (the sum node itself becomes the matmul, so its readers
-// need no rewiring), or add into its parameter's accumulator in place (Graph::backward). A non-leaf
-// tensor whose gradient is such a matmul then shows the accumulated gradient in grad().
-std::unordered_map<const Tensor*, int> fold_matmul_sums(const std::unordered_map<const Tensor*, Tensor*>& g,
+// How many readers each gradient node has (nodes, and the parameters' accumulators): a node that takes an
+// addend (a matmul, an embedding's scatter: takes_addend) read only by a sum can take the other addend as its
+// src[2] (the sum node itself becomes that node, so its readers need no rewiring), or add into its
+// parameter's accumulator in place (Graph::backward). A non-leaf tensor whose gradient is such a node then
+// shows the accumulated gradient in grad().
+std::unordered_map<const Tensor*, int> fold_addend_sums(const std::unordered_map<const Tensor*, Tensor*>& g,
                                                         const std::vector<Tensor*>& sums) {
   std::unordered_map<const Tensor*, int> readers, shown;  // shown: as a non-leaf tensor's gradient
   std::unordered_set<const Tensor*> walked;
@@ -94,7 +95,7 @@ std::unordered_map<const Tensor*, int> fold_matmul_sums(const std::unordered_map
       if (!takes_addend(mm) || readers[mm] != 1 || shown[mm] != 0 || !f32 || !other->is_contiguous() ||
           !same_shape(other, mm) || !same_shape(sum, mm))
         continue;
-      sum->op = Op::Matmul;
+      sum->op = mm->op;
       sum->src = mm->src;
       sum->src[2] = other;
       sum->ip = mm->ip;
@@ -203,7 +204,7 @@ void Graph::backward(Tensor* loss) {
              n->describe(), " has no gradient, but a parameter's gradient flows through it");
     info.backward(bc, n, it == g.end() ? nullptr : it->second);
   }
-  const std::unordered_map<const Tensor*, int> readers = fold_matmul_sums(g, sums);
+  const std::unordered_map<const Tensor*, int> readers = fold_addend_sums(g, sums);
   // The writers join the graph in the order their gradients are finished, each pulling in only the
   // gradient ops it needs: a layer's weight gradients then run as soon as its output gradient exists, before
   // the input gradients of the layers below, so a data-parallel bucket of them can be summed while the rest
@@ -231,7 +232,25 @@ void Graph::backward(Tensor* loss) {
     const auto rd = readers.find(gr);
     const bool mm = same_shape && takes_addend(gr) && rd != readers.end() && rd->second == 1;
     if (mm) gr->src[2] = acc;
-    const bool in_place = mm || (aux && same_shape && offer && offer(gr));
+    // A folded sum whose addend is a fused loss's gradient output read by it alone (a tied embedding: the
+    // head's weight gradient plus the embedding's scatter): the output starts the accumulator in place and
+    // the sum's node adds its own term into it there, so neither a copy nor an Accumulate pass is left.
+    Tensor* first = nullptr;
+    if (!mm && same_shape && (gr->op == Op::Matmul || gr->op == Op::GetRowsBack) && gr->src[2] &&
+        rd != readers.end() && rd->second == 1 && !gr->view_src) {
+      Tensor* x = gr->src[2];
+      const auto rx = readers.find(x);
+      const bool x_aux = x->op == Op::AuxOutput && x->src[0] && !x->view_src && x->dtype == DType::F32 &&
+                         x->is_contiguous() && ::retort::same_shape(x, acc) && rx != readers.end() &&
+                         rx->second == 1;
+      auto x_offer = op_info(x_aux ? x->src[0]->op : Op::None).accumulate_aux;
+      if (x_aux && x_offer && x_offer(x)) {
+        first = x;
+        x->view_src = acc;
+        x->data = acc->data;
+      }
+    }
+    const bool in_place = mm || first || (aux && same_shape && offer && offer(gr));
     Tensor* upd = in_place ? gr : ctx_->node(Op::Accumulate, DType::F32, acc->ne);
     if (!in_place) {
       upd->src[0] = acc;
@@ -244,7 +263,7 @@ void Graph::backward(Tensor* loss) {
     grads_[p] = acc;
     writers_[p] = upd;
     accumulators_.push_back(acc);
-    in_place_.push_back(in_place ? gr : nullptr);
+    in_place_.push_back(first ? first : in_place ? gr : nullptr);
   }
   for (auto& [t, gr] : g)
     if (!t->is_leaf()) grads_[t] = gr;

@@ -86,12 +86,12 @@ inline bool writes_accumulator(const Tensor* t) {
   return t->view_src && t->op != Op::View && !writes_into_src0(t->op);
 }
 
-// A 2-D matmul that can take a third operand src[2] (shaped like its result) and give op(A) op(B) + src[2]:
-// its GEMM's C. Graph::backward gives it one in place of a sum of gradients. The result adds no src[2] in
-// a run that overwrites its accumulator (kFresh).
+// A node that can take a third operand src[2] (shaped like its result) and give its result + src[2]: a 2-D
+// matmul (its GEMM's C) or an embedding's scatter (get_rows_back, its base). Graph::backward gives it one in
+// place of a sum of gradients. The result adds no src[2] in a run that overwrites its accumulator (kFresh).
 inline bool takes_addend(const Tensor* t) {
-  return t->op == Op::Matmul && !t->src[2] && !t->view_src && t->ne[2] == 1 && t->ne[3] == 1 &&
-         t->is_contiguous();
+  return (t->op == Op::Matmul || t->op == Op::GetRowsBack) && !t->src[2] && !t->view_src && t->ne[2] == 1 &&
+         t->ne[3] == 1 && t->is_contiguous();
 }
 
 // Shape helpers shared by the op constructors.

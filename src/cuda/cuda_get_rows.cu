@@ -64,9 +64,11 @@ __global__ void row_keys_kernel(TDesc out, TDesc grad, TDesc ids, DeviceError* e
   }
 }
 
-// One block per segment of equal keys: sums the gradient rows of the segment in ascending position order.
+// One block per segment of equal keys: sums the gradient rows of the segment in ascending position order,
+// then adds the row's old value when `add` (the result holds the addend already).
 __global__ __launch_bounds__(1024) void segment_sum_kernel(TDesc out, TDesc grad, const uint32_t* keys,
-                                                           const int32_t* pos, uint32_t sentinel, int64_t n) {
+                                                           const int32_t* pos, uint32_t sentinel, int64_t n,
+                                                           bool add) {
   const int64_t D = out.ne[0];
   for (int64_t b = blockIdx.x; b < n; b += gridDim.x) {
     const uint32_t key = keys[b];
@@ -76,6 +78,7 @@ __global__ __launch_bounds__(1024) void segment_sum_kernel(TDesc out, TDesc grad
       float acc = 0.0f;
       for (int64_t j = b; j < n && keys[j] == key; ++j)
         acc += load_f(row_at(grad, pos[j]) + c * grad.nb[0], grad.dtype);
+      if (add) acc = load_f(orow + c * out.nb[0], out.dtype) + acc;
       store_f(orow + c * out.nb[0], out.dtype, acc);
     }
   }
@@ -107,8 +110,18 @@ void get_rows_back_l(CudaExec& ex, Tensor* t) {
   int end_bit = 0;
   while (end_bit < 32 && (uint64_t(1) << end_bit) <= uint64_t(sentinel)) ++end_bit;
 
-  // Rows that no id names stay zero.
-  RT_CUDA_CHECK(cudaMemsetAsync(t->data, 0, t->nbytes(), ex.stream));
+  // Graph::backward's addend (the rest of a gradient sum, possibly the result's own storage: an accumulator;
+  // none in a run that starts the accumulator: kFresh) is the result's starting value; without one, rows
+  // that no id names stay zero.
+  const Tensor* addend = t->src[2] && !t->has(kFresh) ? t->src[2] : nullptr;
+  RT_CHECK(!addend || (t->dtype == DType::F32 && addend->dtype == DType::F32 && addend->is_contiguous() &&
+                       same_shape(addend, t)),
+           "cuda get_rows_back: the addend ", addend ? addend->describe() : std::string(), " does not fit ",
+           t->describe());
+  if (!addend)
+    RT_CUDA_CHECK(cudaMemsetAsync(t->data, 0, t->nbytes(), ex.stream));
+  else if (addend->data != t->data)
+    RT_CUDA_CHECK(cudaMemcpyAsync(t->data, addend->data, t->nbytes(), cudaMemcpyDeviceToDevice, ex.stream));
 
   auto keys = ex.temp(sizeof(uint32_t) * size_t(n) * 2);
   auto pos = ex.temp(sizeof(int32_t) * size_t(n) * 2);
@@ -128,8 +141,8 @@ void get_rows_back_l(CudaExec& ex, Tensor* t) {
                                                 int(n), 0, end_bit, ex.stream));
 
   const int block = row_block(t->ne[0]);
-  segment_sum_kernel<<<row_grid(n), block, 0, ex.stream>>>(desc(t), desc(grad), keys_out, pos_out, sentinel,
-                                                           n);
+  segment_sum_kernel<<<row_grid(n), block, 0, ex.stream>>>(desc(t), desc(grad), keys_out, pos_out, sentinel, n,
+                                                           addend != nullptr);
   RT_CUDA_LAUNCH_CHECK("segment_sum_kernel");
 }
 

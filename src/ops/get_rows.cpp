@@ -68,12 +68,22 @@ void cpu_get_rows_back(Tensor* t, ThreadPool& pool) {
   std::vector<int64_t> fill = start;
   for (int64_t r = 0; r < n; ++r) order[size_t(fill[size_t(id_of[size_t(r)])]++)] = r;
 
+  // Graph::backward's addend (the rest of a gradient sum, possibly this result's own storage: an accumulator)
+  // is added after the row's own sum, as the sum node it replaces would; none in a run that starts the
+  // accumulator (kFresh).
+  const Tensor* addend = t->src[2] && !t->has(kFresh) ? t->src[2] : nullptr;
+  RT_ASSERT(!addend || (addend->dtype == DType::F32 && addend->is_contiguous() && t->dtype == DType::F32 &&
+                        t->is_contiguous() && addend->nelements() == t->nelements()));
   cpu::for_rows(pool, rows, d, 2, [&](int64_t row, float* buf) {
     float* gb = buf + d;
     std::fill(buf, buf + d, 0.0f);
     for (int64_t k = start[size_t(row)]; k < start[size_t(row) + 1]; ++k) {
       cpu::load_row(g, order[size_t(k)], gb);
       for (int64_t i = 0; i < d; ++i) buf[i] += gb[i];
+    }
+    if (addend) {
+      const float* a = static_cast<const float*>(addend->data) + row * d;
+      for (int64_t i = 0; i < d; ++i) buf[i] = a[i] + buf[i];
     }
     cpu::store_row(t, row, buf);
   });

@@ -2,6 +2,7 @@
 // repeatable runs, and poison mode.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
@@ -281,6 +282,75 @@ TEST(Graph, MatmulGradientsAddIntoTheirSumsAndAccumulators) {
     g.compute();
     expect(x, dx, 1.0, "dx after zero_grad");
     expect(w1, dw1, 1.0, "dw1 after zero_grad");
+  }
+}
+
+// A tied embedding: the head's weight gradient (a fused loss's output) and the embedding's scatter sum into one
+// accumulator with neither an Add nor an Accumulate node: the fused loss starts it in place, the scatter adds
+// its rows into it there.
+TEST(Graph, TiedEmbeddingGradientChainsIntoItsAccumulator) {
+  reseed("graph_tied_embedding");
+  const int64_t V = 7, D = 4, N = 6;
+  const Vec ev = random_vec(V * D);
+  const std::vector<int64_t> idv = {0, 3, 3, 6, 1, 3}, lv = {2, 0, 5, 3, 3, 1};
+  // Σ_r lse(z_r) − z_r[label_r], z_r[j] = Σ_d E[id_r, d]·E[j, d], in double.
+  auto loss_ref = [&](const Vec& e) {
+    double total = 0;
+    for (int64_t r = 0; r < N; ++r) {
+      Vec z(size_t(V), 0.0);
+      for (int64_t j = 0; j < V; ++j)
+        for (int64_t d = 0; d < D; ++d) z[size_t(j)] += e[size_t(idv[size_t(r)] * D + d)] * e[size_t(j * D + d)];
+      double m = z[0], se = 0;
+      for (double x : z) m = std::max(m, x);
+      for (double x : z) se += std::exp(x - m);
+      total += m + std::log(se) - z[size_t(lv[size_t(r)])];
+    }
+    return total;
+  };
+  Vec want(ev.size());
+  for (size_t i = 0; i < ev.size(); ++i) {
+    Vec a = ev, b = ev;
+    a[i] += 1e-6;
+    b[i] -= 1e-6;
+    want[i] = (loss_ref(a) - loss_ref(b)) / 2e-6;
+  }
+  for (int poison = 0; poison < 2; ++poison) {
+    Context ctx(default_cpu_backend());
+    Tensor* e = ctx.param(DType::F32, {V, D}, "emb");
+    set_data(e, std::vector<float>(ev.begin(), ev.end()));
+    Tensor* ids = ctx.input(DType::I32, {N}, "ids");
+    Tensor* labels = ctx.input(DType::I32, {N}, "labels");
+    set_data_int(ids, idv);
+    set_data_int(labels, lv);
+    CrossEntropyOptions ce;
+    ce.reduction = Reduction::Sum;
+    Tensor* loss = fused_linear_cross_entropy(ctx, get_rows(ctx, e, ids), e, nullptr, labels, ce).loss;
+    Graph g(ctx);
+    g.backward(loss);
+    g.set_poison(poison == 1);
+    int adds = 0, accumulates = 0, scatters_with_addend = 0;
+    for (const Tensor* n : g.nodes()) {
+      adds += n->op == Op::Add;
+      accumulates += n->op == Op::Accumulate;
+      scatters_with_addend += n->op == Op::GetRowsBack && n->src[2] != nullptr;
+    }
+    EXPECT_EQ(adds, 0);
+    EXPECT_EQ(accumulates, 0);
+    EXPECT_EQ(scatters_with_addend, 1);
+    auto expect = [&](double times, const char* what) {
+      const std::vector<float> got = get_data(g.grad(e));
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_NEAR(got[i], times * want[i], 1e-4 * (1 + std::fabs(times * want[i])))
+            << what << " at " << i << " poison " << poison;
+    };
+    g.compute();
+    expect(1, "first run");
+    g.compute();
+    expect(2, "accumulated over two runs");
+    g.zero_grad();
+    g.compute();
+    expect(1, "after zero_grad");
   }
 }
 
