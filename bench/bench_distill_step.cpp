@@ -54,6 +54,7 @@ struct Options {
   double peak_tflops = 0;  // 0: from the device name
   bool graphs = true;      // CudaOptions::graphs
   bool zero1 = false;      // TrainerOptions::zero1
+  int64_t head_mib = 0;    // teacher mode: FusedLinearOptions::logits_budget in MiB (0: automatic)
 };
 
 const char* kUsage = R"(usage: bench_distill_step [options]
@@ -62,8 +63,9 @@ Times LmTrainer's distillation step (offline top-K KD from synthetic teacher dat
 and prints tokens/s, ms/step, model FLOPs/token, achieved TFLOP/s, MFU and peak device memory, for
   dense:  w_hard·CE + (1 - w_hard)·KD over the full vocabulary (fused_linear_topk_kd, labels given)
   sparse: KD only, normalize_topk, no labels: the K-sparse path (K student logits per position)
-  teacher: a teacher's forward as teacher-cache runs it (no autograd): logits, their top K log-probs and
-          the summed cross-entropy, the top K read back to the host each batch (not part of "both"); e.g.
+  teacher: a teacher's forward as teacher-cache runs it (no autograd): the lm head in chunks
+          (fused_linear_topk_logprobs: the top K log-probs and the summed cross-entropy, no [N, V] logits),
+          the top K read back to the host each batch (not part of "both"); e.g.
           SmolLM2-135M's shape: --mode teacher --layers 30 --d-model 576 --heads 9 --kv-heads 3 --d-ff 1536
           --vocab 49152 --context 1024 --batch 32
 Each mode: --warmup untimed steps, then --steps timed steps between device synchronizations.
@@ -83,6 +85,7 @@ Each mode: --warmup untimed steps, then --steps timed steps between device synch
   --bucket-dtype D   data parallel: gradient buckets travel as f32 or bf16 (default f32)
   --bucket-mib N     data parallel: gradient bucket size in MiB (default 25)
   --zero1 0|1        data parallel: AdamW's moments split over the ranks (ZeRO-1; default 0)
+  --head-mib N       teacher mode: the lm head's chunk logits budget in MiB (default 0: automatic)
 Under a launcher (RANK, WORLD_SIZE, ... set: tools/launch.sh -n N) every rank runs --batch sequences and
 rank 0 prints the world's tokens/s.
 )";
@@ -160,7 +163,10 @@ Options parse(int argc, char** argv) {
       o.bucket_mib = integer();
     else if (f == "--zero1")
       o.zero1 = integer() != 0;
-    else
+    else if (f == "--head-mib") {
+      o.head_mib = integer();
+      if (o.head_mib < 0) usage_error("--head-mib must be >= 0");
+    } else
       usage_error("unknown option " + f);
   }
   if (o.cpu) {
@@ -377,18 +383,15 @@ ModeResult run_teacher(const Options& o, Backend& backend, bool cuda, const Devi
   const int64_t B = o.batch, T = o.context;
   Tensor* tokens = ctx.input(DType::I32, {B, T}, "tokens");
   Tensor* targets = ctx.input(DType::I32, {B * T}, "targets");
-  Tensor* logits = model.forward(ctx, tokens);
-  const TopKLogprobs top = topk_logprobs(ctx, logits, o.k);
-  top.logprobs->flags |= kOutput;
-  top.ids->flags |= kOutput;
-  CrossEntropyOptions ce;
-  ce.reduction = Reduction::Sum;
-  Tensor* nll = cross_entropy_loss(ctx, logits, targets, ce).loss;
-  nll->flags |= kOutput;
+  // What teacher-cache builds: the lm head in chunks, one row pass each for the top K, the LSE and the nll.
+  Tensor* hidden = model.hidden(ctx, tokens);
+  FusedLinearOptions f;
+  f.logits_budget = size_t(o.head_mib) << 20;
+  const TopKLogprobsOutputs top = fused_linear_topk_logprobs(ctx, model.head_input(ctx, hidden),
+                                                             model.head_weight(ctx), o.k, targets, {}, f);
+  Tensor* nll = top.nll_sum;
   Graph g(ctx);
   g.forward(top.logprobs);
-  g.forward(top.ids);
-  g.forward(nll);
   std::vector<std::vector<int64_t>> sets;
   std::mt19937_64 rng(5);
   for (int i = 0; i < 2; ++i) {

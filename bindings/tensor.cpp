@@ -107,9 +107,10 @@ std::vector<uint8_t> storage_bytes(const pyb::array& arr, DType d, const std::st
              std::string(pyb::str(arr.dtype())), " values in an integer tensor (", dtype_name(d),
              "); pass integers");
     if (d == DType::I32 && arr.size() > 0 && arr.dtype().itemsize() >= 4 && kind != 'b') {
-      const int64_t lo = np.attr("min")(arr).cast<int64_t>();
+      // Both as doubles: a uint64 minimum above INT64_MAX has no int64 to cast to.
+      const double lo = np.attr("min")(arr).cast<double>();
       const double hi = np.attr("max")(arr).cast<double>();
-      RT_CHECK(lo >= INT32_MIN && hi <= double(INT32_MAX), what, ": values in [", lo, ", ", hi,
+      RT_CHECK(lo >= double(INT32_MIN) && hi <= double(INT32_MAX), what, ": values in [", lo, ", ", hi,
                "] do not fit in i32");
     }
   }

@@ -327,9 +327,12 @@ int run(Args& a, Run& o, int argc, char** argv) {
     tctx = std::make_unique<Context>(*dev.backend);
     tmodel = std::move(load_run_model(tfile, *tctx, sc.compute_dtype, sc.context).model);
     ttokens = tctx->input(DType::I32, {to.batch, sc.context}, "teacher_tokens");
-    // The teacher's top K per position computed where its logits are: only [B*T, K] reaches the host.
-    ttop = topk_logprobs(*tctx, tmodel->forward(*tctx, ttokens), o.k);
-    ttop.logprobs->flags |= kOutput;
+    // The teacher's top K per position from its lm head in chunks (the [B*T, V] logits never exist whole),
+    // where its hidden states are: only [B*T, K] reaches the host.
+    Tensor* th = tmodel->hidden(*tctx, ttokens);
+    const TopKLogprobsOutputs head = fused_linear_topk_logprobs(*tctx, tmodel->head_input(*tctx, th),
+                                                                tmodel->head_weight(*tctx), o.k, nullptr);
+    ttop = {head.logprobs, head.ids};
     tgraph = std::make_unique<Graph>(*tctx);
     tgraph->forward(ttop.logprobs);
   }

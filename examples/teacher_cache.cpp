@@ -166,20 +166,17 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
   lo.batch = B;
   BatchLoader loader(paths, lo);
   loader.seek(0, w_lo);
-  // The logits [B*T, V] stay on the device: the graph hands back the top K per position and the summed
-  // loss, so the host reads [B*T, K] instead of [B*T, V].
+  // The lm head runs in chunks on the device (the [B*T, V] logits never exist whole): the graph hands back
+  // the top K per position and the summed loss, so the host reads [B*T, K] instead of [B*T, V].
   Tensor* tokens = ctx.input(DType::I32, {B, T}, "tokens");
   Tensor* targets = ctx.input(DType::I32, {B * T}, "targets");  // -100 beyond the windows that count
-  Tensor* logits = model.forward(ctx, tokens);
-  const TopKLogprobs top = topk_logprobs(ctx, logits, k);  // [B*T, K] each, best first
-  top.logprobs->flags |= kOutput;
-  CrossEntropyOptions ce;
-  ce.reduction = Reduction::Sum;
-  Tensor* nll_sum = cross_entropy_loss(ctx, logits, targets, ce).loss;  // the teacher's own loss
-  nll_sum->flags |= kOutput;
+  Tensor* hidden = model.hidden(ctx, tokens);
+  // [B*T, K] each, best first, and the teacher's own loss summed over the targets that count.
+  const TopKLogprobsOutputs top =
+      fused_linear_topk_logprobs(ctx, model.head_input(ctx, hidden), model.head_weight(ctx), k, targets);
+  Tensor* nll_sum = top.nll_sum;
   Graph g(ctx);
   g.forward(top.logprobs);
-  g.forward(nll_sum);
 
   // Written under a name of its own, so that the cache at `out` stays whole until this one is.
   const std::string partial = out + ".incomplete";

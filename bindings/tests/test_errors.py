@@ -78,6 +78,7 @@ def test_conversion_errors():
     raises(r"^dtype: unknown dtype 'f8'", retort.tensor, Z, dtype="f8")
     raises(r"cannot store NumPy float32 values in an integer tensor", retort.tensor, Z, dtype="i64")
     raises(r"do not fit in i32", retort.tensor, np.array([2**40]), dtype="i32")
+    raises(r"do not fit in i32", retort.tensor, np.array(2**63 + 5, dtype=np.uint64), dtype="i32")
     raises(r"^param .*parameters must be f32, bf16 or f16", retort.param, np.arange(3))
     raises(r"^backend: expected 'cpu'", retort.tensor, Z, backend="tpu")
 

@@ -200,8 +200,11 @@ void Graph::backward(Tensor* loss) {
     if (info.grads_through_aux)
       for (Tensor* a : n->aux) via_aux = via_aux || (a && g.count(a));
     if (it == g.end() && !via_aux) continue;
+    // An extra output names the op that wrote it: that is the op the caller built.
+    const bool extra = n->op == Op::AuxOutput && n->src[0];
     RT_CHECK(info.differentiable && info.backward, "graph.backward: op ", op_name(n->op), " on ",
-             n->describe(), " has no gradient, but a parameter's gradient flows through it");
+             n->describe(), extra ? " (an output of " : "", extra ? op_name(n->src[0]->op) : "",
+             extra ? ")" : "", " has no gradient, but a parameter's gradient flows through it");
     info.backward(bc, n, it == g.end() ? nullptr : it->second);
   }
   const std::unordered_map<const Tensor*, int> readers = fold_addend_sums(g, sums);
@@ -279,8 +282,9 @@ Tensor* Graph::grad_writer(const Tensor* p) const {
 
 void Graph::schedule_early(Tensor* node) {
   const auto it = index_.find(node);
-  RT_CHECK(node && it != index_.end() && it->second >= 0, "graph.schedule_early: ",
-           node ? node->describe() : std::string("null"), " is not a step of this graph");
+  RT_CHECK(node && it != index_.end() && it->second >= 0,
+           "graph.schedule_early: ", node ? node->describe() : std::string("null"),
+           " is not a step of this graph");
   // Moving a step earlier never breaks the steps that read it (they all come after its old place); only its
   // sources bound how early it can go.
   const int at = it->second;

@@ -104,6 +104,9 @@ RT_OP(FusedLinearTopKDistill, "fused_linear_topk_kd", Every)
 RT_OP(FusedLinearDistill, "fused_linear_distill", Every)
 RT_OP(FusedLinearEntropy, "fused_linear_entropy", Every)
 RT_OP(FusedLinearSelectiveLogSoftmax, "fused_linear_selective_log_softmax", Every)  // + ids
+// the teacher head, forward only: + targets?; the node is the top-K log-probs [N, K]; aux[0] = stats,
+// aux[1] = ids [N, K], aux[2] = summed nll (layout in fused_linear.cpp)
+RT_OP(FusedLinearTopKLogprobs, "fused_linear_topk_logprobs", Every)
 // recomputing backward for a per-row (per-element) upstream gradient; ip[6] = forward op
 RT_OP(FusedLinearBack, "fused_linear_back", Every)
 // selection (src/ops/topk.cpp)

@@ -13,12 +13,15 @@
 // the K-th value over the whole row, in passes from L2 or memory, and take the equal ones in id order.
 //
 // A NaN or +inf logit is recorded in the device error record (the row), reported at the next synchronize.
+// The fused teacher head (fused_linear_topk_logprobs) runs the same kernel on its chunks (topk_rows.h), with
+// the row's log-sum-exp and its target's nll written from the same pass.
 #include <algorithm>
 #include <cfloat>
 #include <type_traits>
 
 #include "cuda_common.cuh"
 #include "loss/row_common.cuh"
+#include "topk_rows.h"
 
 namespace retort::cuda {
 
@@ -26,7 +29,7 @@ namespace {
 
 using rowk::to_f;
 
-constexpr int kMaxK = 2048;  // the shared candidate buffer and the kept lists are sized for it
+constexpr int kMaxK = int(kTopKRowsMaxK);  // the shared candidate buffer and the kept lists are sized for it
 constexpr int kMaxThreads = 512;
 
 // The order-preserving key of a value: a larger value has a larger key. -0 takes +0's key: they are equal
@@ -313,6 +316,13 @@ struct Args {
   int32_t* ids;  // both [N, K], contiguous
   int K, cap;    // cap: candidates the shared buffer holds (a power of two >= K)
   DeviceError* err;
+  Op op;
+  long long row0;
+  float* lse;  // [N] or null
+  float* nll;  // [N] or null (then labels are not read)
+  const char* labels;
+  bool labels64;
+  long long label_stride, ignore;
 };
 
 template <typename T, int kT>
@@ -334,7 +344,7 @@ __global__ __launch_bounds__(kMaxThreads) void topk_logprobs_kernel(Args a) {
     visit_row<T>(row, [&](const float* v, int n, int id) { scan_values(ms, kp, v, n, id); });
     const bool bad = ms.s != ms.s || ms.m == INFINITY;  // a NaN or +inf among this thread's values
     ms = block_maxsum(ms, sh_ms);
-    if (__syncthreads_or(bad) && threadIdx.x == 0) report_error(a.err, Op::TopKLogprobs, kErrNotFinite, r, 0);
+    if (__syncthreads_or(bad) && threadIdx.x == 0) report_error(a.err, a.op, kErrNotFinite, a.row0 + r, 0);
 
     // L: the K-th largest kept entry, a lower bound of the row's K-th largest.
     const Selected lo = block_select(
@@ -383,6 +393,19 @@ __global__ __launch_bounds__(kMaxThreads) void topk_logprobs_kernel(Args a) {
       a.lp[r * K + k] = ms.s == 0.0f ? -INFINITY : fminf((v - ms.m) - log_s, 0.0f);
       a.ids[r * K + k] = int32_t(~uint32_t(e));
     }
+    if (threadIdx.x == 0 && (a.lse || a.nll)) {
+      // One more load for the target's logit, from L2: the row was just read.
+      const float lse = ms.s == 0.0f ? -INFINITY : ms.m + log_s;
+      if (a.lse) a.lse[r] = lse;
+      if (a.nll) {
+        const char* yp = a.labels + r * a.label_stride;
+        const long long y =
+            a.labels64 ? *reinterpret_cast<const long long*>(yp) : *reinterpret_cast<const int*>(yp);
+        const bool counts = y != a.ignore && y >= 0 && y < row.V;
+        // (m − z_y) + log Σ: shifted by the max, so that logits of 1e4 keep their precision.
+        a.nll[r] = !counts ? 0.0f : ms.s == 0.0f ? INFINITY : (ms.m - load_at<T>(row, int(y))) + log_s;
+      }
+    }
     __syncthreads();  // buf and sh are the next row's
   }
 }
@@ -395,6 +418,7 @@ int pow2_at_least(int64_t n) {
 
 template <typename T>
 void launch(CudaExec& ex, const Args& a, int64_t rows, int threads, int kt) {
+  if (rows == 0) return;
   const size_t smem = size_t(a.cap) * sizeof(uint64_t);
   const unsigned grid = row_grid(rows);
   switch (kt) {
@@ -411,30 +435,16 @@ void launch(CudaExec& ex, const Args& a, int64_t rows, int threads, int kt) {
   RT_CUDA_LAUNCH_CHECK("topk_logprobs_kernel");
 }
 
-void topk_logprobs_l(CudaExec& ex, Tensor* t) {
-  const Tensor* x = t->src[0];
-  const Tensor* ids = t->aux[0];
-  const int64_t V = x->ne[0], N = x->ne[1], K = t->ip[0];
-  RT_CHECK(is_float(x->dtype) && x->ne[2] == 1 && x->ne[3] == 1 && ids && ids->dtype == DType::I32 &&
-               K >= 1 && K <= V && t->ne[0] == K && t->ne[1] == N && t->is_contiguous() &&
-               ids->is_contiguous() && same_shape(t, ids),
-           "cuda topk_logprobs: unexpected node ", t->describe(), " for logits ", x->describe());
-  RT_CHECK(K <= kMaxK, "topk_logprobs: K = ", K, " is more than the CUDA kernel selects (at most ", kMaxK,
-           "; logits ", x->describe(), ")");
-  RT_CHECK(V < 0x7fffffffLL, "topk_logprobs: V = ", V, " is too large for the CUDA kernel (logits ",
-           x->describe(), ")");
+// Fills in the launch shape and the error record, and launches for a.x's dtype.
+void launch_rows(CudaExec& ex, Args a) {
+  const int64_t V = a.x.ne[0], N = a.x.ne[1], K = a.K;
   // 512 threads keep two blocks per SM, so one block's select and sort overlap another's loads; a thread
   // keeps enough entries that more than kT of the top K landing in one thread (the second pass) is rare.
   const int threads = V >= 4096 ? kMaxThreads : std::clamp(pow2_at_least((V + 7) / 8), 32, kMaxThreads);
   const int kt = K * 8 <= threads ? 4 : K * 2 <= threads ? 8 : 16;
-  Args a;
-  a.x = desc(x);
-  a.lp = static_cast<float*>(t->data);
-  a.ids = static_cast<int32_t*>(ids->data);
-  a.K = int(K);
   a.cap = std::max(1024, 2 * pow2_at_least(K));
   a.err = ex.dev_error;
-  switch (x->dtype) {
+  switch (a.x.dtype) {
     case DType::F32:
       launch<float>(ex, a, N, threads, kt);
       break;
@@ -447,7 +457,57 @@ void topk_logprobs_l(CudaExec& ex, Tensor* t) {
   }
 }
 
+void topk_logprobs_l(CudaExec& ex, Tensor* t) {
+  const Tensor* x = t->src[0];
+  const Tensor* ids = t->aux[0];
+  const int64_t V = x->ne[0], N = x->ne[1], K = t->ip[0];
+  RT_CHECK(is_float(x->dtype) && x->ne[2] == 1 && x->ne[3] == 1 && ids && ids->dtype == DType::I32 &&
+               K >= 1 && K <= V && t->ne[0] == K && t->ne[1] == N && t->is_contiguous() &&
+               ids->is_contiguous() && same_shape(t, ids),
+           "cuda topk_logprobs: unexpected node ", t->describe(), " for logits ", x->describe());
+  RT_CHECK(K <= kMaxK, "topk_logprobs: K = ", K, " is more than the CUDA kernel selects (at most ", kMaxK,
+           "; logits ", x->describe(), ")");
+  RT_CHECK(V < 0x7fffffffLL, "topk_logprobs: V = ", V, " is too large for the CUDA kernel (logits ",
+           x->describe(), ")");
+  Args a{};
+  a.x = desc(x);
+  a.lp = static_cast<float*>(t->data);
+  a.ids = static_cast<int32_t*>(ids->data);
+  a.K = int(K);
+  a.op = Op::TopKLogprobs;
+  launch_rows(ex, a);
+}
+
 }  // namespace
+
+void topk_rows(CudaExec& ex, const TopKRowsArgs& r) {
+  const char* op = op_name(r.op);
+  RT_CHECK(r.K >= 1 && r.K <= r.V, op, ": K = ", r.K, " must be in [1, V] with V = ", r.V);
+  RT_CHECK(r.K <= kMaxK, op, ": K = ", r.K, " is more than the CUDA kernel selects (at most ", kMaxK,
+           "; V = ", r.V, ")");
+  RT_CHECK(r.V < 0x7fffffffLL, op, ": V = ", r.V, " is too large for the CUDA kernel");
+  RT_CHECK(is_float(r.dtype) && (!r.nll || is_int(r.label_dtype)), op, ": unexpected row pass dtypes");
+  if (r.rows == 0) return;
+  Args a{};
+  a.x.data = static_cast<char*>(const_cast<void*>(r.logits));
+  a.x.dtype = r.dtype;
+  a.x.ne[0] = r.V, a.x.ne[1] = r.rows, a.x.ne[2] = a.x.ne[3] = 1;
+  a.x.nb[0] = int64_t(dtype_size(r.dtype));
+  a.x.nb[1] = r.row_stride;
+  a.x.nb[2] = a.x.nb[3] = r.row_stride * r.rows;
+  a.lp = r.logprobs;
+  a.ids = r.ids;
+  a.K = int(r.K);
+  a.op = r.op;
+  a.row0 = r.row0;
+  a.lse = r.lse;
+  a.nll = r.nll;
+  a.labels = static_cast<const char*>(r.labels);
+  a.labels64 = r.label_dtype == DType::I64;
+  a.label_stride = r.label_stride;
+  a.ignore = r.ignore_index;
+  launch_rows(ex, a);
+}
 
 void register_cuda_topk_ops(CudaOpTable& t) {
   t[size_t(Op::TopKLogprobs)] = topk_logprobs_l;

@@ -18,6 +18,7 @@
 #include "../core/thread_pool.h"
 #include "cpu_util.h"
 #include "ops.h"
+#include "topk_select.h"
 #include "vec_math.h"
 
 namespace retort {
@@ -26,33 +27,11 @@ namespace {
 
 constexpr int kAuxIds = 0;  // aux slot of the ids output
 
-struct Entry {
-  float v;
-  int32_t id;
-};
-
-// a comes before b in the output: the larger value, then the smaller id.
-inline bool better(const Entry& a, const Entry& b) {
-  return a.v > b.v || (a.v == b.v && a.id < b.id);
-}
-
-[[noreturn]] void not_finite(const Tensor* x, int64_t r, const float* row, int64_t V) {
-  int64_t c = 0;
-  while (c < V && !(std::isnan(row[c]) || row[c] == std::numeric_limits<float>::infinity())) ++c;
-  RT_FAIL("topk_logprobs: row ", r, " of logits ", x->describe(), " holds ",
-          c < V && std::isnan(row[c]) ? "NaN" : "+inf", " at column ", c, " (logits must be finite or -inf)");
-}
-
-struct Scratch {
-  std::vector<float> z, block_max, nth;
-  std::vector<Entry> cand;
-};
-
-// Candidates for the K best entries of z[0, V) into s.cand, in id order; returns the row max (NaNs skipped).
-// The K-th largest block max is a lower bound of the row's K-th value (K blocks hold an entry that large),
-// so only entries at least that large, in blocks whose max reaches it, can be among the K best: with about
-// 4K blocks, a few more than K entries. Fewer than K candidates means the row holds NaN.
-float select_candidates(const float* z, int64_t V, int64_t K, Scratch& s) {
+// The candidates for the K best entries of z[0, V) into s.cand, in id order; returns the row max (NaNs
+// skipped). The K-th largest block max is a lower bound of the row's K-th value (K blocks hold an entry that
+// large), so only entries at least that large, in blocks whose max reaches it, can be among the K best: with
+// about 4K blocks, a few more than K entries. Fewer than K candidates means the row holds NaN.
+float select_candidates(const float* z, int64_t V, int64_t K, topk::Scratch& s) {
   const int64_t block = std::clamp<int64_t>(V / (4 * K) / 16 * 16, 64, 1024);
   const int64_t nb = (V + block - 1) / block;
   s.block_max.resize(size_t(nb));
@@ -74,6 +53,35 @@ float select_candidates(const float* z, int64_t V, int64_t K, Scratch& s) {
   return m;
 }
 
+}  // namespace
+
+bool topk::select_row(float* z, int64_t V, int64_t K, Scratch& s, float* m, double* log_s) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  *m = select_candidates(z, V, K, s);
+  *log_s = 0;
+  if (*m == kInf || int64_t(s.cand.size()) < K) return false;
+  std::partial_sort(s.cand.begin(), s.cand.begin() + K, s.cand.end(), topk::better);
+  if (*m == -kInf) {
+    for (int64_t i = 0; i < V; ++i)
+      if (std::isnan(z[i])) return false;
+    return true;
+  }
+  // exp(z - m) in place (the selection is done): a NaN stays NaN there, so its column can be found.
+  const double sum = vmath::exp_affine(z, z, V, *m, 1.0f, 0.0f, 1.0f, 0.0f);
+  if (std::isnan(sum)) return false;
+  *log_s = std::log(sum);
+  return true;
+}
+
+namespace {
+
+[[noreturn]] void not_finite(const Tensor* x, int64_t r, const float* row, int64_t V) {
+  int64_t c = 0;
+  while (c < V && !(std::isnan(row[c]) || row[c] == std::numeric_limits<float>::infinity())) ++c;
+  RT_FAIL("topk_logprobs: row ", r, " of logits ", x->describe(), " holds ",
+          c < V && std::isnan(row[c]) ? "NaN" : "+inf", " at column ", c, " (logits must be finite or -inf)");
+}
+
 void cpu_topk_logprobs(Tensor* t, ThreadPool& pool) {
   const Tensor* x = t->src[0];
   const int64_t V = x->ne[0], N = x->ne[1], K = t->ip[0];
@@ -83,27 +91,16 @@ void cpu_topk_logprobs(Tensor* t, ThreadPool& pool) {
   pool.parallel_for(
       N,
       [&](int64_t b, int64_t e) {
-        Scratch s;
-        s.z.resize(size_t(V));
-        float* z = s.z.data();
+        topk::Scratch s;
+        std::vector<float> zbuf(static_cast<size_t>(V));
+        float* z = zbuf.data();
         for (int64_t r = b; r < e; ++r) {
           cpu::load_row(x, r, z);
-          const float m = select_candidates(z, V, K, s);
-          if (m == std::numeric_limits<float>::infinity() || int64_t(s.cand.size()) < K)
-            not_finite(x, r, z, V);
-          std::partial_sort(s.cand.begin(), s.cand.begin() + K, s.cand.end(), better);
+          float m = 0;
           double log_s = 0;
-          if (m == -std::numeric_limits<float>::infinity()) {
-            for (int64_t i = 0; i < V; ++i)
-              if (std::isnan(z[i])) not_finite(x, r, z, V);
-          } else {
-            // exp(z - m) in place (the selection is done): a NaN stays NaN there, so its column is found.
-            const double sum = vmath::exp_affine(z, z, V, m, 1.0f, 0.0f, 1.0f, 0.0f);
-            if (std::isnan(sum)) not_finite(x, r, z, V);
-            log_s = std::log(sum);
-          }
+          if (!topk::select_row(z, V, K, s, &m, &log_s)) not_finite(x, r, z, V);
           for (int64_t k = 0; k < K; ++k) {
-            const Entry& en = s.cand[size_t(k)];
+            const topk::Entry& en = s.cand[size_t(k)];
             // A row of -inf only has no distribution: every slot reads as padding (-inf).
             lp[r * K + k] = m == -std::numeric_limits<float>::infinity()
                                 ? -std::numeric_limits<float>::infinity()

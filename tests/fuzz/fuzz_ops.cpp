@@ -237,7 +237,7 @@ struct Program {
     const uint8_t code = in.u8();
     Tensor* a = pick();
     if (!a) return;
-    switch (code % 56) {
+    switch (code % 57) {
       case 0:
         keep(reshape(ctx, a, read_shape(in, 12)));
         break;
@@ -466,6 +466,18 @@ struct Program {
       case 55:
         keep(reshape(ctx, a, {in.size(), in.size()}));
         break;
+      case 56: {
+        Tensor *w = pick(), *targets = maybe();
+        TopKLogprobsOptions o;
+        o.ignore_index = in.flag() ? -100 : in.size();
+        o.return_lse = in.flag();
+        const TopKLogprobsOutputs r = fused_linear_topk_logprobs(ctx, a, w, in.size(), targets, o, fused());
+        keep(r.logprobs);
+        keep(r.ids);
+        keep(r.nll_sum);
+        keep(r.lse);
+        break;
+      }
     }
   }
 };

@@ -18,6 +18,7 @@
 
 #include "../../core/op_table.h"
 #include "../cuda_common.cuh"
+#include "../topk_rows.h"
 #include "chunk_gemm.h"
 #include "cuda_chunk_exec.h"
 #include "cuda_chunk_kernels.h"
@@ -95,6 +96,12 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
         break;
       case LossKind::SelectiveLogSoftmax:
         fused::check_ids(ex_, spec.selective.ids, nullptr, v, op_);
+        break;
+      case LossKind::TopKLogprobs:
+        RT_CHECK(spec.topk_lp.k <= kTopKRowsMaxK, what, ": K = ", spec.topk_lp.k,
+                 "; the CUDA top-K kernel selects at most ", kTopKRowsMaxK);
+        labels = spec.topk_lp.labels.empty() ? nullptr : &spec.topk_lp.labels;
+        ignore = spec.topk_lp.ignore_index;
         break;
     }
     if (!labels) return rows;  // every row counts: the scheduler scales by 1 / rows itself

@@ -1,7 +1,8 @@
 // The fused linear losses (src/ops/loss/fused_linear.h) on the CUDA device: every one of the five forward
-// ops and FusedLinearBack is the chunk scheduler run on the CUDA ChunkExecutor, with the node's tensors wired
-// by problem_from_node exactly as the CPU kernel does. When hidden and weight are both bf16 (or both f16) the
-// logits gradient is kept in that dtype for the gradient GEMMs (cuda_chunk_exec.h says why).
+// ops, FusedLinearBack and the teacher head (FusedLinearTopKLogprobs) is the chunk scheduler run on the CUDA
+// ChunkExecutor, with the node's tensors wired by problem_from_node exactly as the CPU kernel does. When
+// hidden and weight are both bf16 (or both f16) the logits gradient is kept in that dtype for the gradient
+// GEMMs (cuda_chunk_exec.h says why).
 #include "../cuda_common.cuh"
 #include "cuda_chunk_exec.h"
 
@@ -26,6 +27,7 @@ void register_cuda_fused_ops(CudaOpTable& t) {
   t[size_t(Op::FusedLinearEntropy)] = fused_linear_l;
   t[size_t(Op::FusedLinearSelectiveLogSoftmax)] = fused_linear_l;
   t[size_t(Op::FusedLinearBack)] = fused_linear_l;
+  t[size_t(Op::FusedLinearTopKLogprobs)] = fused_linear_l;
 }
 
 }  // namespace retort::cuda

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "../cuda_common.cuh"
+#include "../topk_rows.h"
 #include "cuda_chunk_kernels.h"
 #include "distill_rows.h"
 
@@ -56,6 +57,39 @@ void selective(CudaExec& ex, const loss::SelectiveSide& s, RowBlock& b, const Te
     o.out = lp;
   }
   selective_log_softmax_rows(b, o, nullptr, ex.stream);
+}
+
+// The teacher head: the top-K row pass of topk_logprobs with the row's LSE and its target's nll.
+void topk_logprobs(CudaExec& ex, const loss::TopKLogprobsSide& s, const RowBlock& b, Op op) {
+  const int64_t k = s.k;
+  auto dense = [&](const Block& x, size_t es) {
+    return x.col_stride == es && (b.rows == 1 || x.row_stride == size_t(k) * es);
+  };
+  RT_CHECK(dense(s.logprobs, sizeof(float)) && dense(s.ids, sizeof(int32_t)) &&
+               s.logprobs.dtype == DType::F32 && s.ids.dtype == DType::I32,
+           "cuda ", op_name(op), ": the log-probs and ids must be contiguous f32 and i32 [rows, K]");
+  TopKRowsArgs a;
+  a.logits = b.logits;
+  a.dtype = b.dtype;
+  a.rows = b.rows;
+  a.V = b.V;
+  a.row_stride = b.stride * int64_t(dtype_size(b.dtype));
+  a.K = k;
+  a.logprobs = static_cast<float*>(s.logprobs.data);
+  a.ids = static_cast<int32_t*>(s.ids.data);
+  a.lse = b.lse;
+  if (!s.labels.empty()) {
+    a.nll = b.loss;
+    a.labels = s.labels.data;
+    a.label_dtype = s.labels.dtype;
+    a.label_stride = int64_t(s.labels.row_stride);
+    a.ignore_index = s.ignore_index;
+  } else if (b.loss) {
+    RT_CUDA_CHECK(cudaMemsetAsync(b.loss, 0, size_t(b.rows) * sizeof(float), ex.stream));
+  }
+  a.op = op;
+  a.row0 = s.row0;
+  topk_rows(ex, a);
 }
 
 }  // namespace
@@ -136,6 +170,10 @@ void row_loss(CudaExec& ex, const loss::LossSpec& spec, RowBlock& b, float* hard
       return;
     case LossKind::SelectiveLogSoftmax:
       selective(ex, spec.selective, b, temp);
+      return;
+    case LossKind::TopKLogprobs:
+      RT_ASSERT(!b.grad);
+      topk_logprobs(ex, spec.topk_lp, b, op);
       return;
   }
 }

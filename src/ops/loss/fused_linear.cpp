@@ -8,6 +8,9 @@
 //     top-K:         src[3] = teacher ids, src[4] = teacher logprobs, src[5] = mask, src[6] = labels
 //     distill:       src[3] = teacher hidden, src[4] = teacher weight, src[5] = teacher bias, src[6] = labels
 //     selective:     src[3] = ids
+//     top-K log-probs (the teacher head): src[3] = targets or null; the node is the log-probs [N, K] (K =
+//       ne[0]), aux[1] = ids i32 [N, K], aux[2] = the summed nll (f32 scalar, when targets are given). It
+//       has no gradient slots: it is forward only.
 //   ip and fp: the loss options in the slots every loss node shares (row_loss.h; ip[kIpGrad] holds the
 //     gradient bits: which of dhidden / dW / dbias the node writes), then memory budget, chunk rows, the
 //     forward op (FusedLinearBack), stats bits (which extra outputs are wanted), allowed-gradient bits
@@ -23,6 +26,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <sstream>
 
 #include "../../core/error.h"
@@ -44,6 +48,7 @@ constexpr int kIpBudget = loss::kIpFirstFree, kIpChunk = kIpBudget + 1, kIpKind 
 static_assert(kIpLogits < kMaxParams);
 constexpr int64_t kLogitsAuto = -1;  // ip[kIpLogits] when FusedLinearOptions::logits_dtype is unset
 constexpr int kAuxStats = 0;
+constexpr int kAuxHeadIds = 1, kAuxHeadNll = 2;  // the teacher head's outputs
 constexpr int kSrcUpstream = 7, kSrcStats = 8, kSrcLossInputs = 7;
 constexpr int64_t kStatPerRow = 1, kStatLse = 2, kStatParts = 4;
 constexpr int64_t kStatRows = 6;
@@ -58,6 +63,7 @@ const char* const* roles(Op op) {
   static const char* const dist[] = {"hidden",         "weight",       "bias",  "teacher_hidden",
                                      "teacher_weight", "teacher_bias", "labels"};
   static const char* const ids[] = {"hidden", "weight", "bias", "ids"};
+  static const char* const head[] = {"hidden", "weight", "bias", "targets"};
   switch (op) {
     case Op::FusedLinearCrossEntropy:
       return ce;
@@ -65,6 +71,8 @@ const char* const* roles(Op op) {
       return topk;
     case Op::FusedLinearDistill:
       return dist;
+    case Op::FusedLinearTopKLogprobs:
+      return head;
     default:
       return ids;  // entropy uses the first three
   }
@@ -267,13 +275,23 @@ loss::FusedLinearProblem inputs_of(const Tensor* node) {
     case Op::FusedLinearEntropy:
       s = loss::spec_from_slots(node, loss::LossKind::Entropy);
       break;
+    case Op::FusedLinearTopKLogprobs:
+      s = loss::spec_from_slots(node, loss::LossKind::TopKLogprobs);
+      s.topk_lp.k = node->ne[0];
+      s.topk_lp.labels = column(node->src[3]);
+      break;
     default:
       RT_ASSERT(op == Op::FusedLinearSelectiveLogSoftmax);
       s = loss::spec_from_slots(node, loss::LossKind::SelectiveLogSoftmax);
       s.selective.ids = matrix(node->src[3]);
       break;
   }
-  p.logits_dtype = node->ip[kIpLogits] == kLogitsAuto ? auto_logits_dtype(p) : DType(node->ip[kIpLogits]);
+  // The teacher head keeps f32 logits unless asked otherwise: its top K and log-probs are what a teacher
+  // cache stores, and 16-bit logits would tie and round them.
+  const bool head = op == Op::FusedLinearTopKLogprobs;
+  p.logits_dtype = node->ip[kIpLogits] != kLogitsAuto ? DType(node->ip[kIpLogits])
+                   : head                             ? DType::F32
+                                                      : auto_logits_dtype(p);
   return p;
 }
 
@@ -303,6 +321,10 @@ void wire_forward_outputs(const Tensor* node, loss::FusedLinearProblem& p) {
   const bool none = p.reduction == Reduction::None;
   if (p.spec.kind == loss::LossKind::SelectiveLogSoftmax) {
     p.spec.selective.values = loss::Block::dense(node->data, DType::F32, n, node->ne[0]);
+  } else if (p.spec.kind == loss::LossKind::TopKLogprobs) {
+    p.spec.topk_lp.logprobs = loss::Block::dense(node->data, DType::F32, n, node->ne[0]);
+    p.spec.topk_lp.ids = loss::Block::dense(node->aux[kAuxHeadIds]->data, DType::I32, n, node->ne[0]);
+    p.loss = f32(node->aux[kAuxHeadNll]);
   } else {
     p.loss = f32(node);
     if ((stats & kStatPerRow) && !none) p.per_row = st;
@@ -398,7 +420,7 @@ void back_fused(BackwardCtx& bc, Tensor* node, Tensor* grad) {
 }  // namespace
 
 loss::FusedLinearProblem loss::problem_from_node(const Tensor* node) {
-  RT_ASSERT(node->op == Op::FusedLinearBack ||
+  RT_ASSERT(node->op == Op::FusedLinearBack || node->op == Op::FusedLinearTopKLogprobs ||
             (node->op >= Op::FusedLinearCrossEntropy && node->op <= Op::FusedLinearSelectiveLogSoftmax));
   FusedLinearProblem p = inputs_of(node);
   if (node->op == Op::FusedLinearBack)
@@ -491,6 +513,42 @@ Tensor* fused_linear_selective_log_softmax(Context& ctx, Tensor* hidden, Tensor*
   return t;
 }
 
+TopKLogprobsOutputs fused_linear_topk_logprobs(Context& ctx, Tensor* hidden, Tensor* weight, int64_t k,
+                                               Tensor* targets, const TopKLogprobsOptions& o,
+                                               const FusedLinearOptions& f) {
+  const Checker ck = check_head("fused_linear_topk_logprobs", hidden, weight, nullptr);
+  const int64_t n = hidden->ne[1], v = weight->ne[1];
+  RT_CHECK(k >= 1 && k <= v, ck.op, ": K = ", k, " must be in [1, V] with V = ", v, ck.shapes());
+  RT_CHECK(v <= std::numeric_limits<int32_t>::max(), ck.op, ": V = ", v, " does not fit the i32 ids",
+           ck.shapes());
+  if (targets) {
+    RT_CHECK(is_int(targets->dtype), ck.op, ": targets must be i32 or i64, got ", targets->describe());
+    RT_CHECK(targets->n_dims() == 1 && targets->ne[0] == n, ck.op, ": targets ", targets->describe(),
+             " must be [N] with N = ", n, ck.shapes());
+  }
+  int64_t ne[kMaxDims] = {k, n, 1, 1};
+  Tensor* t = fused_node(ctx, Op::FusedLinearTopKLogprobs, ck, nullptr, Reduction::Sum, f, ne);
+  t->src[3] = targets;
+  t->ip[loss::kIpIgnore] = o.ignore_index;
+  // Every output is read by name after the run: never reuse its memory.
+  t->flags |= kOutput;
+  TopKLogprobsOutputs out;
+  out.logprobs = t;
+  Tensor* ids = ctx.node(Op::AuxOutput, DType::I32, ne);
+  ids->src[0] = t;
+  ids->flags |= kOutput;
+  t->aux[kAuxHeadIds] = out.ids = ids;
+  if (targets) {
+    int64_t one[kMaxDims] = {1, 1, 1, 1};
+    Tensor* nll = ctx.node(Op::AuxOutput, DType::F32, one);
+    nll->src[0] = t;
+    nll->flags |= kOutput;
+    t->aux[kAuxHeadNll] = out.nll_sum = nll;
+  }
+  if (o.return_lse) out.lse = make_outputs(ctx, t, false, true, false).lse;
+  return out;
+}
+
 // Graph::backward's offer (OpInfo::accumulate_aux): every gradient output can be added into an accumulator —
 // the hidden gradient by its GEMM (beta = 1) or the K-sparse update, the weight gradient by its GEMM, the
 // bias gradient by the column sums — so a leaf's gradient needs no Accumulate pass over a copy.
@@ -511,6 +569,8 @@ void register_fused_ops(OpTable& t) {
   t[size_t(Op::FusedLinearEntropy)] = {cpu_fused, back_fused, true, accumulate_fused_aux};
   t[size_t(Op::FusedLinearSelectiveLogSoftmax)] = {cpu_fused, back_fused, true, accumulate_fused_aux};
   t[size_t(Op::FusedLinearBack)] = {cpu_fused, nullptr, false, accumulate_fused_aux};
+  // A selection has no useful gradient: backward() through the teacher head throws, naming it.
+  t[size_t(Op::FusedLinearTopKLogprobs)] = {cpu_fused, nullptr, false};
 }
 
 }  // namespace retort

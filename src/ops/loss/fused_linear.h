@@ -109,4 +109,30 @@ Tensor* fused_linear_entropy(Context& ctx, Tensor* hidden, Tensor* weight, Tenso
 Tensor* fused_linear_selective_log_softmax(Context& ctx, Tensor* hidden, Tensor* weight, Tensor* bias,
                                            Tensor* ids, const FusedLinearOptions& fused = {});
 
+// The teacher head: the top K of each row of hidden · Wᵀ as log-probabilities, with their ids, the summed
+// negative log-likelihood of the targets and optionally the row LSE, in chunks, without the [N, V] logits.
+struct TopKLogprobsOutputs {
+  Tensor* logprobs = nullptr;  // f32 [N, K]: z − LSE(z), best first
+  Tensor* ids = nullptr;       // i32 [N, K]: their vocabulary ids (equal logits: smaller id first)
+  Tensor* nll_sum = nullptr;  // f32 scalar: Σ over rows with a target ≠ ignore_index of LSE(z) − z_target;
+                              // null when no targets were given
+  Tensor* lse = nullptr;  // f32 [N]: LSE(z) per row (return_lse), else null
+};
+
+struct TopKLogprobsOptions {
+  int64_t ignore_index = -100;  // targets with this value add nothing to nll_sum
+  bool return_lse = false;
+};
+
+// logits z = hidden [N, H] · weight [V, H]ᵀ, chunk by chunk (fused.logits_budget / chunk_rows as for the
+// losses; the chunk logits are f32 unless fused.logits_dtype asks for 16 bits), one pass over each chunk's
+// logits giving the top K, the LSE and the target logit of every row. Equals topk_logprobs(z, k) and
+// cross_entropy_loss(z, targets, Sum) of the same logits (the same ids and order; values up to f32 rounding).
+// targets: int [N] or null. Forward only: backward through any output throws retort::Error. Throws
+// retort::Error at build time on bad shapes or dtypes, K outside [1, V]; at run time on a target outside
+// [0, V) that is not ignore_index, and on NaN or +inf logits.
+TopKLogprobsOutputs fused_linear_topk_logprobs(Context& ctx, Tensor* hidden, Tensor* weight, int64_t k,
+                                               Tensor* targets, const TopKLogprobsOptions& opts = {},
+                                               const FusedLinearOptions& fused = {});
+
 }  // namespace retort

@@ -240,6 +240,9 @@ loss::LossSpec spec_of(const Tensor* node) {
     case loss::LossKind::SelectiveLogSoftmax:
       s.selective.ids = matrix(node->src[1]);
       break;
+    case loss::LossKind::TopKLogprobs:  // only as a fused linear op (fused_linear.cpp)
+      RT_ASSERT(false);
+      break;
   }
   return s;
 }

@@ -140,6 +140,26 @@ struct EntropySide {
 };
 void entropy_rows(const Block& logits, const EntropySide& side, const RowOut& out, ThreadPool& pool);
 
+// Top-K log-probabilities (the teacher head of fused_linear_topk_logprobs; forward only, no gradient).
+// Per row: the K largest logits as log-probabilities z − LSE(z) (f32) with their ids, best first, equal
+// values by smaller id (topk_logprobs's order) into logprobs / ids; out.lse = LSE(z); out.loss = LSE(z) −
+// z_label for a row whose label is not ignore_index, 0 for the others (and for every row without labels). NaN
+// or +inf in a row throws retort::Error naming `op` and the row (row0 + r); -inf is an ordinary value, as in
+// topk_logprobs.
+struct TopKLogprobsSide {
+  int64_t k = 0;
+  Block labels;  // [rows, 1] int; empty: no loss
+  int64_t ignore_index = -100;
+  Block logprobs;  // out: [rows, K] f32
+  Block ids;       // out: [rows, K] i32
+  const char* op = "fused_linear_topk_logprobs";
+  int64_t row0 = 0;  // of the first row, for messages
+  TopKLogprobsSide sub_rows(int64_t r0, int64_t n) const;
+};
+int64_t check_topk_logprobs(const TopKLogprobsSide& side, int64_t rows, int64_t v, const std::string& what);
+void topk_logprobs_rows(const Block& logits, const TopKLogprobsSide& side, const RowOut& out,
+                        ThreadPool& pool);
+
 // Selective log-softmax.
 // out[r, k] = z_{ids[r, k]} − LSE(z); lse[r] = LSE(z) when lse is not null.
 void check_ids(const Block& ids, int64_t v, const std::string& what);

@@ -21,6 +21,8 @@ const char* loss_kind_name(LossKind k) {
       return "entropy";
     case LossKind::SelectiveLogSoftmax:
       return "selective_log_softmax";
+    case LossKind::TopKLogprobs:
+      return "topk_logprobs";
   }
   return "?";
 }
@@ -78,6 +80,15 @@ SelectiveSide SelectiveSide::sub_rows(int64_t r0, int64_t n) const {
   return s;
 }
 
+TopKLogprobsSide TopKLogprobsSide::sub_rows(int64_t r0, int64_t n) const {
+  TopKLogprobsSide s = *this;
+  s.labels = labels.sub_rows(r0, n);
+  s.logprobs = logprobs.sub_rows(r0, n);
+  s.ids = ids.sub_rows(r0, n);
+  s.row0 = row0 + r0;
+  return s;
+}
+
 LossSpec LossSpec::sub_rows(int64_t r0, int64_t n) const {
   LossSpec s = *this;
   switch (kind) {
@@ -94,6 +105,9 @@ LossSpec LossSpec::sub_rows(int64_t r0, int64_t n) const {
       break;
     case LossKind::SelectiveLogSoftmax:
       s.selective = selective.sub_rows(r0, n);
+      break;
+    case LossKind::TopKLogprobs:
+      s.topk_lp = topk_lp.sub_rows(r0, n);
       break;
   }
   return s;
@@ -218,6 +232,9 @@ LossSpec spec_from_slots(const Tensor* node, LossKind kind) {
       break;
     case LossKind::SelectiveLogSoftmax:
       break;
+    case LossKind::TopKLogprobs:
+      s.topk_lp.ignore_index = node->ip[kIpIgnore];
+      break;
   }
   return s;
 }
@@ -237,6 +254,8 @@ int64_t check_side(const LossSpec& spec, int64_t rows, int64_t v, const std::str
     case LossKind::SelectiveLogSoftmax:
       check_ids(spec.selective.ids, v, what);
       return rows;
+    case LossKind::TopKLogprobs:
+      return check_topk_logprobs(spec.topk_lp, rows, v, what);
   }
   return rows;
 }
@@ -261,6 +280,10 @@ void row_loss(const LossSpec& spec, const Block& logits, const RowOut& out, Thre
       else
         selective_log_softmax_back_rows(logits, spec.selective.ids, spec.selective.values, spec.selective.lse,
                                         out.grad, pool);
+      return;
+    case LossKind::TopKLogprobs:
+      RT_ASSERT(out.grad.empty());
+      topk_logprobs_rows(logits, spec.topk_lp, out, pool);
       return;
   }
 }

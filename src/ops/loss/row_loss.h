@@ -17,7 +17,7 @@ struct Tensor;
 
 namespace retort::loss {
 
-enum class LossKind { CrossEntropy, TopK, Distill, Entropy, SelectiveLogSoftmax };
+enum class LossKind { CrossEntropy, TopK, Distill, Entropy, SelectiveLogSoftmax, TopKLogprobs };
 const char* loss_kind_name(LossKind k);
 
 // Selective log-softmax's side data. Forward: values receives log softmax(z)[ids] [rows, K] (f32) and out.lse
@@ -39,6 +39,7 @@ struct LossSpec {
   DistillSide distill;
   EntropySide entropy;
   SelectiveSide selective;
+  TopKLogprobsSide topk_lp;
   LossSpec sub_rows(int64_t r0, int64_t n) const;
 };
 
