@@ -105,6 +105,46 @@ std::unordered_map<const Tensor*, int> fold_addend_sums(const std::unordered_map
   return readers;
 }
 
+// Whether a parameter's gradient gr can be written into its accumulator acc by the nodes that make it (no copy
+// of the gradient, no Accumulate pass), and which node then starts the accumulator in a run after zero_grad
+// (kFresh): a fused loss's aux output (its owner adds into the accumulator itself), a node that takes the
+// accumulator as its addend (a matmul's GEMM C, an embedding's scatter), or a chain of the two.
+struct InPlace {
+  bool in_place = false;
+  Tensor* fresh = nullptr;
+};
+InPlace wire_in_place(Tensor* gr, Tensor* acc, const std::unordered_map<const Tensor*, int>& readers) {
+  bool same_shape = gr->dtype == DType::F32 && gr->is_contiguous();
+  for (int d = 0; d < kMaxDims; ++d) same_shape = same_shape && gr->ne[d] == acc->ne[d];
+  const bool aux = gr->op == Op::AuxOutput && gr->src[0] && !gr->view_src;
+  auto offer = op_info(aux ? gr->src[0]->op : Op::None).accumulate_aux;
+  const auto rd = readers.find(gr);
+  const bool mm = same_shape && takes_addend(gr) && rd != readers.end() && rd->second == 1;
+  if (mm) gr->src[2] = acc;
+  // A folded sum whose addend is a fused loss's gradient output read by it alone (a tied embedding: the
+  // head's weight gradient plus the embedding's scatter): the output starts the accumulator in place and
+  // the sum's node adds its own term into it there, so neither a copy nor an Accumulate pass is left.
+  Tensor* first = nullptr;
+  if (!mm && same_shape && (gr->op == Op::Matmul || gr->op == Op::GetRowsBack) && gr->src[2] &&
+      rd != readers.end() && rd->second == 1 && !gr->view_src) {
+    Tensor* x = gr->src[2];
+    const auto rx = readers.find(x);
+    const bool x_aux = x->op == Op::AuxOutput && x->src[0] && !x->view_src && x->dtype == DType::F32 &&
+                       x->is_contiguous() && ::retort::same_shape(x, acc) && rx != readers.end() &&
+                       rx->second == 1;
+    auto x_offer = op_info(x_aux ? x->src[0]->op : Op::None).accumulate_aux;
+    if (x_aux && x_offer && x_offer(x)) {
+      first = x;
+      x->view_src = acc;
+      x->data = acc->data;
+    }
+  }
+  InPlace w;
+  w.in_place = mm || first || (aux && same_shape && offer && offer(gr));
+  w.fresh = first ? first : w.in_place ? gr : nullptr;
+  return w;
+}
+
 }  // namespace
 
 void Graph::backward(Tensor* loss) {
@@ -225,35 +265,8 @@ void Graph::backward(Tensor* loss) {
     Tensor* acc = ctx_->tensor(DType::F32, p->shape(), p->name + ".grad");
     for (int d = 0; d < kMaxDims; ++d) RT_ASSERT(acc->ne[d] == p->ne[d]);
     Tensor* gr = it->second;
-    bool same_shape = gr->dtype == DType::F32 && gr->is_contiguous();
-    for (int d = 0; d < kMaxDims; ++d) same_shape = same_shape && gr->ne[d] == acc->ne[d];
-    const bool aux = gr->op == Op::AuxOutput && gr->src[0] && !gr->view_src;
-    auto offer = op_info(aux ? gr->src[0]->op : Op::None).accumulate_aux;
-    // Either the owner adds into the accumulator itself (no copy of the gradient, no Accumulate pass: a
-    // fused loss's aux output, or a matmul whose GEMM takes the accumulator as its C) or an Accumulate node
-    // does: both write through the accumulator's storage.
-    const auto rd = readers.find(gr);
-    const bool mm = same_shape && takes_addend(gr) && rd != readers.end() && rd->second == 1;
-    if (mm) gr->src[2] = acc;
-    // A folded sum whose addend is a fused loss's gradient output read by it alone (a tied embedding: the
-    // head's weight gradient plus the embedding's scatter): the output starts the accumulator in place and
-    // the sum's node adds its own term into it there, so neither a copy nor an Accumulate pass is left.
-    Tensor* first = nullptr;
-    if (!mm && same_shape && (gr->op == Op::Matmul || gr->op == Op::GetRowsBack) && gr->src[2] &&
-        rd != readers.end() && rd->second == 1 && !gr->view_src) {
-      Tensor* x = gr->src[2];
-      const auto rx = readers.find(x);
-      const bool x_aux = x->op == Op::AuxOutput && x->src[0] && !x->view_src && x->dtype == DType::F32 &&
-                         x->is_contiguous() && ::retort::same_shape(x, acc) && rx != readers.end() &&
-                         rx->second == 1;
-      auto x_offer = op_info(x_aux ? x->src[0]->op : Op::None).accumulate_aux;
-      if (x_aux && x_offer && x_offer(x)) {
-        first = x;
-        x->view_src = acc;
-        x->data = acc->data;
-      }
-    }
-    const bool in_place = mm || first || (aux && same_shape && offer && offer(gr));
+    const InPlace w = wire_in_place(gr, acc, readers);
+    const bool in_place = w.in_place;
     Tensor* upd = in_place ? gr : ctx_->node(Op::Accumulate, DType::F32, acc->ne);
     if (!in_place) {
       upd->src[0] = acc;
@@ -266,7 +279,7 @@ void Graph::backward(Tensor* loss) {
     grads_[p] = acc;
     writers_[p] = upd;
     accumulators_.push_back(acc);
-    in_place_.push_back(first ? first : in_place ? gr : nullptr);
+    in_place_.push_back(w.fresh);
   }
   for (auto& [t, gr] : g)
     if (!t->is_leaf()) grads_[t] = gr;
