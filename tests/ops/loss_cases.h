@@ -13,6 +13,13 @@
 
 namespace retort::test {
 
+// What the lists share: a number as a case-name tag (x·scale, rounded), the reductions in turn, and the options
+// of a top-K or full-vocabulary distillation from its reference's settings and the output a case looks at.
+std::string tag(double x, double scale);
+Reduction nth_reduction(int i);
+TopKDistillOptions topk_options(const TopKRef& r, Out what);
+DistillOptions distill_options(const DistillRef& r, Out what);
+
 // cross_entropy_loss: every option (label smoothing, z-loss, softcap, reduction) and output, f32 / bf16 / f16
 // logits contiguous, transposed and sliced, i32 and i64 labels, V = 1..7 up to 128,256, rising and ±1e4
 // logits, ignored rows, the single pass, and logits computed by another op.

@@ -1,4 +1,5 @@
 // The case lists of cross_entropy_loss, entropy and selective_log_softmax (tests/ops/loss_cases.h).
+#include <array>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +9,48 @@
 #include "loss_cases.h"
 
 namespace retort::test {
+
+std::string tag(double x, double scale) {
+  return std::to_string(int(std::lround(x * scale)));
+}
+
+Reduction nth_reduction(int i) {
+  return std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i % 3)];
+}
+
+TopKDistillOptions topk_options(const TopKRef& r, Out what) {
+  TopKDistillOptions o;
+  o.divergence = r.div;
+  o.beta = float(r.beta);
+  o.skew_alpha = float(r.alpha);
+  o.temperature = float(r.t);
+  o.normalize_topk = r.normalize;
+  o.w_hard = float(r.w_hard);
+  o.w_soft = float(r.w_soft);
+  o.ignore_index = r.ignore;
+  o.reduction = r.red;
+  o.return_per_row = what == Out::PerRow;
+  o.return_lse = what == Out::Lse;
+  o.return_parts = what == Out::Hard || what == Out::Soft;
+  return o;
+}
+
+DistillOptions distill_options(const DistillRef& r, Out what) {
+  DistillOptions o;
+  o.divergence = r.div;
+  o.beta = float(r.beta);
+  o.skew_alpha = float(r.alpha);
+  o.temperature = float(r.t);
+  o.w_hard = float(r.w_hard);
+  o.w_soft = float(r.w_soft);
+  o.ignore_index = r.ignore;
+  o.reduction = r.red;
+  o.return_per_row = what == Out::PerRow;
+  o.return_lse = what == Out::Lse;
+  o.return_parts = what == Out::Hard || what == Out::Soft;
+  return o;
+}
+
 
 const LossCase& case_named(const std::vector<LossCase>& list, const std::string& name) {
   for (const LossCase& c : list)
@@ -46,10 +89,6 @@ Mat mat_of(const Ref& r, Layout l, int64_t v) {
   for (int64_t i = 0; i < full.rows; ++i)
     for (int64_t j = 0; j < v; ++j) z.v.push_back(full.at(i, j + 2));
   return z;
-}
-
-std::string tag(double x, double scale) {
-  return std::to_string(int(std::lround(x * scale)));
 }
 
 // ---- cross-entropy ------------------------------------------------------------------------------------

@@ -13,14 +13,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-std::string tag(double x, double scale) {
-  return std::to_string(int(std::lround(x * scale)));
-}
-
-Reduction nth_reduction(int i) {
-  return std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i % 3)];
-}
-
 // ---- distill ------------------------------------------------------------------------------------------
 
 struct DistillCfg {
@@ -45,18 +37,7 @@ LossCase distill_case(const std::string& name, DistillCfg cfg) {
               LossInput(ts, cfg.teacher_dt, false, cfg.lo, cfg.hi),
               LossInput({cfg.n}, DType::I32, false, -1, double(cfg.v))};
   c.build = [cfg](Context& ctx, const std::vector<Tensor*>& in) {
-    DistillOptions o;
-    o.divergence = cfg.r.div;
-    o.beta = float(cfg.r.beta);
-    o.skew_alpha = float(cfg.r.alpha);
-    o.temperature = float(cfg.r.t);
-    o.w_hard = float(cfg.r.w_hard);
-    o.w_soft = float(cfg.r.w_soft);
-    o.ignore_index = cfg.r.ignore;
-    o.reduction = cfg.r.red;
-    o.return_per_row = cfg.what == Out::PerRow;
-    o.return_lse = cfg.what == Out::Lse;
-    o.return_parts = cfg.what == Out::Hard || cfg.what == Out::Soft;
+    const DistillOptions o = distill_options(cfg.r, cfg.what);
     Tensor* x = cfg.transposed ? transpose(ctx, in[0]) : in[0];
     Tensor* t = cfg.teacher_transposed ? transpose(ctx, in[1]) : in[1];
     return pick(distill(ctx, x, t, cfg.labels ? in[2] : nullptr, o), cfg.what);

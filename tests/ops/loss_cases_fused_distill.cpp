@@ -7,10 +7,6 @@
 namespace retort::test {
 namespace {
 
-Reduction nth_reduction(int i) {
-  return std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i % 3)];
-}
-
 std::string num(double x) {
   return std::to_string(int(x * 10));
 }
@@ -37,18 +33,7 @@ LossCase distill_case(const std::string& name, Cfg cfg) {
               LossInput({cfg.v}, cfg.teacher_dt, false, -1, 1),
               LossInput({cfg.n}, DType::I32, false, -1, double(cfg.v))};
   c.build = [cfg](Context& ctx, const std::vector<Tensor*>& in) {
-    DistillOptions o;
-    o.divergence = cfg.r.div;
-    o.beta = float(cfg.r.beta);
-    o.skew_alpha = float(cfg.r.alpha);
-    o.temperature = float(cfg.r.t);
-    o.w_hard = float(cfg.r.w_hard);
-    o.w_soft = float(cfg.r.w_soft);
-    o.ignore_index = cfg.r.ignore;
-    o.reduction = cfg.r.red;
-    o.return_per_row = cfg.what == Out::PerRow;
-    o.return_lse = cfg.what == Out::Lse;
-    o.return_parts = cfg.what == Out::Hard || cfg.what == Out::Soft;
+    const DistillOptions o = distill_options(cfg.r, cfg.what);
     return pick(fused_linear_distill(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], in[4],
                                      cfg.teacher_bias ? in[5] : nullptr, cfg.labels ? in[6] : nullptr, o,
                                      fused_chunks(cfg.chunk)),

@@ -40,19 +40,7 @@ LossCase topk_case(const std::string& name, Cfg cfg) {
               LossInput({cfg.n, cfg.k}, DType::I32, false, 0, 4),
               LossInput({cfg.n}, DType::I32, false, -1, double(cfg.v))};
   c.build = [cfg](Context& ctx, const std::vector<Tensor*>& in) {
-    TopKDistillOptions o;
-    o.divergence = cfg.r.div;
-    o.beta = float(cfg.r.beta);
-    o.skew_alpha = float(cfg.r.alpha);
-    o.temperature = float(cfg.r.t);
-    o.normalize_topk = cfg.r.normalize;
-    o.w_hard = float(cfg.r.w_hard);
-    o.w_soft = float(cfg.r.w_soft);
-    o.ignore_index = cfg.r.ignore;
-    o.reduction = cfg.r.red;
-    o.return_per_row = cfg.what == Out::PerRow;
-    o.return_lse = cfg.what == Out::Lse;
-    o.return_parts = cfg.what == Out::Hard || cfg.what == Out::Soft;
+    const TopKDistillOptions o = topk_options(cfg.r, cfg.what);
     FusedLinearOptions f = fused_chunks(cfg.chunk);
     f.logits_dtype = cfg.logits;
     return pick(fused_linear_topk_kd(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], in[4],
@@ -69,10 +57,6 @@ LossCase topk_case(const std::string& name, Cfg cfg) {
   const bool sparse = cfg.r.normalize && cfg.r.w_hard == 0 && cfg.what != Out::Lse && cfg.what != Out::Hard;
   if (!sparse) loosen_for_16bit_heads(cfg.dt, c);
   return c;
-}
-
-Reduction nth_reduction(int i) {
-  return std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i % 3)];
 }
 
 std::string num(double x) {

@@ -13,14 +13,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-std::string tag(double x, double scale) {
-  return std::to_string(int(std::lround(x * scale)));
-}
-
-Reduction nth_reduction(int i) {
-  return std::array{Reduction::Mean, Reduction::Sum, Reduction::None}[size_t(i % 3)];
-}
-
 // ---- topk_kd ------------------------------------------------------------------------------------------
 
 struct TopKCfg {
@@ -52,19 +44,7 @@ LossCase topk_case(const std::string& name, TopKCfg cfg) {
     c.inputs[3].values = m;
   }
   c.build = [cfg](Context& ctx, const std::vector<Tensor*>& in) {
-    TopKDistillOptions o;
-    o.divergence = cfg.r.div;
-    o.beta = float(cfg.r.beta);
-    o.skew_alpha = float(cfg.r.alpha);
-    o.temperature = float(cfg.r.t);
-    o.normalize_topk = cfg.r.normalize;
-    o.w_hard = float(cfg.r.w_hard);
-    o.w_soft = float(cfg.r.w_soft);
-    o.ignore_index = cfg.r.ignore;
-    o.reduction = cfg.r.red;
-    o.return_per_row = cfg.what == Out::PerRow;
-    o.return_lse = cfg.what == Out::Lse;
-    o.return_parts = cfg.what == Out::Hard || cfg.what == Out::Soft;
+    const TopKDistillOptions o = topk_options(cfg.r, cfg.what);
     Tensor* x = cfg.transposed ? transpose(ctx, in[0]) : in[0];
     return pick(topk_kd(ctx, x, in[1], in[2], cfg.mask ? in[3] : nullptr, cfg.labels ? in[4] : nullptr, o),
                 cfg.what);
