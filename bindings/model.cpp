@@ -43,12 +43,6 @@ IdBatch id_batch(pyb::handle obj, const char* who, const char* what) {
   return b;
 }
 
-std::string shape_str_of(const Shape& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 void check_same_shape(const IdBatch& x, const IdBatch& y, const char* who) {
   RT_CHECK(x.B == y.B && x.T == y.T, who, ": targets [", y.B, ", ", y.T, "] must have the shape of tokens [",
            x.B, ", ", x.T, "]");
@@ -183,12 +177,6 @@ struct PyTrainer {
     return l;
   }
 };
-
-std::vector<std::pair<std::string, const Tensor*>> named(const std::vector<Tensor*>& ts) {
-  std::vector<std::pair<std::string, const Tensor*>> out;
-  for (const Tensor* t : ts) out.emplace_back(t->name, t);
-  return out;
-}
 
 std::map<std::string, std::string> str_map(pyb::handle h) {
   std::map<std::string, std::string> out;
