@@ -130,6 +130,54 @@ void bind_ops(pyb::module_& m) {
       },
       pyb::arg("x"), pyb::arg("s"), "x * s for a number s.");
 
+  // ---- top-K log-probabilities: a teacher's side of distillation --------------------------------------------
+  ops.attr("TopKLogprobs") =
+      pyb::module_::import("collections")
+          .attr("namedtuple")("TopKLogprobs", pyb::make_tuple("logprobs", "ids", "nll_sum", "lse"));
+  ops.def(
+      "topk_logprobs",
+      [](pyb::handle logits, int64_t k) {
+        OpArgs a("topk_logprobs", {logits});
+        const TopKLogprobs r = topk_logprobs(a.ctx(), a.get(logits, "logits"), k);
+        pyb::object cls = pyb::module_::import("retort").attr("ops").attr("TopKLogprobs");
+        return cls(a.out(r.logprobs, 2), a.out(r.ids, 2), pyb::none(), pyb::none());
+      },
+      pyb::arg("logits"), pyb::arg("k"),
+      "The K largest entries of each row of logits [N, V] as log-softmax values (f32 [N, K], best first) with "
+      "their ids (i32 [N, K]; equal values: the smaller id first), as TopKLogprobs(logprobs, ids, None, None). "
+      "Not differentiable.");
+  ops.def(
+      "fused_linear_topk_logprobs",
+      [](pyb::handle hidden, pyb::handle weight, int64_t k, pyb::handle targets, int64_t ignore_index,
+         bool return_lse, int64_t logits_budget, int64_t chunk_rows, pyb::handle logits_dtype) {
+        OpArgs a("fused_linear_topk_logprobs", {hidden, weight, targets});
+        Tensor* h = a.get(hidden, "hidden");
+        Tensor* w = a.get(weight, "weight");
+        Tensor* y = a.get(targets, "targets", true);
+        RT_CHECK(logits_budget >= 0 && chunk_rows >= 0, "fused_linear_topk_logprobs: logits_budget ",
+                 logits_budget, " and chunk_rows ", chunk_rows, " must be >= 0");
+        TopKLogprobsOptions o;
+        o.ignore_index = ignore_index;
+        o.return_lse = return_lse;
+        FusedLinearOptions f;
+        f.logits_budget = size_t(logits_budget);
+        f.chunk_rows = chunk_rows;
+        f.logits_dtype = parse_dtype_opt(logits_dtype);
+        const TopKLogprobsOutputs r = fused_linear_topk_logprobs(a.ctx(), h, w, k, y, o, f);
+        auto t = [&](Tensor* x, int nd) -> pyb::object { return x ? pyb::cast(a.out(x, nd)) : pyb::none(); };
+        pyb::object cls = pyb::module_::import("retort").attr("ops").attr("TopKLogprobs");
+        return cls(t(r.logprobs, 2), t(r.ids, 2), t(r.nll_sum, 0), t(r.lse, 1));
+      },
+      pyb::arg("hidden"), pyb::arg("weight"), pyb::arg("k"), pyb::arg("targets") = pyb::none(),
+      pyb::arg("ignore_index") = int64_t(-100), pyb::arg("return_lse") = false,
+      pyb::arg("logits_budget") = int64_t(FusedLinearOptions{}.logits_budget),
+      pyb::arg("chunk_rows") = int64_t(0), pyb::arg("logits_dtype") = pyb::none(),
+      "A teacher's head: the top K of each row of hidden [N, H] · weight [V, H]ᵀ as log-probabilities with "
+      "their ids, the summed negative log-likelihood of targets [N] (rows equal to ignore_index add nothing) "
+      "and, with return_lse, each row's log-sum-exp, in chunks that never hold the [N, V] logits "
+      "(logits_budget bytes, or chunk_rows rows; f32 chunk logits unless logits_dtype asks for 16 bits). "
+      "Returns TopKLogprobs(logprobs, ids, nll_sum or None, lse or None). Not differentiable.");
+
   // ---- shapes, views and copies -------------------------------------------------------------------------
   ops.def(
       "reshape",
