@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "harness.h"
+#include "expect_error.h"
 
 namespace retort::test {
 namespace {
@@ -27,17 +28,6 @@ double ref_ce(const Ref& logits, const Ref& labels, int64_t ignore) {
     ++valid;
   }
   return valid ? total / double(valid) : 0.0;
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected retort::Error";
-  return "";
 }
 
 void expect_mentions(const std::string& msg, std::initializer_list<const char*> parts) {

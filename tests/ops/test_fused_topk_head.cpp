@@ -13,20 +13,10 @@
 #include <string>
 
 #include "topk_head_cases.h"
+#include "expect_error.h"
 
 namespace retort::test {
 namespace {
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected retort::Error";
-  return "";
-}
 
 class FusedTopKHead : public ::testing::TestWithParam<HeadCase> {};
 

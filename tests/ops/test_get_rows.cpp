@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "harness.h"
+#include "expect_error.h"
 
 namespace retort::test {
 namespace {
@@ -21,20 +22,6 @@ Vec gather(const Ref& table, const Ref& ids) {
 }
 
 // The message of the retort::Error that f throws (a failure if it throws nothing or something else).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected retort::Error, got " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected retort::Error, nothing was thrown";
-  return "";
-}
-
 void expect_mentions(const std::string& msg, std::initializer_list<const char*> parts) {
   for (const char* p : parts)
     EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' missing from: " << msg;

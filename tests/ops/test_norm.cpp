@@ -8,6 +8,7 @@
 #include <ostream>
 
 #include "harness.h"
+#include "expect_error.h"
 
 namespace retort::test {
 namespace {
@@ -45,17 +46,6 @@ Ref transposed(const Ref& x) {
     for (int64_t i1 = 0; i1 < x.ne[1]; ++i1)
       for (int64_t i0 = 0; i0 < x.ne[0]; ++i0) t.at(i1, i0, i2) = x.at(i0, i1, i2);
   return t;
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected retort::Error";
-  return "";
 }
 
 void expect_mentions(const std::string& msg, std::initializer_list<const char*> parts) {

@@ -7,23 +7,10 @@
 
 #include "harness.h"
 #include "set_rows_cases.h"
+#include "expect_error.h"
 
 namespace retort::test {
 namespace {
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected retort::Error, got " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected retort::Error, nothing was thrown";
-  return "";
-}
 
 void expect_mentions(const std::string& msg, std::initializer_list<const char*> parts) {
   for (const char* p : parts)

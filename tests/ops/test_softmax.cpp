@@ -7,6 +7,7 @@
 #include <ostream>
 
 #include "harness.h"
+#include "expect_error.h"
 
 namespace retort::test {
 namespace {
@@ -58,17 +59,6 @@ Vec ref_causal(const Ref& x, double scale, int64_t n_past) {
     ref_softmax_row(row.data(), out.data() + r * tk, visible);
   }
   return out;
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected retort::Error";
-  return "";
 }
 
 void expect_mentions(const std::string& msg, std::initializer_list<const char*> parts) {

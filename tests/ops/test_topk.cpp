@@ -8,20 +8,10 @@
 #include <limits>
 
 #include "topk_cases.h"
+#include "expect_error.h"
 
 namespace retort::test {
 namespace {
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected retort::Error";
-  return "";
-}
 
 void expect_mentions(const std::string& msg, std::initializer_list<const char*> parts) {
   for (const char* p : parts)
