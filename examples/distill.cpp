@@ -326,6 +326,7 @@ int run(Args& a, Run& o, int argc, char** argv) {
   if (!cache) {
     tctx = std::make_unique<Context>(*dev.backend);
     tmodel = std::move(load_run_model(tfile, *tctx, sc.compute_dtype, sc.context).model);
+    tmodel->freeze_weights();  // the teacher only runs forward: its 16-bit weights made once
     ttokens = tctx->input(DType::I32, {to.batch, sc.context}, "teacher_tokens");
     // The teacher's top K per position from its lm head in chunks (the [B*T, V] logits never exist whole),
     // where its hidden states are: only [B*T, K] reaches the host.

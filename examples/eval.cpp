@@ -70,6 +70,7 @@ int run(Args& a, int argc, char** argv, std::string& ckpt, int64_t& batch) {
   RunModel rm = load_run_model(file, ctx, pick_compute_dtype(compute, dev), seq);
   check_shards_tokenizer(shards, rm.codec, ckpt);
   Transformer& model = *rm.model;
+  model.freeze_weights();  // forward only: its 16-bit weights made once
   const TransformerConfig& cfg = model.config();
   const auto t0 = Clock::now();
   LmEvaluator ev(ctx, model, paths, batch, seq, windows);

@@ -68,6 +68,7 @@ int run(Args& a, int argc, char** argv) {
     Context ctx(*dev.backend);
     const PretrainedModel file = PretrainedModel::open(ckpt);
     RunModel rm = load_run_model(file, ctx, default_compute_dtype(*dev.backend), 0);
+    rm.model->freeze_weights();  // forward only: its 16-bit weights made once
     const TextCodec& codec = rm.codec;
     RT_CHECK(codec.vocab() <= rm.model->config().vocab, "vocabulary mismatch: ", ckpt, ": the tokenizer has ",
              codec.vocab(), " tokens, the model ", rm.model->config().vocab);

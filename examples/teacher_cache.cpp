@@ -150,6 +150,7 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
   Context ctx(*dev.backend);
   RunModel tm = load_run_model(tfile, ctx, pick_compute_dtype(compute, dev), context);
   Transformer& model = *tm.model;
+  model.freeze_weights();  // a forward-only model: its 16-bit weights made once
   const TransformerConfig& cfg = model.config();
   const int64_t T = cfg.context, V = cfg.vocab;
   BatchLoaderOptions lo;

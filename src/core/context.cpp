@@ -116,15 +116,20 @@ Tensor* Context::view_node(Tensor* src, const int64_t ne[kMaxDims], const size_t
 
 namespace {
 
-// Visits every element's byte offset in storage order of the logical (contiguous) index.
+// Visits the elements in runs that are contiguous in storage, in the order of the logical (contiguous)
+// index: f(first element's index, its byte offset, elements in the run). A run is a whole innermost row when
+// its elements are adjacent, else one element (a row-at-a-time copy of a strided view instead of one call per
+// element).
 template <typename F>
-void for_each_offset(const Tensor* t, F&& f) {
+void for_each_run(const Tensor* t, F&& f) {
+  const bool rows = t->nb[0] == t->elsize();
+  const int64_t run = rows ? t->ne[0] : 1;
   int64_t i = 0;
   for (int64_t i3 = 0; i3 < t->ne[3]; ++i3)
     for (int64_t i2 = 0; i2 < t->ne[2]; ++i2)
       for (int64_t i1 = 0; i1 < t->ne[1]; ++i1)
-        for (int64_t i0 = 0; i0 < t->ne[0]; ++i0)
-          f(i++, i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3]);
+        for (int64_t i0 = 0; i0 < t->ne[0]; i0 += run, i += run)
+          f(i, size_t(i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3]), run);
 }
 
 void check_placed(const Tensor* t, const char* what) {
@@ -149,8 +154,10 @@ std::vector<uint8_t> get_bytes(const Tensor* t) {
     return out;
   }
   std::vector<uint8_t> span = read_span(t);
-  size_t es = t->elsize();
-  for_each_offset(t, [&](int64_t i, size_t off) { std::memcpy(out.data() + i * es, span.data() + off, es); });
+  const size_t es = t->elsize();
+  for_each_run(t, [&](int64_t i, size_t off, int64_t n) {
+    std::memcpy(out.data() + size_t(i) * es, span.data() + off, size_t(n) * es);
+  });
   return out;
 }
 
@@ -165,7 +172,9 @@ void set_bytes(Tensor* t, const void* bytes, size_t n) {
   }
   std::vector<uint8_t> span = read_span(t);
   const uint8_t* src = static_cast<const uint8_t*>(bytes);
-  for_each_offset(t, [&](int64_t i, size_t off) { std::memcpy(span.data() + off, src + i * es, es); });
+  for_each_run(t, [&](int64_t i, size_t off, int64_t n) {
+    std::memcpy(span.data() + off, src + size_t(i) * es, size_t(n) * es);
+  });
   t->backend().write(t->data, span.data(), span.size());
 }
 
@@ -212,9 +221,25 @@ void copy_data(Tensor* dst, const Tensor* src) {
 }
 
 std::vector<float> get_data(const Tensor* t) {
-  std::vector<uint8_t> bytes = get_bytes(t);
+  check_placed(t, "get_data");
   std::vector<float> out(size_t(t->nelements()));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = load_f32(bytes.data(), t->dtype, int64_t(i));
+  if (t->dtype == DType::F32 && t->is_contiguous()) {  // straight into the result: no second buffer
+    t->backend().read(out.data(), t->data, out.size() * sizeof(float));
+    return out;
+  }
+  const std::vector<uint8_t> bytes = get_bytes(t);
+  // One loop per dtype (the conversion inlined), not a type switch per element.
+  const auto convert = [&](auto load) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = load(int64_t(i));
+  };
+  const uint8_t* p = bytes.data();
+  switch (t->dtype) {
+    case DType::F32: std::memcpy(out.data(), p, bytes.size()); break;
+    case DType::BF16: convert([p](int64_t i) { return load_f32(p, DType::BF16, i); }); break;
+    case DType::F16: convert([p](int64_t i) { return load_f32(p, DType::F16, i); }); break;
+    case DType::I32: convert([p](int64_t i) { return load_f32(p, DType::I32, i); }); break;
+    case DType::I64: convert([p](int64_t i) { return load_f32(p, DType::I64, i); }); break;
+  }
   return out;
 }
 

@@ -18,9 +18,12 @@
 #include <cuda_fp16.h>
 
 #include <cstdlib>
+#include <type_traits>
 
 #include "../core/error.h"
+#include "attention_sm90.h"
 #include "cuda_common.cuh"
+#include "cuda_internal.h"
 
 namespace retort::cuda {
 
@@ -563,6 +566,12 @@ void allow_smem(K kernel, size_t smem) {
 template <typename T, int D>
 void forward(CudaExec& ex, Tensor* node) {
   const Shape s = shape_of(node);
+  if (ex.opts.hopper_attention) {
+    const AttentionFwdArgs a{node->src[0]->data, node->src[1]->data, node->src[2]->data, node->data,
+                             static_cast<float*>(node->aux[0]->data), s.B, s.Tq, s.Tk, s.H, s.KV, D, s.causal,
+                             s.n_past, s.scale_log2, std::is_same_v<T, __nv_bfloat16>};
+    if (attention_fwd_sm90(a, ex.stream)) return;
+  }
   const size_t smem = sizeof(T) * 4 * kKeys * (D + kPad);  // two stages of K and V
   auto kernel = attention_fwd<T, D>;
   allow_smem(kernel, smem);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../core/op_table.h"
+#include "attention_sm90.h"
 #include "cuda_backend.h"
 #include "cuda_common.cuh"
 #include "loss/phase_profile.h"
@@ -368,6 +369,7 @@ class CudaBackend final : public Backend {
   size_t cached_gemms() const { return ex_.gemm_cache->hits; }
   size_t softmax_chunks() const { return *ex_.softmax_chunks; }
   bool softmax_supported() const { return softmax_epilogue_supported(ex_.device); }
+  bool hopper_attention() const { return ex_.opts.hopper_attention && attention_sm90_available(ex_.device); }
 
   void restart_profile() {
     if (profile_) profile_->restart();
@@ -602,6 +604,10 @@ size_t cuda_cached_gemms(Backend& backend) {
 
 CudaGraphStats cuda_graph_stats(Backend& backend) {
   return cuda::as_cuda(backend, "cuda_graph_stats").graph_stats();
+}
+
+bool cuda_hopper_attention(Backend& backend) {
+  return cuda::as_cuda(backend, "cuda_hopper_attention").hopper_attention();
 }
 
 CudaSoftmaxEpilogueStats cuda_softmax_epilogue_stats(Backend& backend) {

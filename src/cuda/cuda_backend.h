@@ -59,6 +59,9 @@ struct CudaOptions {
   // each tile's time (H100, session 19: fused CE at H = 768 1.13-1.15x its floor against 1.17; top-K at
   // H = 2,048 1.16 against 1.07-1.10). Other values throw retort::Error from make_cuda_backend.
   int softmax_pingpong = -1;
+  // flash_attention's forward at head dim 64 on sm_90a (H100 / H200) runs on wgmma (src/cuda/attention_sm90.h);
+  // off, or on other devices and head dims, the mma.sync kernel every sm_80+ device runs (tests compare both).
+  bool hopper_attention = true;
   // A graph that runs again with the same nodes, parameters and placement (a training step, a teacher
   // forward over same-shaped batches) has its launches recorded as a CUDA Graph at its second run and
   // replayed from then on: one launch instead of hundreds, the same kernels in the same order, so
@@ -128,6 +131,10 @@ struct CudaSoftmaxEpilogueStats {
   size_t fallback_rows = 0;
 };
 CudaSoftmaxEpilogueStats cuda_softmax_epilogue_stats(Backend& backend);
+// Whether flash_attention's forward at head dim 64 runs the wgmma kernel on this backend
+// (CudaOptions::hopper_attention on, an sm_90a build, a device of compute capability 9.0). Throws
+// retort::Error if backend is not a CUDA backend.
+bool cuda_hopper_attention(Backend& backend);
 
 // CUDA Graph recording (CudaOptions::graphs) of a CUDA backend: node lists recorded, runs replayed from a
 // recording, recordings abandoned (a launcher could not be recorded; the list ran eagerly), and the last

@@ -48,6 +48,10 @@ CudaSoftmaxEpilogueStats cuda_softmax_epilogue_stats(Backend&) {
   RT_FAIL("cuda_softmax_epilogue_stats: ", kNoCuda);
 }
 
+bool cuda_hopper_attention(Backend&) {
+  RT_FAIL("cuda_hopper_attention: ", kNoCuda);
+}
+
 CudaGraphStats cuda_graph_stats(Backend&) {
   RT_FAIL("cuda_graph_stats: ", kNoCuda);
 }

@@ -61,7 +61,8 @@ Decoder::Step& Decoder::step_for(int64_t T, int64_t window, bool all_logits) {
   return *slot;
 }
 
-// h [batch*T, d_model] -> [batch*T, d_model], reading and extending layer `layer`'s cache. Shapes in
+// h [batch*T, d_model] -> the heads' output [batch*T, heads*hd] (before the out projection, which
+// Transformer::blocks applies), reading and extending layer `layer`'s cache. Shapes in
 // comments are outermost first; B = batch, W = window, r = heads per kv head.
 Tensor* Decoder::attention(size_t layer, const TransformerBlock& blk, Tensor* h, const Step& s) {
   Context& ctx = *ctx_;
@@ -100,8 +101,7 @@ Tensor* Decoder::attention(size_t layer, const TransformerBlock& blk, Tensor* h,
   probs = reshape(ctx, probs, {B, KV, r * T, W});
   Tensor* out = m.mm(ctx, probs, window(vc), false, false);  // [B, KV, r*T, hd] = [B, H, T, hd]
   out = reshape(ctx, out, {B, H, T, hd});
-  out = reshape(ctx, cast(ctx, permute(ctx, out, 0, 2, 1, 3), cd), {B * T, H * hd});
-  return m.mm(ctx, out, blk.wo, false, true);  // [B*T, d_model]
+  return reshape(ctx, cast(ctx, permute(ctx, out, 0, 2, 1, 3), cd), {B * T, H * hd});  // before wo
 }
 
 // The step graph mirrors Transformer::hidden and forward, block for block, with attention() above.

@@ -132,7 +132,20 @@ int64_t Transformer::parameter_count() const {
 }
 
 Tensor* Transformer::lowp(Context& ctx, Tensor* x) {
-  return x->dtype == config_.compute_dtype ? x : cast(ctx, x, config_.compute_dtype);
+  if (x->dtype == config_.compute_dtype) return x;
+  const auto f = frozen_.find(x);
+  return f != frozen_.end() ? f->second : cast(ctx, x, config_.compute_dtype);
+}
+
+void Transformer::freeze_weights() {
+  const DType cd = config_.compute_dtype;
+  if (cd == DType::F32) return;
+  for (Tensor* p : params_) {
+    if (p->n_dims() != 2 || frozen_.count(p)) continue;  // the norms and biases are read in f32
+    Tensor* copy = ctx_->tensor(cd, p->shape(), p->name + " (" + dtype_name(cd) + ")");
+    set_data(copy, get_data(p));
+    frozen_[p] = copy;
+  }
 }
 
 // In f32 this is exactly the plain matmul (the f32 graph is the one the golden test pins, node for node).
@@ -148,7 +161,8 @@ bool uses_flash_attention(const TransformerConfig& config) {
   return c.compute_dtype != DType::F32 && (hd == 16 || hd == 32 || hd == 64 || hd == 96 || hd == 128);
 }
 
-// h [B*T, d_model] -> [B*T, d_model]. Shapes in comments are outermost first.
+// h [B*T, d_model] -> the heads' output [B*T, H*hd], before the out projection. Shapes in comments are
+// outermost first.
 Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor* h, Tensor* positions,
                                int64_t B, int64_t T) {
   const TransformerConfig& c = config_;
@@ -170,7 +184,7 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
     // Fused: reads q, k, v where the projections put them, no [T, T] scores, no repeated kv heads.
     auto in_dtype = [&](Tensor* x) { return x->dtype == cd && x->is_contiguous() ? x : cast(ctx, x, cd); };
     Tensor* out = flash_attention(ctx, in_dtype(q), in_dtype(k), in_dtype(v), 1.0f / std::sqrt(float(hd)));
-    return mm(ctx, reshape(ctx, out, {B * T, H * hd}), blk.wo, false, true);
+    return reshape(ctx, out, {B * T, H * hd});
   }
   if (KV != H) {
     // Grouped-query attention: query head h reads kv head h / (H/KV). Repeating each kv head H/KV times in
@@ -194,42 +208,51 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
   Tensor* probs = causal_softmax(ctx, scores, 1.0f / std::sqrt(float(hd)));
   Tensor* out = mm(ctx, probs, vh, false, false);  // [B, H, T, hd]
   // Back to [B, T, H, hd], then heads side by side: [B*T, H*hd] (cast on the way, like heads_major).
-  out = reshape(ctx, cast(ctx, permute(ctx, out, 0, 2, 1, 3), cd), {B * T, H * hd});
-  return mm(ctx, out, blk.wo, false, true);  // [B*T, d_model]
+  return reshape(ctx, cast(ctx, permute(ctx, out, 0, 2, 1, 3), cd), {B * T, H * hd});
 }
 
-// SwiGLU: down(silu(gate(h)) * up(h)). In 16 bits gate and up come out of their GEMMs in 16 bits and the
-// activation is one fused pass that writes the down projection's operand directly.
+// SwiGLU's activation silu(gate(h)) * up(h) (blocks() applies the down projection). In 16 bits gate and up
+// come out of their GEMMs in 16 bits and the activation is one fused pass that writes the down projection's
+// operand directly.
 Tensor* Transformer::mlp(Context& ctx, const TransformerBlock& blk, Tensor* h) {
   const DType cd = config_.compute_dtype;
   h = lowp(ctx, h);                                    // one cast shared by gate and up
   Tensor* gate = mm(ctx, h, blk.w_gate, false, true, true);  // [B*T, d_ff]
   Tensor* up = mm(ctx, h, blk.w_up, false, true, true);      // [B*T, d_ff]
-  Tensor* act = cd == DType::F32 ? mul(ctx, silu(ctx, gate), up) : swiglu(ctx, gate, up, cd);
-  return mm(ctx, act, blk.w_down, false, true);  // [B*T, d_model]
+  return cd == DType::F32 ? mul(ctx, silu(ctx, gate), up) : swiglu(ctx, gate, up, cd);
 }
 
 // The blocks over the residual stream x [B*T, d_model] (f32), ending with the final norm. In f32 each norm is
 // rms_norm then mul and each residual add its own node (the graph the golden test pins). In 16 bits every
 // norm is one fused node that also does the residual add before it and writes its result in the compute
-// dtype, ready for the GEMMs that read it: add_rms_norm gives the new stream (f32) and the next input.
+// dtype, ready for the GEMMs that read it: add_rms_norm gives the new stream (f32) and the next input. A
+// frozen model (forward only) adds each projection into the stream in its GEMM instead (matmul_add: the
+// stream is the GEMM's C), so its norms read one f32 tensor, not two.
 Tensor* Transformer::blocks(Context& ctx, Tensor* x, const std::function<Tensor*(size_t, Tensor*)>& attn) {
   const float eps = config_.norm_eps;
   const DType cd = config_.compute_dtype;
   if (cd == DType::F32) {
     for (size_t l = 0; l < blocks_.size(); ++l) {
       const TransformerBlock& blk = blocks_[l];
-      x = add(ctx, x, attn(l, mul(ctx, rms_norm(ctx, x, eps), blk.attn_norm)));
-      x = add(ctx, x, mlp(ctx, blk, mul(ctx, rms_norm(ctx, x, eps), blk.mlp_norm)));
+      Tensor* att = attn(l, mul(ctx, rms_norm(ctx, x, eps), blk.attn_norm));
+      x = add(ctx, x, mm(ctx, att, blk.wo, false, true));
+      Tensor* act = mlp(ctx, blk, mul(ctx, rms_norm(ctx, x, eps), blk.mlp_norm));
+      x = add(ctx, x, mm(ctx, act, blk.w_down, false, true));
     }
     return mul(ctx, rms_norm(ctx, x, eps), final_norm_);  // [B*T, d_model]
   }
+  // x + y·wᵀ and the norm of it in the compute dtype: the new stream and the next GEMMs' input.
+  const auto residual = [&](Tensor* x, Tensor* y, Tensor* w, Tensor* norm) {
+    if (frozen_.empty()) return add_rms_norm(ctx, x, mm(ctx, y, w, false, true), norm, eps, cd);
+    Tensor* sum = matmul_add(ctx, lowp(ctx, y), lowp(ctx, w), x, false, true);
+    return AddRmsNorm{rms_norm_affine(ctx, sum, norm, eps, cd), sum};
+  };
   Tensor* h = rms_norm_affine(ctx, x, blocks_[0].attn_norm, eps, cd);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const TransformerBlock& blk = blocks_[l];
-    const AddRmsNorm a = add_rms_norm(ctx, x, attn(l, h), blk.mlp_norm, eps, cd);
+    const AddRmsNorm a = residual(x, attn(l, h), blk.wo, blk.mlp_norm);
     Tensor* next_norm = l + 1 < blocks_.size() ? blocks_[l + 1].attn_norm : final_norm_;
-    const AddRmsNorm m = add_rms_norm(ctx, a.sum, mlp(ctx, blk, a.y), next_norm, eps, cd);
+    const AddRmsNorm m = residual(a.sum, mlp(ctx, blk, a.y), blk.w_down, next_norm);
     x = m.sum;
     h = m.y;
   }

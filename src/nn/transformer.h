@@ -2,8 +2,9 @@
 // blocks of RMSNorm → causal multi-head attention with RoPE (grouped-query when kv_heads < heads) and
 // RMSNorm → SwiGLU MLP, a final RMSNorm and an lm head (tied to the embedding or its own weight).
 #pragma once
-#include <functional>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,12 @@ class Transformer {
   Tensor* head_input(Context& ctx, Tensor* hidden);
   Tensor* head_weight(Context& ctx);
 
+  // For a model that only runs forward (a teacher, eval, generation) with a 16-bit compute dtype: keeps a
+  // copy of every matmul weight in the compute dtype, made now, which the forward reads instead of casting
+  // the f32 parameter on every run. The f32 parameters stay (checkpoints and init_from_teacher read them);
+  // later changes to them are not seen by the copies. Nothing to do in f32; idempotent.
+  void freeze_weights();
+
   const TransformerConfig& config() const { return config_; }
   // Every parameter, in a fixed order (embedding, blocks, final norm, untied head).
   const std::vector<Tensor*>& parameters() const { return params_; }
@@ -110,11 +117,13 @@ class Transformer {
 
  private:
   friend class Decoder;  // builds its cached-attention step graphs from the same blocks and helpers
+  // The heads' output [B*T, heads*head_dim] of causal attention over h, before the out projection.
   Tensor* attention(Context& ctx, const TransformerBlock& blk, Tensor* h, Tensor* positions, int64_t B,
                     int64_t T);
+  // SwiGLU's activation [B*T, d_ff] (before the down projection) for h.
   Tensor* mlp(Context& ctx, const TransformerBlock& blk, Tensor* h);
   // Every block and the final norm over the residual stream x, with attention attn(layer, normed x) (the
-  // training forward's or the decoder's cached one).
+  // training forward's or the decoder's cached one, before the out projection, which blocks() applies).
   Tensor* blocks(Context& ctx, Tensor* x, const std::function<Tensor*(size_t, Tensor*)>& attn);
   // x in the compute dtype (x itself when it is already), and a matmul of two such operands (its result f32,
   // or in the 16-bit compute dtype when lowp_out).
@@ -128,6 +137,7 @@ class Transformer {
   Tensor* lm_head_;     // [vocab, d_model]: tok_emb_ when tied
   std::vector<TransformerBlock> blocks_;
   std::vector<Tensor*> params_;
+  std::map<const Tensor*, Tensor*> frozen_;  // f32 parameter -> its compute-dtype copy (freeze_weights)
 };
 
 // The compute dtype a run should use on this backend: bf16 on a GPU (tensor-core GEMMs), f32 on the CPU

@@ -122,6 +122,7 @@ void back_matmul(BackwardCtx& bc, Tensor* t, Tensor* g) {
     if (!same_shape(db, b)) db = reduce_to(ctx, db, b->ne);
     bc.add(b, db);
   }
+  if (t->src[2] && bc.needs(t->src[2])) bc.add(t->src[2], g);  // matmul_add's c
 }
 
 }  // namespace
@@ -169,6 +170,17 @@ Tensor* matmul_lowp(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool t
            dtype_name(a->dtype), ", got ", dtype_name(out), " for A ", a->describe(), " and B ", b->describe());
   Tensor* t = matmul_node(ctx, a, b, transpose_a, transpose_b, out);
   t->ip[2] = 1;
+  return t;
+}
+
+Tensor* matmul_add(Context& ctx, Tensor* a, Tensor* b, Tensor* c, bool transpose_a, bool transpose_b) {
+  RT_CHECK(a && b && c, "matmul_add: null operand");
+  const bool lowp = a->dtype == DType::BF16 || a->dtype == DType::F16;
+  Tensor* t = lowp ? matmul_lowp(ctx, a, b, transpose_a, transpose_b) : matmul(ctx, a, b, transpose_a, transpose_b);
+  RT_CHECK(t->ne[2] == 1 && t->ne[3] == 1 && c->dtype == DType::F32 && c->is_contiguous() && same_shape(c, t),
+           "matmul_add: the addend must be a contiguous f32 tensor shaped like the 2-D result ",
+           shape_str(t->ne), ", got ", c->describe(), " for A ", a->describe(), " and B ", b->describe());
+  t->src[2] = c;
   return t;
 }
 

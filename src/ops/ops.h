@@ -68,6 +68,11 @@ Tensor* matmul(Context& ctx, Tensor* a, Tensor* b, bool transpose_a = false, boo
 // in f32, rounded once), for a consumer that reads 16 bits anyway (no f32 round trip, no cast after).
 Tensor* matmul_lowp(Context& ctx, Tensor* a, Tensor* b, bool transpose_a = false, bool transpose_b = false,
                     DType out = DType::F32);
+// op(A) op(B) + c in one GEMM (c is its C: no separate add pass), 2-D only: c f32, contiguous, shaped like the
+// f32 result. a and b are both f32 (matmul's numerics) or share a 16-bit dtype (matmul_lowp's). The gradient
+// of c is the upstream gradient.
+Tensor* matmul_add(Context& ctx, Tensor* a, Tensor* b, Tensor* c, bool transpose_a = false,
+                   bool transpose_b = false);
 
 // ---- indexing ---------------------------------------------------------------------------------------------
 // Rows of table [R, D] at integer ids [N] (i32 or i64) -> [N, D]. Ids outside [0, R) throw at run time.

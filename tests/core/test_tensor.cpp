@@ -414,7 +414,7 @@ TEST(TensorData, WrongSizesAndKindsThrow) {
 TEST(TensorData, UnplacedNodeThrows) {
   Context ctx(default_cpu_backend());
   Tensor* y = tanh(ctx, ctx.tensor(DType::F32, {3}));
-  expect_error([&] { get_data(y); }, {"get_bytes", "no storage"});
+  expect_error([&] { get_data(y); }, {"get_data", "no storage"});
   expect_error([&] { set_data(y, {1, 2, 3}); }, {"set_bytes", "no storage"});
 }
 

@@ -21,6 +21,25 @@ TEST_F(CudaAttention, EveryCaseBF16AndF16) {
   }
 }
 
+// Head dim 64 has two forward kernels on Hopper: wgmma (the default there) and the mma.sync one every other
+// device runs. Both take the case list, and agree with each other within their roundings.
+TEST_F(CudaAttention, BothForwardKernelsAtHeadDim64) {
+  // The softmax-epilogue GEMM's condition (an sm_90a build, a compute-capability-9.0 device) is this one's.
+  const bool hopper = cuda_softmax_epilogue_stats(cuda_backend()).supported;
+  EXPECT_EQ(cuda_hopper_attention(cuda_backend()), hopper);
+  std::printf("[ info ] wgmma attention forward %s here\n", hopper ? "runs" : "does not run");
+  CudaOptions portable;
+  portable.hopper_attention = false;
+  auto mma_sync = make_cuda_backend(0, portable);
+  for (const AttentionShape& s : attention_shapes()) {
+    if (s.D != 64) continue;
+    for (DType dt : {DType::BF16, DType::F16}) {
+      EXPECT_TRUE(run_case(attention_case(s, dt), mma_sync.get())) << s.name << " mma.sync";
+      EXPECT_TRUE(run_case(attention_case(s, dt), &cuda_backend())) << s.name;
+    }
+  }
+}
+
 CompareCase compare_case(const AttentionShape& s, DType dt) {
   CompareCase c;
   c.name = "cuda_attention_" + s.name + "_" + dtype_name(dt);

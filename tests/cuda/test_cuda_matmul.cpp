@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "matmul_add_cases.h"
 
 namespace retort::test {
 namespace {
@@ -262,6 +263,16 @@ TEST_F(CudaMatmul, GradientMatmulsAddTheirAddendOnBothGemmPaths) {
             << (be == fallback.get() ? "fallback" : "cuBLASLt") << " gradient " << t << " at " << i;
     }
   }
+}
+
+// matmul_add's case list (ops/matmul_add_cases.h) on both GEMM paths: cuBLASLt with beta 1, and the fallback
+// kernel that adds C after.
+TEST_F(CudaMatmul, MatmulAddCasesOnBothGemmPaths) {
+  CudaOptions simple;
+  simple.simple_gemm = true;
+  auto fallback = make_cuda_backend(0, simple);
+  for (Backend* be : {&cuda_backend(), fallback.get()})
+    for (const OpCase& c : matmul_add_cases()) EXPECT_TRUE(run_case(c, be)) << c.name;
 }
 
 }  // namespace

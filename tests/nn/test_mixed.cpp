@@ -307,6 +307,56 @@ TEST(MixedPrecision, CheckpointsLoadAcrossComputeDtypes) {
   }
 }
 
+// A forward-only model's frozen 16-bit weights give the very logits of the per-run casts (both round to
+// nearest even; the out and down projections then add into the residual stream in their GEMMs, x + Σ either
+// way), with no cast node left in the graph; in f32 freezing does nothing; the copies are taken once, so
+// later parameter changes do not reach them.
+TEST(MixedPrecision, FrozenWeightsGiveTheCastForwardsLogits) {
+  for (const bool tied : {true, false}) {
+    for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+      CpuBackend be(2);
+      Context ctx(be);
+      Transformer m(ctx, small(dt, tied, 2), 5);
+      spread_weights(m);
+      Tensor* tokens = ctx.input(DType::I32, {2, 12}, "tokens");
+      set_data_int(tokens, random_ids(24, 37, 3));
+      size_t addends = 0;
+      const auto run = [&](size_t* casts) {
+        Tensor* logits = m.forward(ctx, tokens);
+        Graph g(ctx);
+        g.forward(logits);
+        g.compute();
+        *casts = 0;
+        addends = 0;
+        for (const Tensor* n : g.nodes()) {
+          *casts += n->op == Op::Cont && n->dtype != n->src[0]->dtype && (n->src[0]->flags & kParam);
+          addends += n->op == Op::Matmul && n->src[2] != nullptr;
+        }
+        return get_data(logits);
+      };
+      size_t casts_before = 0, casts_after = 0;
+      const std::vector<float> before = run(&casts_before);
+      m.freeze_weights();
+      m.freeze_weights();  // idempotent
+      const std::vector<float> after = run(&casts_after);
+      ASSERT_EQ(before.size(), after.size());
+      for (size_t i = 0; i < before.size(); ++i) ASSERT_EQ(before[i], after[i]) << dtype_name(dt) << " at " << i;
+      if (dt == DType::F32) {
+        EXPECT_EQ(casts_before, 0u);
+        continue;
+      }
+      EXPECT_GT(casts_before, 0u) << "the unfrozen 16-bit forward casts its weights";
+      EXPECT_EQ(casts_after, 0u) << dtype_name(dt) << ": a frozen forward reads its copies";
+      EXPECT_EQ(addends, 4u) << "two layers, each adding wo and w_down into the stream in their GEMMs";
+      // The copies are a snapshot: zeroing the f32 matmul weights leaves the frozen forward as it was (the
+      // embedding's rows are still gathered from the f32 parameter).
+      for (Tensor* p : m.parameters())
+        if (p->n_dims() == 2 && p != m.embedding()) set_data(p, std::vector<float>(size_t(p->nelements()), 0.0f));
+      EXPECT_EQ(run(&casts_after), after);
+    }
+  }
+}
+
 TEST(MixedPrecision, BadDtypesThrow) {
   TransformerConfig c = small(DType::I32);
   expect_error([&] { (void)c.resolved(); }, {"compute_dtype", "i32"});

@@ -65,6 +65,12 @@ inline std::vector<AttentionShape> attention_shapes() {
       {"d64_two_tiles", 1, 70, 70, 2, 1, 64},
       {"d96", 1, 17, 17, 1, 1, 96},
       {"d128", 1, 33, 33, 2, 2, 128},
+      // Head dim 64 is where the CUDA forward takes wgmma on Hopper (64-row query tiles, 128-key steps):
+      // key tiles past 128, non-causal with Tq != Tk, a cache offset, rows that see no key, GQA 3.
+      {"d64_noncausal", 1, 19, 150, 2, 1, 64, false},
+      {"d64_kv_cache", 1, 7, 140, 3, 1, 64, true, 133},
+      {"d64_no_visible_key", 1, 9, 6, 2, 2, 64, true, -3},
+      {"d64_t200_gqa3", 1, 200, 200, 3, 1, 64},
   };
 }
 

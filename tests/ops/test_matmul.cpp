@@ -7,6 +7,7 @@
 #include <string>
 
 #include "harness.h"
+#include "matmul_add_cases.h"
 #include "ops/matmul_kernel.h"
 
 namespace retort::test {
@@ -459,6 +460,27 @@ TEST(Matmul, BadShapesThrow) {
       },
       {"matmul", "float", "i32[4, 6]"});
   expect_error([&] { matmul(ctx, nullptr, b); }, {"matmul"});
+}
+
+// matmul_add: its case list (shared with the CUDA suite), and one GEMM node per call (no add pass).
+TEST(MatmulAdd, CasesMatchFloat64) {
+  for (const OpCase& c : matmul_add_cases()) EXPECT_TRUE(run_case(c)) << c.name;
+}
+
+TEST(MatmulAdd, IsOneNodeAndChecksItsAddend) {
+  Context ctx(default_cpu_backend());
+  Tensor* a = ctx.param(DType::F32, {4, 3}, "a");
+  Tensor* b = ctx.param(DType::F32, {5, 3}, "b");
+  Tensor* c = ctx.param(DType::F32, {4, 5}, "c");
+  Tensor* y = matmul_add(ctx, a, b, c, false, true);
+  Graph g(ctx);
+  g.forward(y);
+  ASSERT_EQ(g.nodes().size(), 1u);
+  EXPECT_EQ(g.nodes()[0]->op, Op::Matmul);
+  expect_error([&] { matmul_add(ctx, a, b, ctx.param(DType::F32, {5, 4}, "c2"), false, true); },
+               {"matmul_add", "[4, 5]", "[5, 4]"});
+  expect_error([&] { matmul_add(ctx, a, b, ctx.param(DType::BF16, {4, 5}, "c3"), false, true); },
+               {"matmul_add", "f32"});
 }
 
 }  // namespace
