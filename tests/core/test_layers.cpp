@@ -95,14 +95,7 @@ TEST(Layers, TheArrowCheckSeesAWrongInclude) {
   EXPECT_EQ(wrong_arrow(kSrc / "core/graph.cpp", "<vector>"), "");
 }
 
-// Files over kMaxLines today, with their size then: they may shrink (and leave the list), never grow.
 constexpr int kMaxLines = 700;
-const std::map<std::string, int> kOversized = {
-    {"cuda/loss/cuda_sparse_topk.cu", 830},
-    {"cuda/loss/distill_full.cu", 787},
-    {"cuda/loss/row_losses.cu", 849},
-    {"cuda/loss/softmax_chunk.cu", 766},
-};
 
 TEST(Layers, NoSourceFileOutgrowsASplit) {
   for (const fs::path& f : sources()) {
@@ -110,11 +103,7 @@ TEST(Layers, NoSourceFileOutgrowsASplit) {
     int lines = 0;
     for (std::string l; std::getline(in, l);) ++lines;
     const std::string rel = fs::relative(f, kSrc).generic_string();
-    const auto known = kOversized.find(rel);
-    const int limit = known == kOversized.end() ? kMaxLines : known->second;
-    EXPECT_LE(lines, limit) << rel << " has " << lines << " lines"
-                            << (known == kOversized.end() ? "; split it by concern (STYLE.md)"
-                                                          : ": an oversized file may only shrink");
+    EXPECT_LE(lines, kMaxLines) << rel << " has " << lines << " lines; split it by concern (STYLE.md)";
   }
 }
 

@@ -26,9 +26,6 @@ LossInput hidden_in(int64_t n, int64_t h, DType dt = DType::F32, double lo = -1,
 LossInput weight_in(int64_t v, int64_t h, DType dt = DType::F32) {
   return LossInput(Shape{v, h}, dt, true, -1, 1);
 }
-LossInput bias_in(int64_t v, DType dt = DType::F32) {
-  return LossInput(Shape{v}, dt, true, -0.5, 0.5);
-}
 
 // ---- cross-entropy: CUDA's paths ----------------------------------------------------------------------
 
@@ -114,72 +111,6 @@ LossCase epilogue_case(const std::string& name, int64_t n, int64_t h, int64_t v,
 
 // ---- top-K distillation -------------------------------------------------------------------------------
 
-struct TopKCfg {
-  TopKRef r;
-  bool bias = true, labels = true, mask = true;
-  int64_t n = 7, h = 4, v = 11, k = 4, chunk = 3;
-  DType dt = DType::F32;
-  Out what = Out::Loss;
-  DType logits = DType::F32;  // FusedLinearOptions::logits_dtype
-};
-
-// hidden, weight, bias, ids [n, k], logprobs [n, k], mask [n, k] in {0..3} (nonzero = valid), labels [n] in
-// [-1, v) with ignore_index -1.
-LossCase topk_case(const std::string& name, TopKCfg cfg) {
-  cfg.r.ignore = -1;
-  LossCase c;
-  c.name = name;
-  c.inputs = {hidden_in(cfg.n, cfg.h, cfg.dt, -2, 2),
-              weight_in(cfg.v, cfg.h, cfg.dt),
-              bias_in(cfg.v, cfg.dt),
-              LossInput({cfg.n, cfg.k}, DType::I32, false, 0, double(cfg.v)),
-              LossInput({cfg.n, cfg.k}, DType::F32, false, -4, -0.1),
-              LossInput({cfg.n, cfg.k}, DType::I32, false, 0, 4),
-              LossInput({cfg.n}, DType::I32, false, -1, double(cfg.v))};
-  c.inputs[2].param = cfg.bias;
-  c.build = [cfg](Context& ctx, const std::vector<Tensor*>& in) {
-    TopKDistillOptions o;
-    o.divergence = cfg.r.div;
-    o.beta = float(cfg.r.beta);
-    o.skew_alpha = float(cfg.r.alpha);
-    o.temperature = float(cfg.r.t);
-    o.normalize_topk = cfg.r.normalize;
-    o.w_hard = float(cfg.r.w_hard);
-    o.w_soft = float(cfg.r.w_soft);
-    o.ignore_index = cfg.r.ignore;
-    o.reduction = cfg.r.red;
-    o.return_per_row = cfg.what == Out::PerRow;
-    o.return_lse = cfg.what == Out::Lse;
-    o.return_parts = cfg.what == Out::Hard || cfg.what == Out::Soft;
-    FusedLinearOptions f = fused_chunks(cfg.chunk);
-    f.logits_dtype = cfg.logits;
-    return pick(fused_linear_topk_kd(ctx, in[0], in[1], cfg.bias ? in[2] : nullptr, in[3], in[4],
-                                     cfg.mask ? in[5] : nullptr, cfg.labels ? in[6] : nullptr, o, f),
-                cfg.what);
-  };
-  c.reference = [cfg](const std::vector<Ref>& in) {
-    return topk_ref(head_ref(in[0], in[1], cfg.bias ? &in[2] : nullptr), ints(in[3]), mat(in[4]),
-                    cfg.mask ? in[5].v : Vec{}, cfg.labels ? ints(in[6]) : std::vector<int64_t>{}, cfg.r,
-                    cfg.what);
-  };
-  c.check_grad = cfg.what == Out::Loss;
-  return c;
-}
-
-// Top-K forward KL at T = 1 with a hard part, bf16 operands, no bias: the epilogue path's options.
-TopKCfg epilogue_topk_cfg(int64_t n, int64_t h, int64_t v, int64_t k, int64_t chunk) {
-  TopKCfg cfg;
-  cfg.dt = DType::BF16;
-  cfg.bias = false;
-  cfg.n = n;
-  cfg.h = h;
-  cfg.v = v;
-  cfg.k = k;
-  cfg.chunk = chunk;
-  cfg.r.w_hard = 0.5;
-  return cfg;
-}
-
 // Top-K forward KL at T = 1 over the full vocabulary takes the softmax-epilogue path too (bf16, rows of 16
 // bytes, no bias): the list's epilogue cases (tests/ops/loss_cases_fused_topk.cpp) run there.
 TEST_F(CudaFused, SoftmaxEpilogueRunsTheTopKCases) {
@@ -212,12 +143,10 @@ TEST_F(CudaFused, SoftmaxEpilogueSchedulesAgree) {
     EXPECT_TRUE(check_cuda_same(
         epilogue_case("cflse_sched_ce" + std::to_string(chunk), 300, 64, 50257, chunk, Reduction::Mean, 0.01),
         *a, *b, 1e-10));
-  const TopKCfg cfg = epilogue_topk_cfg(300, 64, 50257, 64, 300);
-  LossCase c = topk_case("cflse_sched_topk", cfg);
-  c.inputs[0] = hidden_in(cfg.n, cfg.h, DType::BF16, -1, 1);
-  EXPECT_TRUE(check_cuda_same(c, *a, *b, 1e-10));
-  EXPECT_GE(cuda_softmax_epilogue_stats(*a).chunks - a0.chunks, size_t(3 + 1 + 1));
-  EXPECT_GE(cuda_softmax_epilogue_stats(*b).chunks - b0.chunks, size_t(3 + 1 + 1));
+  // Top-K forward KL with a hard part, K = 64 over GPT-2's vocabulary in 3 chunks (the list's case).
+  EXPECT_TRUE(check_cuda_same(case_named(fused_topk_cases(), "ftopk_epilogue_gpt2"), *a, *b, 1e-10));
+  EXPECT_GE(cuda_softmax_epilogue_stats(*a).chunks - a0.chunks, size_t(3 + 1 + 3));
+  EXPECT_GE(cuda_softmax_epilogue_stats(*b).chunks - b0.chunks, size_t(3 + 1 + 3));
 }
 
 TEST_F(CudaFused, TopKSparseIsBitwiseChunkIndependent) {

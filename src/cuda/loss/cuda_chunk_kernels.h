@@ -41,7 +41,7 @@ void copy_labels(CudaExec& ex, const Block& labels, int64_t ignore, bool remap, 
 void gather_logprobs(CudaExec& ex, const float* z, int64_t ld, int64_t rows, const int64_t* ids, int64_t k,
                      const float* lse, float* lp);
 
-// K-sparse top-K (cuda_sparse_topk.cu).
+// K-sparse top-K (cuda_sparse_topk.cu; sparse_forward_kl: sparse_fkl.cu).
 // The valid slots of one chunk sorted by id (a stable radix sort, so within an id rows and then slots stay in
 // order), with each id's run [first[id], last[id]) of sorted positions (first = -1: no slot). The gather
 // makes it and the scatter of the same chunk reuses it; `ids`, `rows` and `k` say which chunk it is for.

@@ -1,8 +1,9 @@
-// The fused linear losses (src/ops/loss/fused_linear.h) on the CUDA device: every one of the five forward
-// ops, FusedLinearBack and the teacher head (FusedLinearTopKLogprobs) is the chunk scheduler run on the CUDA
+// The fused linear losses (src/ops/loss/fused_linear.h) on the CUDA device: every forward op (the teacher head
+// FusedLinearTopKLogprobs among them) and FusedLinearBack is the chunk scheduler run on the CUDA
 // ChunkExecutor, with the node's tensors wired by problem_from_node exactly as the CPU kernel does. When
 // hidden and weight are both bf16 (or both f16) the logits gradient is kept in that dtype for the gradient
 // GEMMs (cuda_chunk_exec.h says why).
+#include "../../ops/loss/row_loss.h"
 #include "../cuda_common.cuh"
 #include "cuda_chunk_exec.h"
 
@@ -21,13 +22,10 @@ void fused_linear_l(CudaExec& ex, Tensor* node) {
 }  // namespace
 
 void register_cuda_fused_ops(CudaOpTable& t) {
-  t[size_t(Op::FusedLinearCrossEntropy)] = fused_linear_l;
-  t[size_t(Op::FusedLinearTopKDistill)] = fused_linear_l;
-  t[size_t(Op::FusedLinearDistill)] = fused_linear_l;
-  t[size_t(Op::FusedLinearEntropy)] = fused_linear_l;
-  t[size_t(Op::FusedLinearSelectiveLogSoftmax)] = fused_linear_l;
+  // Every fused linear loss of the loss-op table (src/ops/loss/row_loss.cpp), and their recomputing backward.
+  for (int i = 0; i < kOpCount; ++i)
+    if (loss::is_fused_linear_loss(Op(i))) t[size_t(i)] = fused_linear_l;
   t[size_t(Op::FusedLinearBack)] = fused_linear_l;
-  t[size_t(Op::FusedLinearTopKLogprobs)] = fused_linear_l;
 }
 
 }  // namespace retort::cuda

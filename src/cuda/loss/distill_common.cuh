@@ -16,6 +16,7 @@ namespace retort::cuda::distk {
 
 using rowk::dispatch;
 using rowk::grad_vec_ok;
+using rowk::grid_for;
 using rowk::vec_ok;
 using rowk::vec_rows_ok;
 constexpr int kThreads = 512;
@@ -263,16 +264,6 @@ __device__ inline void bitonic_sort(unsigned long long* keys, int64_t n) {
 }
 
 // Host helpers.
-
-inline int grid_for(int64_t rows) {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    RT_CUDA_CHECK(cudaGetDevice(&dev));
-    RT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n > 0 ? n : 80;
-  }();
-  return int(std::min<int64_t>(rows, int64_t(sms) * 2));
-}
 
 inline void check_common(const RowBlock& b, const SideMatrix& labels, const loss::DivergenceSpec& dv,
                          float temp, float w_hard, float w_soft, const char* op) {

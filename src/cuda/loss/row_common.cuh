@@ -388,6 +388,18 @@ inline bool grad_vec_ok(const void* logits, int64_t stride, size_t elsize, const
          reinterpret_cast<uintptr_t>(logits) % elsize == 0;
 }
 
+// The grid of the two-pass row kernels (one row per 512-thread CTA at a time): two CTAs per SM keep enough
+// loads in flight; more rows are visited grid-stride.
+inline int grid_for(int64_t rows) {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    RT_CUDA_CHECK(cudaGetDevice(&dev));
+    RT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n > 0 ? n : 80;
+  }();
+  return int(std::min<int64_t>(rows, int64_t(sms) * 2));
+}
+
 // Host side: calls f.template operator()<T, G>() for the logits dtype t and the gradient dtype g (f32, bf16
 // or f16 each); any other dtype throws retort::Error naming op.
 template <typename F>

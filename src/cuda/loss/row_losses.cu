@@ -1,4 +1,5 @@
-// Cross-entropy, entropy and selective log-softmax row kernels (see row_losses.h for the contract).
+// Cross-entropy and entropy row kernels: the row drivers, run with the loss policies of row_policies.cuh (see
+// row_losses.h for the contract; selective log-softmax is in selective_rows.cu).
 //
 // Forward reads each row once with an online softmax (running max and rescaled sum, one exp per element).
 // With a gradient the same CTA re-reads the row right away: with one row per CTA in flight the working set is
@@ -13,16 +14,16 @@
 #include <string>
 
 #include "../../core/error.h"
-#include "row_common.cuh"
 #include "row_losses.h"
+#include "row_policies.cuh"
 
 namespace retort::cuda {
 
 namespace {
 
 using namespace rowk;
+using namespace rowloss;
 
-constexpr int kThreads = 512;
 // Threads per cluster CTA (one CTA per SM) for a segment of nv 8-wide vectors: of 512, 640, ..., 1024, the
 // count whose last round of vectors is fullest (every thread of a CTA waits at each row's barriers for the
 // threads with one vector more: V = 128,256 in 3 segments is 5.2 vectors per thread at 1024 threads, 6.96 at
@@ -43,22 +44,6 @@ int cluster_threads(int64_t nv) {
 constexpr int64_t kSegmentBytes = 100 * 1024;
 constexpr int kMaxCluster = 8;
 constexpr int64_t kSmemBudget = 220 * 1024;  // of the 227 KB a CTA may use on H100
-constexpr int kUnroll = 4;
-
-int grid_for(int64_t rows) {
-  static int sms = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n > 0 ? n : 80;
-  }();
-  // Two 512-thread CTAs per SM keep enough loads in flight; more rows are visited grid-stride.
-  return int(std::min<int64_t>(rows, int64_t(sms) * 2));
-}
-
-__device__ __forceinline__ float grad_scale(const RowBlock& b) {
-  return b.scale_dev ? b.scale * *b.scale_dev : b.scale;
-}
 
 // Row drivers.
 //
@@ -336,348 +321,6 @@ __global__ void __launch_bounds__(1024)
 #endif
 }
 
-// Cross-entropy.
-
-struct CePolicy {
-  CrossEntropyRows o;
-  float inv_cap;
-  int* err;
-  int64_t label;
-  bool valid;
-  float inv_v;
-  float zy;                             // the (softcapped) logit at the label, thread 0 only (see begin_row)
-  int64_t pf_row = -1, pf_label = 0;    // a label loaded ahead of its row (cluster kernel: during pass 2)
-  float pf_coef = 0.0f, coef_r = 0.0f;  // o.row_coef at pf_row and at this row
-
-  // Pass 1 without a running maximum (the cluster kernel): no transform, no extra sum.
-  __device__ __forceinline__ bool plain_sum() const { return o.softcap == 0.0f && o.label_smoothing == 0.0f; }
-  __device__ __forceinline__ void prefetch(const RowBlock&, int64_t r) {
-    pf_label = load_index(o.labels, o.label_dtype == DType::I64, r);
-    if (o.row_coef) pf_coef = o.row_coef[r];
-    pf_row = r;
-  }
-
-  __device__ __forceinline__ float xf(float z) const {
-    return o.softcap > 0.0f ? o.softcap * tanhf(z * inv_cap) : z;
-  }
-  // The image of the raw maximum under the pass-1 transform (the same operations as Acc::apply).
-  __device__ __forceinline__ float transform_max(float m) const { return xf(m); }
-
-  // Thread 0 reads z at the label here, before the barrier that precedes any gradient store: the gradient may
-  // overwrite the logits in place, and another thread (or, on the cluster path, another CTA) may store the
-  // label column's gradient before thread 0 gets to finish().
-  template <typename T>
-  __device__ __forceinline__ void begin_row(const RowBlock& b, int64_t r, const T* row) {
-    inv_v = 1.0f / float(b.V);
-    label = pf_row == r ? pf_label : load_index(o.labels, o.label_dtype == DType::I64, r);
-    if (o.row_coef) coef_r = pf_row == r ? pf_coef : o.row_coef[r];
-    valid = label != o.ignore_index;
-    if (valid && (label < 0 || label >= b.V)) {
-      if (threadIdx.x == 0 && err) atomicCAS(err, 0, int(r) + 1);
-      valid = false;
-    }
-    zy = valid && threadIdx.x == 0 ? xf(to_f<T>(row[label])) : 0.0f;
-  }
-
-  struct Acc {
-    Online on;
-    float sumx = 0.0f, cap = 0.0f, inv_cap = 0.0f;
-    float hi = INFINITY;  // softcapped values above this are clamped to it (see start_at)
-    bool smooth = false;
-    template <int N>
-    __device__ __forceinline__ void apply(int64_t, float* x) {
-      if (cap > 0.0f) {
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-          const float y = cap * tanhf(x[i] * inv_cap);
-          x[i] = y > hi ? hi : y;  // NaN stays NaN
-        }
-      }
-      on.add<N, false>(x);
-      if (smooth) {
-#pragma unroll
-        for (int i = 0; i < N; ++i) sumx += x[i];
-      }
-    }
-  };
-  __device__ __forceinline__ Acc acc() const {
-    Acc a;
-    a.cap = o.softcap;
-    a.inv_cap = inv_cap;
-    a.smooth = o.label_smoothing > 0.0f;
-    return a;
-  }
-  // Starts a pass-1 accumulator at the segment's transformed maximum mt. tanhf need not be exactly monotone
-  // in floating point: a softcapped value an ulp above mt would be taken as mt, so the running max never
-  // moves (the gradient pass uses the value as computed).
-  __device__ __forceinline__ static void start_at(Acc& a, float mt) {
-    a.on.m = mt;
-    a.hi = mt;
-  }
-  __device__ __forceinline__ static void fold(const Acc& a, Online& on, float& aux) {
-    on = a.on;
-    aux = a.sumx;
-  }
-
-  template <typename T>
-  __device__ __forceinline__ void finish(const RowBlock& b, int64_t r, const T*, const Online& on,
-                                         float sumx) const {
-    const float lse = on.lse(), eps = o.label_smoothing;
-    float loss = 0.0f;
-    if (valid) {
-      // (m - z_y) + log s, not lse - z_y: the large max cancels before the small log-sum is added.
-      loss = (1.0f - eps) * ((on.m - zy) + logf(on.s)) +
-             (eps > 0.0f ? eps * (lse - sumx / float(b.V)) : 0.0f) + o.z_loss * lse * lse;
-    }
-    if (b.loss) b.loss[r] = loss;
-    if (b.lse) b.lse[r] = lse;
-  }
-
-  template <typename G>
-  struct Grad {
-    G* out;
-    float lse2, scale, cap, inv_cap, coef, offset, hit;
-    int label;  // relative to out; -1 when the label column is not in [out, out + n)
-    template <int N>
-    __device__ __forceinline__ void apply(int j0, float* z) {
-      float g[8];
-      if (cap > 0.0f) {
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-          float th = tanhf(z[i] * inv_cap);
-          float p = fast_exp2(fmaf(cap * th, kLog2e, -lse2));
-          g[i] = fmaf(p, coef, -offset) * (1.0f - th * th);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < N; ++i) g[i] = fmaf(fast_exp2(fmaf(z[i], kLog2e, -lse2)), coef, -offset);
-      }
-      // The label column: one range test per vector, the unrolled compare only when it is inside.
-      if (unsigned(label - j0) < unsigned(N)) {
-#pragma unroll
-        for (int i = 0; i < N; ++i)
-          if (j0 + i == label) {
-            float d = 1.0f;
-            if (cap > 0.0f) {
-              float th = tanhf(z[i] * inv_cap);
-              d = 1.0f - th * th;
-            }
-            g[i] -= hit * d;
-          }
-      }
-      if constexpr (N == 8) {
-        store8(out + j0, g);
-      } else {
-        out[j0] = from_f<G>(g[0]);
-      }
-    }
-  };
-  // out is column c0 of the row, and the functor sees columns [c0, c0 + n) as 0, 1, ...
-  template <typename G>
-  __device__ __forceinline__ Grad<G> grad(G* out, const Online& on, float, float scale, int64_t c0 = 0,
-                                          int64_t n = INT64_MAX) const {
-    const float lse = on.lse();
-    // An ignored row gets a zero gradient: scale 0 (the softmax of a finite row is finite).
-    const float sc = valid ? scale : 0.0f;
-    // g = scale·(p·(1 + 2·z_loss·lse) − eps/V − (1 − eps)·[j = label]), times the softcap derivative.
-    return Grad<G>{out,
-                   lse * kLog2e,
-                   sc,
-                   o.softcap,
-                   inv_cap,
-                   o.row_coef ? sc * coef_r : sc * (1.0f + 2.0f * o.z_loss * lse),
-                   sc * o.label_smoothing * inv_v,
-                   sc * (1.0f - o.label_smoothing) * o.hit_weight,
-                   valid && label >= c0 && label - c0 < n ? int(label - c0) : -1};
-  }
-};
-
-// Entropy.
-
-struct EntropyPolicy {
-  float inv_t;
-  __device__ __forceinline__ float transform_max(float m) const {
-    return __fmul_rn(m, inv_t);  // inv_t > 0 and rounding to nearest: monotone
-  }
-  template <typename T>
-  __device__ __forceinline__ void begin_row(const RowBlock&, int64_t, const T*) {}
-  __device__ __forceinline__ static bool plain_sum() { return false; }
-  __device__ __forceinline__ static void prefetch(const RowBlock&, int64_t) {}
-  struct Acc {
-    Online on;
-    float inv_t;
-    template <int N>
-    __device__ __forceinline__ void apply(int64_t, float* x) {
-      // __fmul_rn: never fused into a later subtraction, so the gradient pass below sees the same x = z / T.
-#pragma unroll
-      for (int i = 0; i < N; ++i) x[i] = __fmul_rn(x[i], inv_t);
-      on.add<N, true>(x);
-    }
-  };
-  __device__ __forceinline__ Acc acc() const {
-    return Acc{Online{}, inv_t};
-  }
-  __device__ __forceinline__ static void start_at(Acc& a, float mt) {
-    a.on.m = mt;
-  }
-  __device__ __forceinline__ static void fold(const Acc& a, Online& on, float& aux) {
-    on = a.on;
-    aux = 0.0f;
-  }
-  // H = lse - E_p[x] with x = z / T; Online keeps t relative to its max, so H = log s - t / s.
-  __device__ __forceinline__ static float entropy(const Online& on) {
-    return logf(on.s) - on.t / on.s;
-  }
-  template <typename T>
-  __device__ __forceinline__ void finish(const RowBlock& b, int64_t r, const T*, const Online& on,
-                                         float) const {
-    if (b.loss) b.loss[r] = entropy(on);
-    if (b.lse) b.lse[r] = on.lse();
-  }
-  template <typename G>
-  struct Grad {
-    G* out;
-    float m, log_s, h, inv_t, coef;
-    template <int N>
-    __device__ __forceinline__ void apply(int64_t j0, float* z) {
-      float g[8];
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        // log p, shifted by the max before the log-sum is taken off: large logits keep their precision.
-        float lp = (__fmul_rn(z[i], inv_t) - m) - log_s;
-        float p = fast_exp2(lp * kLog2e);
-        g[i] = p > 0.0f ? -p * (lp + h) * coef : 0.0f;  // dH/dz = -(1/T) p (log p + H); 0 at z = -inf
-      }
-      if constexpr (N == 8) {
-        store8(out + j0, g);
-      } else {
-        out[j0] = from_f<G>(g[0]);
-      }
-    }
-  };
-  template <typename G>
-  __device__ __forceinline__ Grad<G> grad(G* out, const Online& on, float, float scale, int64_t = 0,
-                                          int64_t = 0) const {
-    return Grad<G>{out, on.m, logf(on.s), entropy(on), inv_t, inv_t * scale};
-  }
-};
-
-// Selective log-softmax.
-
-template <typename G>
-struct SelGrad {
-  G* out;
-  float lse, gsum, scale;
-  template <int N>
-  __device__ __forceinline__ void apply(int64_t j0, float* z) {
-    float g[N > 1 ? 8 : 1];
-#pragma unroll
-    for (int i = 0; i < N; ++i) g[i] = -fast_exp2(fmaf(z[i], kLog2e, -lse * kLog2e)) * gsum * scale;
-    if constexpr (N == 8) {
-      store8(out + j0, reinterpret_cast<float(&)[8]>(g));
-    } else {
-      out[j0] = from_f<G>(g[0]);
-    }
-  }
-};
-
-// Forward: lse by an online pass, then out[k] = z[id_k] - lse. Backward (upstream given, lse from the
-// forward): one dense pass writes -p_j·Σg, then, after a barrier, the K id columns are overwritten with Σ_{k:
-// id_k = j} g_k - p_j·Σg. Each distinct id is written by one thread (its first occurrence), so duplicate ids
-// need no atomics and the result is deterministic. p at an id comes from the forward's log-probabilities, so
-// the logits may already be overwritten (in-place gradient).
-template <typename T, typename G>
-__global__ void __launch_bounds__(kThreads)
-    selective_kernel(RowBlock b, SelectiveRows o, int* err, bool vec, bool gvec) {
-  __shared__ alignas(16) unsigned char scratch_raw[32 * sizeof(Online)];
-  Online* scratch = reinterpret_cast<Online*>(scratch_raw);
-  __shared__ float fscratch[32];
-  __shared__ int bad;
-  const bool i64 = o.id_dtype == DType::I64;
-  for (int64_t r = blockIdx.x; r < b.rows; r += gridDim.x) {
-    const T* row = static_cast<const T*>(b.logits) + r * b.stride;
-    const int64_t* ids64 = static_cast<const int64_t*>(o.ids) + r * o.K;
-    const int32_t* ids32 = static_cast<const int32_t*>(o.ids) + r * o.K;
-    auto id_at = [&](int64_t k) { return i64 ? ids64[k] : int64_t(ids32[k]); };
-    if (threadIdx.x == 0) bad = 0;
-    __syncthreads();
-    for (int64_t k = threadIdx.x; k < o.K; k += blockDim.x) {
-      int64_t id = id_at(k);
-      if (id < 0 || id >= b.V) bad = 1;
-    }
-    __syncthreads();
-    if (bad) {
-      if (threadIdx.x == 0 && err) atomicCAS(err, 0, int(r) + 1);
-      continue;  // uniform across the block
-    }
-    if (!o.upstream) {
-      CePolicy::Acc acc;  // plain online softmax
-      for_row<kUnroll>(row, b.V, vec, acc);
-      Online on = block_merge(acc.on, scratch);
-      const float lse = on.lse(), log_s = logf(on.s);
-      if (threadIdx.x == 0 && b.lse) b.lse[r] = lse;
-      // (z - m) - log s: the large max cancels before the small log-sum is taken off.
-      for (int64_t k = threadIdx.x; k < o.K; k += blockDim.x)
-        o.out[r * o.K + k] = (to_f<T>(row[id_at(k)]) - on.m) - log_s;
-    } else {
-      const float* g = o.upstream + r * o.K;
-      // The forward log-probabilities when given; else p at an id is recomputed from the logit exactly as
-      // the dense pass computed it (then the gradient must not alias the logits: checked on the host).
-      const float* lp = o.out ? o.out + r * o.K : nullptr;
-      float gs = 0.0f;
-      for (int64_t k = threadIdx.x; k < o.K; k += blockDim.x) gs += g[k];
-      gs = block_sum(gs, fscratch);
-      const float scale = grad_scale(b);
-      G* grow = static_cast<G*>(b.grad) + r * b.grad_stride;
-      SelGrad<G> gr{grow, b.lse[r], gs, scale};
-      for_row<kUnroll>(row, b.V, vec && gvec, gr);
-      __syncthreads();  // dense writes land before the id columns are overwritten
-      for (int64_t k = threadIdx.x; k < o.K; k += blockDim.x) {
-        int64_t id = id_at(k);
-        bool first = true;
-        for (int64_t q = 0; q < k && first; ++q) first = id_at(q) != id;
-        if (!first) continue;
-        float acc = 0.0f;
-        for (int64_t q = k; q < o.K; ++q)
-          if (id_at(q) == id) acc += g[q];
-        float p =
-            lp ? fast_exp2(lp[k] * kLog2e) : fast_exp2(fmaf(to_f<T>(row[id]), kLog2e, -b.lse[r] * kLog2e));
-        grow[id] = from_f<G>((acc - p * gs) * scale);
-      }
-    }
-    __syncthreads();
-  }
-}
-
-// Small helpers.
-
-__global__ void count_kernel(const void* labels, bool i64, int64_t rows, int64_t ignore, float weight,
-                             float* inv_count, int* count) {
-  __shared__ float scratch[32];
-  float c = 0.0f;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x)
-    c += load_index(labels, i64, r) != ignore ? 1.0f : 0.0f;
-  c = block_sum(c, scratch);
-  if (threadIdx.x == 0) {
-    *inv_count = weight / fmaxf(c, 1.0f);
-    if (count) *count = int(c);
-  }
-}
-
-__global__ void sum_kernel(const float* v, int64_t n, const float* scale_dev, float scale, float* out) {
-  __shared__ float scratch[32];
-  float s = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += v[i];
-  s = block_sum(s, scratch);
-  if (threadIdx.x == 0) *out = s * scale * (scale_dev ? *scale_dev : 1.0f);
-}
-
-void check_block(const RowBlock& b, const char* op) {
-  RT_CHECK(b.rows >= 0 && b.V >= 1 && b.stride >= b.V, op, ": bad row block (rows ", b.rows, ", V ", b.V,
-           ", stride ", b.stride, ")");
-  RT_CHECK(!b.grad || b.grad_stride >= b.V, op, ": gradient row stride ", b.grad_stride, " < V ", b.V);
-}
-
 int device_sm_count_and_arch(int* major) {
   static int sms = 0, maj = 0;
   if (sms == 0) {
@@ -765,38 +408,6 @@ void entropy_rows(const RowBlock& b, const EntropyRows& o, void* stream) {
   check_block(b, "entropy");
   RT_CHECK(o.temperature > 0.0f, "entropy: temperature must be > 0, got ", o.temperature);
   launch_rows(b, EntropyPolicy{1.0f / o.temperature}, stream, "entropy_rows");
-}
-
-void selective_log_softmax_rows(const RowBlock& b, const SelectiveRows& o, int* err, void* stream) {
-  check_block(b, "selective_log_softmax");
-  RT_CHECK(o.K >= 1 && o.ids && (o.out || o.upstream), "selective_log_softmax: need K >= 1, ids and out");
-  RT_CHECK(!o.upstream || (b.grad && b.lse),
-           "selective_log_softmax: the backward needs grad and the forward lse");
-  RT_CHECK(!o.upstream || o.out || b.grad != b.logits,
-           "selective_log_softmax: a backward without the forward log-probabilities reads the logits after "
-           "the dense pass, so the gradient must not alias them");
-  if (b.rows == 0) return;
-  auto s = static_cast<cudaStream_t>(stream);
-  dispatch(b.dtype, b.grad ? b.grad_dtype : DType::F32, "selective_log_softmax",
-           [&]<typename T, typename G>() {
-             bool vec = true;  // for_row's vector path takes any row
-             bool gvec = grad_vec_ok(b.logits, b.stride, sizeof(T), b.grad, b.grad_stride, sizeof(G));
-             selective_kernel<T, G><<<grid_for(b.rows), kThreads, 0, s>>>(b, o, err, vec, gvec);
-           });
-  RT_CUDA_LAUNCH_CHECK("selective_log_softmax_rows");
-}
-
-void count_valid_rows(const void* labels, DType label_dtype, int64_t rows, int64_t ignore_index, float weight,
-                      float* inv_count, int* count, void* stream) {
-  count_kernel<<<1, 1024, 0, static_cast<cudaStream_t>(stream)>>>(labels, label_dtype == DType::I64, rows,
-                                                                  ignore_index, weight, inv_count, count);
-  RT_CUDA_LAUNCH_CHECK("count_valid_rows");
-}
-
-void sum_rows_scalar(const float* values, int64_t n, const float* scale_dev, float scale, float* out,
-                     void* stream) {
-  sum_kernel<<<1, 1024, 0, static_cast<cudaStream_t>(stream)>>>(values, n, scale_dev, scale, out);
-  RT_CUDA_LAUNCH_CHECK("sum_rows_scalar");
 }
 
 }  // namespace retort::cuda

@@ -1,7 +1,7 @@
-// The softmax-epilogue chunk (softmax_chunk.cu, built for sm_90a only): a fused loss chunk whose logits never
-// make a round trip through memory. For losses whose logits gradient is a scaled softmax plus one entry per
-// row (cross-entropy without label smoothing or softcap; top-K forward KL at T = 1, see SoftmaxRows), with
-// c_m = z[m, y_m] computed first (one dot product per row):
+// The softmax-epilogue chunk (softmax_chunk.cu: the GEMM, built for sm_90a only; softmax_rows.cu: the row
+// pass): a fused loss chunk whose logits never make a round trip through memory. For losses whose logits
+// gradient is a scaled softmax plus one entry per row (cross-entropy without label smoothing or softcap;
+// top-K forward KL at T = 1, see SoftmaxRows), with c_m = z[m, y_m] computed first (one dot product per row):
 //   E [rows, Vg] bf16 = exp(z − c) and part [rows, tiles] f32 = its row sums per 256-column tile, written by
 //       the logits GEMM's epilogue (a persistent TMA + wgmma kernel: z itself is never stored);
 //   S_m = Σ part, lse_m = c_m + log S_m, loss_m = log S_m + z_loss·lse_m² (since c_m = z at the label);
@@ -122,5 +122,9 @@ void scale_add_rows(float* dh, int64_t dh_ld, const float* t, int64_t t_ld, int6
 
 // Rows recomputed by the exact fallback since the process started (all devices).
 size_t softmax_fallback_rows();
+
+// Raises kernel's dynamic shared memory limit to bytes on the current device when it is lower (attributes are
+// per device): the epilogue GEMM's and the exact fallback's launches.
+void allow_smem(const void* kernel, size_t bytes);
 
 }  // namespace retort::cuda

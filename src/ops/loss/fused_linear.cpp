@@ -253,36 +253,31 @@ loss::FusedLinearProblem inputs_of(const Tensor* node) {
   p.chunk_rows = node->ip[kIpChunk];
   p.what = what(node);
   loss::LossSpec& s = p.spec;
-  switch (op) {
-    case Op::FusedLinearCrossEntropy:
-      s = loss::spec_from_slots(node, loss::LossKind::CrossEntropy);
+  s = loss::spec_from_slots(node, loss::loss_kind_of(op));
+  // The side data follows hidden, weight and bias (src[3] on).
+  switch (s.kind) {
+    case loss::LossKind::CrossEntropy:
       s.ce.labels = column(node->src[3]);
       break;
-    case Op::FusedLinearTopKDistill:
-      s = loss::spec_from_slots(node, loss::LossKind::TopK);
+    case loss::LossKind::TopK:
       s.topk.ids = matrix(node->src[3]);
       s.topk.logprobs = matrix(node->src[4]);
       s.topk.mask = matrix(node->src[5]);
       s.topk.labels = column(node->src[6]);
       break;
-    case Op::FusedLinearDistill:
-      s = loss::spec_from_slots(node, loss::LossKind::Distill);
+    case loss::LossKind::Distill:
       p.teacher_hidden = matrix(node->src[3]);
       p.teacher_weight = matrix(node->src[4]);
       p.teacher_bias = row_vector(node->src[5]);
       s.distill.labels = column(node->src[6]);
       break;
-    case Op::FusedLinearEntropy:
-      s = loss::spec_from_slots(node, loss::LossKind::Entropy);
+    case loss::LossKind::Entropy:
       break;
-    case Op::FusedLinearTopKLogprobs:
-      s = loss::spec_from_slots(node, loss::LossKind::TopKLogprobs);
+    case loss::LossKind::TopKLogprobs:
       s.topk_lp.k = node->ne[0];
       s.topk_lp.labels = column(node->src[3]);
       break;
-    default:
-      RT_ASSERT(op == Op::FusedLinearSelectiveLogSoftmax);
-      s = loss::spec_from_slots(node, loss::LossKind::SelectiveLogSoftmax);
+    case loss::LossKind::SelectiveLogSoftmax:
       s.selective.ids = matrix(node->src[3]);
       break;
   }
@@ -420,8 +415,7 @@ void back_fused(BackwardCtx& bc, Tensor* node, Tensor* grad) {
 }  // namespace
 
 loss::FusedLinearProblem loss::problem_from_node(const Tensor* node) {
-  RT_ASSERT(node->op == Op::FusedLinearBack || node->op == Op::FusedLinearTopKLogprobs ||
-            (node->op >= Op::FusedLinearCrossEntropy && node->op <= Op::FusedLinearSelectiveLogSoftmax));
+  RT_ASSERT(node->op == Op::FusedLinearBack || is_fused_linear_loss(node->op));
   FusedLinearProblem p = inputs_of(node);
   if (node->op == Op::FusedLinearBack)
     wire_back_inputs(node, p);

@@ -202,25 +202,9 @@ void run_loss(Tensor* node, int64_t valid, Run&& run) {
   }
 }
 
-loss::LossKind kind_of(Op op) {
-  switch (op) {
-    case Op::CrossEntropyLoss:
-      return loss::LossKind::CrossEntropy;
-    case Op::TopKDistill:
-    case Op::TopKKLGathered:
-      return loss::LossKind::TopK;
-    case Op::Distill:
-      return loss::LossKind::Distill;
-    case Op::Entropy:
-      return loss::LossKind::Entropy;
-    default:
-      return loss::LossKind::SelectiveLogSoftmax;
-  }
-}
-
 // The node's options and side data (the gathered top-K node has no ids: src[1] is null).
 loss::LossSpec spec_of(const Tensor* node) {
-  loss::LossSpec s = loss::spec_from_slots(node, kind_of(node->op));
+  loss::LossSpec s = loss::spec_from_slots(node, loss::loss_kind_of(node->op));
   switch (s.kind) {
     case loss::LossKind::CrossEntropy:
       s.ce.labels = column(node->src[1]);

@@ -27,6 +27,50 @@ const char* loss_kind_name(LossKind k) {
   return "?";
 }
 
+namespace {
+
+// Every loss op and its kind: a new loss kind adds its ops here, and losses.cpp and fused_linear.cpp find
+// them through loss_kind_of and is_fused_linear_loss.
+struct LossOp {
+  Op op;
+  LossKind kind;
+  bool fused;
+};
+constexpr LossOp kLossOps[] = {
+    {Op::CrossEntropyLoss, LossKind::CrossEntropy, false},
+    {Op::TopKDistill, LossKind::TopK, false},
+    {Op::TopKKLGathered, LossKind::TopK, false},
+    {Op::Distill, LossKind::Distill, false},
+    {Op::Entropy, LossKind::Entropy, false},
+    {Op::SelectiveLogSoftmax, LossKind::SelectiveLogSoftmax, false},
+    {Op::SelectiveLogSoftmaxBack, LossKind::SelectiveLogSoftmax, false},
+    {Op::FusedLinearCrossEntropy, LossKind::CrossEntropy, true},
+    {Op::FusedLinearTopKDistill, LossKind::TopK, true},
+    {Op::FusedLinearDistill, LossKind::Distill, true},
+    {Op::FusedLinearEntropy, LossKind::Entropy, true},
+    {Op::FusedLinearSelectiveLogSoftmax, LossKind::SelectiveLogSoftmax, true},
+    {Op::FusedLinearTopKLogprobs, LossKind::TopKLogprobs, true},
+};
+
+const LossOp* find_loss_op(Op op) {
+  for (const LossOp& l : kLossOps)
+    if (l.op == op) return &l;
+  return nullptr;
+}
+
+}  // namespace
+
+LossKind loss_kind_of(Op op) {
+  const LossOp* l = find_loss_op(op);
+  RT_ASSERT(l != nullptr);
+  return l->kind;
+}
+
+bool is_fused_linear_loss(Op op) {
+  const LossOp* l = find_loss_op(op);
+  return l != nullptr && l->fused;
+}
+
 Block Block::sub_rows(int64_t r0, int64_t n) const {
   Block b = *this;
   if (!empty()) b.data = row(r0);

@@ -19,6 +19,11 @@ namespace retort::loss {
 
 enum class LossKind { CrossEntropy, TopK, Distill, Entropy, SelectiveLogSoftmax, TopKLogprobs };
 const char* loss_kind_name(LossKind k);
+// The kind of a loss node's op (a row loss op, its backward, or a fused linear loss op), from the one table
+// of loss ops in row_loss.cpp. Asserts that op is one of them.
+LossKind loss_kind_of(Op op);
+// Whether op is a fused linear loss (a forward op of that table; not FusedLinearBack).
+bool is_fused_linear_loss(Op op);
 
 // Selective log-softmax's side data. Forward: values receives log softmax(z)[ids] [rows, K] (f32) and out.lse
 // the row LSE. Backward (the executor's row_loss is given out.grad): values is the upstream gradient
