@@ -280,6 +280,21 @@ class CudaBackend final : public Backend {
 
   void read(void* host_dst, const void* src, size_t bytes) override {
     DeviceScope scope(ex_.device);
+    // A large read lands in pinned memory at the bus's speed and is copied out after; into pageable memory
+    // the driver stages it in pieces at a fraction of that.
+    if (bytes >= kPinnedReadMin && bytes <= kPinnedReadMax) {
+      if (bytes > pinned_read_bytes_) {
+        if (pinned_read_) RT_CUDA_CHECK(cudaFreeHost(pinned_read_));
+        pinned_read_ = nullptr;
+        pinned_read_bytes_ = 0;
+        RT_CUDA_CHECK(cudaMallocHost(&pinned_read_, bytes));
+        pinned_read_bytes_ = bytes;
+      }
+      RT_CUDA_CHECK(cudaMemcpyAsync(pinned_read_, src, bytes, cudaMemcpyDeviceToHost, ex_.stream));
+      finish();
+      std::memcpy(host_dst, pinned_read_, bytes);
+      return;
+    }
     if (bytes > 0) RT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, ex_.stream));
     finish();
   }
@@ -529,10 +544,16 @@ class CudaBackend final : public Backend {
     ex_.dev_error = nullptr;
     if (host_error_) (void)cudaFreeHost(host_error_);
     host_error_ = nullptr;
+    if (pinned_read_) (void)cudaFreeHost(pinned_read_);
+    pinned_read_ = nullptr;
   }
 
+  // Reads from 1 MiB to 64 MiB go through one pinned buffer that grows to the largest such read.
+  static constexpr size_t kPinnedReadMin = size_t(1) << 20, kPinnedReadMax = size_t(64) << 20;
   CudaExec ex_;
   DeviceError* host_error_ = nullptr;  // pinned host copy of the device record
+  void* pinned_read_ = nullptr;
+  size_t pinned_read_bytes_ = 0;
   std::unique_ptr<DeviceBuffer> workspace_;
 };
 
