@@ -171,6 +171,44 @@ void pack_panel(const Operand& x, const char* base, int64_t si, int64_t sk, int 
   pack_pairs_scalar<W>(x.dtype, base, si, sk, w, kc, done, pairs, d);
 }
 
+// pack_a for A whose rows are adjacent (A is the transpose of a row-major matrix, as the logits gradient in a
+// weight gradient), f32 or bf16: each pair of steps along k reads the block's mc values of both steps as
+// contiguous runs and deals the interleaved pairs out to the panels, so memory is read in order once instead
+// of 32 bytes per panel with a page-sized stride. Returns the rows packed (whole panels; the rest is left).
+RT_AVX512_BF16 int64_t pack_a_rows_adjacent(DType t, const char* base, int64_t sk, int64_t mc, int64_t kc,
+                                            uint16_t* dst) {
+  static_assert(kMR == 8);
+  const int64_t rows16 = mc / 16 * 16, pairs = kc / 2, kp = (kc + 1) / 2 * 2;
+  const int64_t esz = int64_t(dtype_size(t));
+  // Successive steps are a page or more apart, too far for the hardware prefetcher: ask for a later one.
+  constexpr int64_t kAhead = 8;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const char* r0 = base + 2 * p * sk;
+    const char* r1 = r0 + sk;
+    if (2 * p + kAhead + 1 < kc)
+      for (int64_t o = 0; o < rows16 * esz; o += 64) {
+        __builtin_prefetch(r0 + kAhead * sk + o);
+        __builtin_prefetch(r1 + kAhead * sk + o);
+      }
+    for (int64_t i = 0; i < rows16; i += 16) {
+      const __m256i x0 = load_bf16x16(r0 + i * esz, t), x1 = load_bf16x16(r1 + i * esz, t);
+      const __m256i lo = _mm256_unpacklo_epi16(x0, x1), hi = _mm256_unpackhi_epi16(x0, x1);
+      // Rows i..i+7 go to panel i / 8, rows i+8..i+15 to the next one, each at pair p.
+      uint16_t* d0 = dst + (i / kMR) * kMR * kp + p * 2 * kMR;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d0), _mm256_permute2x128_si256(lo, hi, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d0 + kMR * kp), _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+  }
+  // A last odd step pairs with zeros.
+  if (kc % 2)
+    for (int64_t i = 0; i < rows16; ++i) {
+      uint16_t* d = dst + (i / kMR) * kMR * kp + pairs * 2 * kMR + 2 * (i % kMR);
+      d[0] = load_bf16(base + (kc - 1) * sk + i * esz, t);
+      d[1] = 0;
+    }
+  return rows16;
+}
+
 struct Bf16Packer {
   using Elem = uint16_t;
   static constexpr int kMR = gemm::kMR, kNR = gemm::kNR;
@@ -180,7 +218,10 @@ struct Bf16Packer {
 
   void pack_a(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, uint16_t* dst) const {
     const char* base = static_cast<const char*>(a.data);
-    for (int64_t ip = 0; ip * kMR < mc; ++ip) {
+    int64_t done = 0;
+    if ((a.dtype == DType::F32 || a.dtype == DType::BF16) && a.rs == int64_t(dtype_size(a.dtype)))
+      done = pack_a_rows_adjacent(a.dtype, base + i0 * a.rs + p0 * a.cs, a.cs, mc, kc, dst);
+    for (int64_t ip = done / kMR; ip * kMR < mc; ++ip) {
       const int w = int(std::min<int64_t>(kMR, mc - ip * kMR));
       pack_panel<kMR>(a, base + (i0 + ip * kMR) * a.rs + p0 * a.cs, a.rs, a.cs, w, kc,
                       dst + ip * kMR * kp(kc));
