@@ -29,6 +29,7 @@ struct Options {
   int warmup = 3;
   int reps = 10;
   int rounds = 3;
+  bool bf16 = false;
 };
 
 void usage(const char* prog) {
@@ -47,7 +48,9 @@ void usage(const char* prog) {
       "  --mnk M N K   a rectangular problem\n"
       "  --reps R      timed runs per round (default 10)\n"
       "  --warmup W    untimed runs per round (default 3)\n"
-      "  --rounds X    alternating rounds (default 3)\n",
+      "  --rounds X    alternating rounds (default 3)\n"
+      "  --dtype D     f32 or bf16: retort's operands (bf16: A and B stored bf16, the bf16 GEMM; OpenBLAS\n"
+      "                multiplies the same values in f32)\n",
       prog);
 }
 
@@ -78,6 +81,13 @@ bool parse(int argc, char** argv, Options& o) {
       o.warmup = int(next());
     } else if (a == "--rounds") {
       o.rounds = int(next());
+    } else if (a == "--dtype") {
+      const std::string d = i + 1 < argc ? argv[++i] : "";
+      if (d != "f32" && d != "bf16") {
+        std::fprintf(stderr, "--dtype is f32 or bf16, got '%s'\n", d.c_str());
+        return false;
+      }
+      o.bf16 = d == "bf16";
     } else {
       std::fprintf(stderr, "unknown option %s (try --help)\n", a.c_str());
       return false;
@@ -129,11 +139,16 @@ int main(int argc, char** argv) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (auto& x : ha) x = dist(gen);
   for (auto& x : hb) x = dist(gen);
+  // With bf16 operands both libraries multiply the same (bf16) values.
+  if (o.bf16)
+    for (auto* v : {&ha, &hb})
+      for (auto& x : *v) x = bf16_to_f32(f32_to_bf16(x));
+  const DType dt = o.bf16 ? DType::BF16 : DType::F32;
 
   CpuBackend backend(o.threads);
   Context ctx(backend);
-  Tensor* a = ctx.input(DType::F32, {o.m, o.k}, "A");
-  Tensor* b = ctx.input(DType::F32, {o.k, o.n}, "B");
+  Tensor* a = ctx.input(dt, {o.m, o.k}, "A");
+  Tensor* b = ctx.input(dt, {o.k, o.n}, "B");
   set_data(a, ha);
   set_data(b, hb);
   Tensor* c = matmul(ctx, a, b);
@@ -141,8 +156,9 @@ int main(int argc, char** argv) {
   Graph graph(ctx);
   graph.forward(c);
 
-  std::printf("matmul f32 M=%lld N=%lld K=%lld, %d thread(s), retort kernel %s\n", (long long)o.m,
-              (long long)o.n, (long long)o.k, o.threads, gemm::kernel_name(gemm::best_kernel()));
+  std::printf("matmul %s M=%lld N=%lld K=%lld, %d thread(s), retort kernel %s\n", dtype_name(dt),
+              (long long)o.m, (long long)o.n, (long long)o.k, o.threads,
+              gemm::kernel_name(o.bf16 ? gemm::best_bf16_kernel() : gemm::best_kernel()));
 #ifdef RETORT_HAVE_OPENBLAS
   openblas_set_num_threads(o.threads);
   const char* ct = std::getenv("OPENBLAS_CORETYPE");
@@ -191,7 +207,8 @@ int main(int argc, char** argv) {
   }
   const double rel = std::sqrt(num / std::max(den, 1e-300));
   std::printf("ratio retort / OpenBLAS: %.3f   (results agree to %.1e relative)\n", g_retort / g_blas, rel);
-  if (!(rel < 1e-4)) {
+  // bf16 operands: the same products, summed in another order (vdpbf16ps flushes denormals too).
+  if (!(rel < (o.bf16 ? 1e-3 : 1e-4))) {
     std::fprintf(stderr, "retort and OpenBLAS disagree (relative error %.3e)\n", rel);
     return 1;
   }

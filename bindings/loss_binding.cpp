@@ -29,7 +29,7 @@ const char* const kFusedInputs =
     "grad_hidden / grad_weight / grad_bias switch single gradients off. logits_dtype: the chunk logits' "
     "dtype "
     "(default: the inputs' when hidden and weight share a 16-bit dtype, else f32; a CUDA speed option, the "
-    "CPU keeps f32).";
+    "CPU keeps f32 logits and with bf16 rounds only the logits gradient its gradient GEMMs read).";
 
 const char* const kFusedResults =
     "\n\nInputs are NumPy arrays, DLPack producers or retort Tensors; backend overrides where the call runs. "

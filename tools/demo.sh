@@ -66,6 +66,10 @@ else
   # learn the rest of the vocabulary (0.3 closed 6.5-13.8 % of the gap over seeds 1-3, 0.1 only 0.5-9.0 %).
   : "${K:=32}" "${W_HARD:=0.3}" "${W_SOFT:=0.7}"
 fi
+# The students' --compute-dtype. auto is f32 on the CPU; COMPUTE=bf16 there (f32 master weights) runs the lm
+# head at twice the f32 rate where the CPU has AVX-512 BF16 (bench/RESULTS.md, "The CPU step in bf16"): about
+# 1.35x the step. It becomes the CPU default once a demo run shows the table holds in bf16.
+: "${COMPUTE:=auto}"
 : "${TEXT:=build/data/austen.txt}" "${W_HARD:=0.1}" "${W_SOFT:=0.9}" "${KD_T:=1.0}" "${BETA:=0}" "${SEED:=1}"
 : "${STUDENT_SEEDS:=$SEED}"
 for s in $STUDENT_SEEDS; do
@@ -79,6 +83,7 @@ COMMON="--device $DEVICE"
 echo "settings (environment variables): GPU=$GPU TEXT=$TEXT MAX_BYTES=$MAX_BYTES CONTEXT=$CONTEXT BATCH=$BATCH"
 echo "  STUDENT='$STUDENT' STUDENT_STEPS=$STUDENT_STEPS STUDENT_LR=$STUDENT_LR"
 echo "  K=$K W_HARD=$W_HARD W_SOFT=$W_SOFT KD_T=$KD_T BETA=$BETA SEED=$SEED STUDENT_SEEDS='$STUDENT_SEEDS'"
+echo "  COMPUTE=$COMPUTE (the students' --compute-dtype)"
 
 # Runs a program with its output in a log, showing its progress on the terminal as it goes.
 run() {
@@ -129,6 +134,7 @@ for s in "${SEEDS[@]}"; do
   x=$(suffix "$s")
   # Validation every 1/15 of the run: curves, not four points, for the picture (tools/loss_picture.py).
   SARGS="$STUDENT --steps $STUDENT_STEPS --batch $BATCH --lr $STUDENT_LR --seed $s $COMMON --sample-len 0"
+  SARGS="$SARGS --compute-dtype $COMPUTE"
   SARGS="$SARGS --eval-every $(((STUDENT_STEPS + 14) / 15))"
   step "3/5 student: distill from the teacher's top-$K (seed $s)"
   run "distill$x.log" "$X"/distill --teacher "$TEACHER" --cache "$CACHE" --k "$K" $DATA \

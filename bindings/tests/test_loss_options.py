@@ -220,9 +220,15 @@ def test_fused_gradients_come_in_the_input_dtype(rng):
     assert is_bf16_valued(r.grad_hidden) and is_bf16_valued(r.grad_weight)
     close(r.grad_hidden, want_h, BF16_GRAD_TOL, "bf16 grad_hidden")
     close(r.grad_weight, want_w, BF16_GRAD_TOL, "bf16 grad_weight")
-    r32 = retort.losses.fused_linear_cross_entropy(hb, wb, y, return_grad=True, grad_dtype="f32")
+    # f32 gradients: exact with f32 chunk logits; with the default (bf16 logits for bf16 inputs) the CPU's
+    # gradient GEMMs read the logits gradient rounded to bf16, as a GPU's 16-bit logits do.
+    r32 = retort.losses.fused_linear_cross_entropy(hb, wb, y, return_grad=True, grad_dtype="f32",
+                                                   logits_dtype="f32")
     close(r32.grad_hidden, want_h, GRAD_TOL, "f32 grad_hidden")
     close(r32.grad_weight, want_w, GRAD_TOL, "f32 grad_weight")
+    r32b = retort.losses.fused_linear_cross_entropy(hb, wb, y, return_grad=True, grad_dtype="f32")
+    close(r32b.grad_hidden, want_h, BF16_GRAD_TOL, "f32 grad_hidden, bf16 logits")
+    close(r32b.grad_weight, want_w, BF16_GRAD_TOL, "f32 grad_weight, bf16 logits")
     h16, w16 = hid.astype(np.float16), w.astype(np.float16)
     r16 = retort.losses.fused_linear_cross_entropy(h16, w16, y, return_grad=True)
     assert r16.grad_hidden.dtype == np.float16 and r16.grad_weight.dtype == np.float16

@@ -41,6 +41,10 @@ void cpu_matmul(Tensor* t, ThreadPool& pool) {
   const bool f32_out = t->dtype == DType::F32;
   const int64_t batches = t->ne[2] * t->ne[3];
   const gemm::Kernel kernel = gemm::best_kernel();
+  // Two bf16 operands multiply exactly in f32 either way; the bf16 GEMM only changes the order of the f32
+  // sums, and where the CPU has bf16 dot products it does twice the work per instruction.
+  const bool bf16_pairs = a->dtype == DType::BF16 && b->dtype == DType::BF16 &&
+                          gemm::best_bf16_kernel() == gemm::Kernel::Avx512Bf16;
   // Graph::backward's addend (its C): the result is op(A) op(B) + C, C possibly the result's own storage (a
   // parameter's accumulator), read before the GEMM overwrites it; none in a run that starts the accumulator.
   const Tensor* addend = t->src[2] && !t->has(kFresh) ? t->src[2] : nullptr;
@@ -57,7 +61,8 @@ void cpu_matmul(Tensor* t, ThreadPool& pool) {
       c_in.assign(cp, cp + t->nelements());
     } else {
       if (cp != out)
-        pool.parallel_for(t->nelements(), [&](int64_t i0, int64_t i1) { std::copy(cp + i0, cp + i1, out + i0); });
+        pool.parallel_for(t->nelements(),
+                          [&](int64_t i0, int64_t i1) { std::copy(cp + i0, cp + i1, out + i0); });
       accumulate = true;
     }
   }
@@ -68,8 +73,11 @@ void cpu_matmul(Tensor* t, ThreadPool& pool) {
     // A 16-bit result is accumulated in f32 and rounded once at the end, like a tensor-core GEMM's epilogue.
     std::vector<float> acc(f32_out ? 0 : size_t(m * n));
     float* c = f32_out ? reinterpret_cast<float*>(out) : acc.data();
-    gemm::sgemm(m, n, k, operand(a, ta, i2, i3), operand(b, tb, i2 % b->ne[2], i3 % b->ne[3]), c, n, p, kernel,
-                accumulate);
+    const gemm::Operand oa = operand(a, ta, i2, i3), ob = operand(b, tb, i2 % b->ne[2], i3 % b->ne[3]);
+    if (bf16_pairs && !gemm::gemv_applies(m, oa, ob))
+      gemm::bgemm(m, n, k, oa, ob, c, n, p, gemm::Kernel::Avx512Bf16, accumulate);
+    else
+      gemm::sgemm(m, n, k, oa, ob, c, n, p, kernel, accumulate);
     if (!f32_out)
       for (int64_t i = 0; i < m * n; ++i) store_f32(out, t->dtype, i, acc[size_t(i)]);
   };
@@ -166,8 +174,9 @@ Tensor* matmul_lowp(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bool t
   RT_CHECK((a->dtype == DType::BF16 || a->dtype == DType::F16) && b->dtype == a->dtype,
            "matmul_lowp: operands must share a 16-bit float dtype (bf16 or f16), got A ", a->describe(),
            " and B ", b->describe());
-  RT_CHECK(out == DType::F32 || out == a->dtype, "matmul_lowp: the result must be f32 or the operands' dtype ",
-           dtype_name(a->dtype), ", got ", dtype_name(out), " for A ", a->describe(), " and B ", b->describe());
+  RT_CHECK(out == DType::F32 || out == a->dtype,
+           "matmul_lowp: the result must be f32 or the operands' dtype ", dtype_name(a->dtype), ", got ",
+           dtype_name(out), " for A ", a->describe(), " and B ", b->describe());
   Tensor* t = matmul_node(ctx, a, b, transpose_a, transpose_b, out);
   t->ip[2] = 1;
   return t;

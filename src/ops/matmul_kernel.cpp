@@ -1,8 +1,6 @@
-// The CPU GEMM: the classic five-loop blocking (Goto / BLIS). Blocks of B (KC x NC) are packed into column
-// panels NR wide and shared by the threads; each thread packs its own blocks of A (MC x KC) into row panels
-// MR tall, and a micro-kernel multiplies one A panel by one B panel into an MR x NR tile of C held in
-// registers. Packing is where strides, transposes and bf16/f16 storage are absorbed: the micro-kernel only
-// ever sees contiguous, aligned f32 panels.
+// The CPU GEMM in f32: packing into f32 panels and the f32 micro-kernels (AVX2+FMA, portable), driven by the
+// blocking in gemm_driver.h. Packing is where strides, transposes and bf16/f16 storage are absorbed: the
+// micro-kernel only ever sees contiguous, aligned f32 panels.
 #include "matmul_kernel.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -11,15 +9,10 @@
 #endif
 
 #include <algorithm>
-#include <atomic>
-#include <thread>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <vector>
 
 #include "../core/error.h"
-#include "../core/thread_pool.h"
+#include "gemm_driver.h"
 
 namespace retort::gemm {
 
@@ -34,68 +27,8 @@ constexpr int kNR = 16;
 constexpr int64_t kKC = 256;
 constexpr int64_t kMC = 168;
 constexpr int64_t kNC = 3072;
-// Below this many flops per thread, waking another thread costs more than it saves.
-constexpr double kMinFlopsPerThread = 4.0e6;
-// The most packed B (floats) that sgemm_whole_b keeps at once: 1 MiB, an L2's worth shared by the threads.
+// The most packed B (floats) that the whole-B path keeps at once: 1 MiB, an L2's worth shared by the threads.
 constexpr int64_t kWholeBFloats = int64_t(1) << 18;
-
-// A barrier for the threads of one GEMM, which are all running: spinning keeps them on their cores between
-// blocks (a sleeping thread takes a scheduler round trip to wake), and yielding after a while keeps a
-// descheduled partner from being starved by the spinner on a busy machine.
-class SpinBarrier {
- public:
-  explicit SpinBarrier(int n) : n_(n) {}
-  void wait() {
-    const int gen = generation_.load(std::memory_order_acquire);
-    if (count_.fetch_add(1, std::memory_order_acq_rel) == n_ - 1) {
-      count_.store(0, std::memory_order_relaxed);
-      generation_.fetch_add(1, std::memory_order_release);
-      return;
-    }
-    for (int spins = 0; generation_.load(std::memory_order_acquire) == gen; ++spins) {
-      if (spins < 20000)
-        cpu_relax();
-      else
-        std::this_thread::yield();
-    }
-  }
-
- private:
-  static void cpu_relax() {
-#ifdef RETORT_GEMM_X86
-    _mm_pause();
-#endif
-  }
-  const int n_;
-  std::atomic<int> count_{0};
-  std::atomic<int> generation_{0};
-};
-
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-int64_t round_up(int64_t a, int64_t b) {
-  return ceil_div(a, b) * b;
-}
-
-// Splits `total` into ceil(total / max_block) nearly equal blocks, each a multiple of `unit` (but the last):
-// equal blocks avoid a thin tail block that would stream a whole B panel for a few rows.
-int64_t balanced_block(int64_t total, int64_t max_block, int64_t unit) {
-  int64_t blocks = ceil_div(total, max_block);
-  return std::min(max_block, round_up(ceil_div(total, blocks), unit));
-}
-
-struct FreeDeleter {
-  void operator()(float* p) const { std::free(p); }
-};
-using AlignedFloats = std::unique_ptr<float, FreeDeleter>;
-
-AlignedFloats alloc_floats(int64_t n) {
-  size_t bytes = size_t(round_up(std::max<int64_t>(n, 1) * int64_t(sizeof(float)), 64));
-  float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
-  if (!p) RT_FAIL("matmul: cannot allocate ", bytes, " bytes of packing buffer");
-  return AlignedFloats(p);
-}
 
 // ---- packing
 // ------------------------------------------------------------------------------------------------
@@ -121,12 +54,32 @@ struct LoadF16 {
     return f16_to_f32(h);
   }
 };
+// A load and then the value rounded to bf16: the bf16 GEMM's operands on a CPU without bf16 dot products.
+template <typename Load>
+struct RoundBf16 {
+  float operator()(const char* p) const { return bf16_to_f32(f32_to_bf16(Load{}(p))); }
+};
 
 bool cpu_has_avx2_fma() {
 #ifdef RETORT_GEMM_X86
   static const bool has = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+// AVX-512 BF16 dot products (vdpbf16ps) with the AVX-512 registers the bf16 micro-kernel uses; the library
+// saves and restores zmm state through the OS, which __builtin_cpu_supports checks (XCR0) along with CPUID.
+bool cpu_has_avx512_bf16() {
+#ifdef RETORT_GEMM_X86
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
   }();
   return has;
 #else
@@ -200,7 +153,12 @@ void pack_panel_generic(const char* base, int64_t si, int64_t sk, int w, int64_t
 }
 
 template <int W>
-void pack_panel(const Operand& x, const char* base, int64_t si, int64_t sk, int w, int64_t kc, float* d) {
+void pack_panel(const Operand& x, const char* base, int64_t si, int64_t sk, int w, int64_t kc, float* d,
+                bool round) {
+  if (round && x.dtype == DType::F32)
+    return pack_panel_generic<W>(base, si, sk, w, kc, d, RoundBf16<LoadF32>{});
+  if (round && x.dtype == DType::F16)
+    return pack_panel_generic<W>(base, si, sk, w, kc, d, RoundBf16<LoadF16>{});
   if (x.dtype == DType::F32 && w == W) {
     if (si == int64_t(sizeof(float))) {
       // The panel's lines are adjacent in memory: W consecutive floats per step (a plain vector copy).
@@ -263,23 +221,25 @@ void pack_a_rows_adjacent(const char* base, int64_t sk, int64_t mc, int64_t kc, 
 }
 
 // Rows [i0, i0 + mc) x k [p0, p0 + kc) of A as ceil(mc / MR) row panels, each MR x kc.
-void pack_a(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* dst) {
+void pack_a(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* dst, bool round) {
   const char* base = static_cast<const char*>(a.data);
-  if (a.dtype == DType::F32 && a.rs == int64_t(sizeof(float)))
+  if (!round && a.dtype == DType::F32 && a.rs == int64_t(sizeof(float)))
     return pack_a_rows_adjacent(base + i0 * a.rs + p0 * a.cs, a.cs, mc, kc, dst);
   for (int64_t ip = 0; ip * kMR < mc; ++ip) {
     int w = int(std::min<int64_t>(kMR, mc - ip * kMR));
-    pack_panel<kMR>(a, base + (i0 + ip * kMR) * a.rs + p0 * a.cs, a.rs, a.cs, w, kc, dst + ip * kMR * kc);
+    pack_panel<kMR>(a, base + (i0 + ip * kMR) * a.rs + p0 * a.cs, a.rs, a.cs, w, kc, dst + ip * kMR * kc,
+                    round);
   }
 }
 
 // Column panels [jp0, jp1) (NR wide) of the B block at k [p0, p0 + kc), columns [j0, j0 + nc).
 void pack_b(const Operand& b, int64_t j0, int64_t nc, int64_t p0, int64_t kc, int64_t jp0, int64_t jp1,
-            float* dst) {
+            float* dst, bool round) {
   const char* base = static_cast<const char*>(b.data);
   for (int64_t jp = jp0; jp < jp1; ++jp) {
     int w = int(std::min<int64_t>(kNR, nc - jp * kNR));
-    pack_panel<kNR>(b, base + (j0 + jp * kNR) * b.cs + p0 * b.rs, b.cs, b.rs, w, kc, dst + jp * kNR * kc);
+    pack_panel<kNR>(b, base + (j0 + jp * kNR) * b.cs + p0 * b.rs, b.cs, b.rs, w, kc, dst + jp * kNR * kc,
+                    round);
   }
 }
 
@@ -354,82 +314,6 @@ __attribute__((target("avx2,fma"))) void ukernel_avx2(int64_t kc, const float* a
 }
 #endif
 
-// One packed A block (mc rows) times the packed B panels [jp0, jp1) of a block nc columns wide, into C.
-void macro_kernel(MicroKernel uk, int64_t mc, int64_t nc, int64_t kc, int64_t jp0, int64_t jp1,
-                  const float* ap, const float* bp, float* c, int64_t ldc, bool accumulate) {
-  alignas(64) float tile[kMR * kNR];
-  for (int64_t jp = jp0; jp < jp1; ++jp) {
-    const int64_t nr = std::min<int64_t>(kNR, nc - jp * kNR);
-    const float* bpanel = bp + jp * kNR * kc;
-    for (int64_t ip = 0; ip * kMR < mc; ++ip) {
-      const int64_t mr = std::min<int64_t>(kMR, mc - ip * kMR);
-      float* ct = c + ip * kMR * ldc + jp * kNR;
-      if (mr == kMR && nr == kNR) {
-        uk(kc, ap + ip * kMR * kc, bpanel, ct, ldc, accumulate);
-        continue;
-      }
-      // Edge tile: compute the full tile aside and keep only the valid part.
-      uk(kc, ap + ip * kMR * kc, bpanel, tile, kNR, false);
-      for (int64_t i = 0; i < mr; ++i)
-        for (int64_t j = 0; j < nr; ++j)
-          ct[i * ldc + j] = (accumulate ? ct[i * ldc + j] : 0.0f) + tile[i * kNR + j];
-    }
-  }
-}
-
-// Runs fn(t, nthreads) on `threads` threads of pool (one parallel region), or on the caller alone.
-template <typename F>
-void run_threads(ThreadPool* pool, int threads, F&& fn) {
-  if (threads == 1) {
-    fn(0, 1);
-    return;
-  }
-  pool->parallel_for(threads, [&](int64_t t0, int64_t t1) {
-    // parallel_for gives each of `threads` shares one index, unless it runs the whole range inline (a nested
-    // call): then this thread does everything alone.
-    if (t1 - t0 == 1)
-      fn(int(t0), threads);
-    else
-      fn(0, 1);
-  });
-}
-
-// A tall C with few columns and a long k (a weight gradient: [V, H] = dlogitsᵀ [V, rows] · hidden [rows, H]):
-// all of B is packed once, then each thread runs its row blocks with k innermost, so a block's C tile is
-// read and written once from cache instead of once per k block from memory.
-void sgemm_whole_b(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c, int64_t ldc,
-                   ThreadPool* pool, MicroKernel uk, int threads, int64_t kc_max, bool accumulate) {
-  const int64_t n_panels = ceil_div(n, kNR), k_blocks = ceil_div(k, kc_max);
-  const int64_t b_block = n_panels * kNR * kc_max;
-  AlignedFloats bbuf = alloc_floats(b_block * k_blocks);
-  const int64_t m_panels = ceil_div(m, kMR);
-  std::vector<AlignedFloats> abufs;
-  for (int t = 0; t < threads; ++t) abufs.push_back(alloc_floats(round_up(std::min(m, kMC), kMR) * kc_max));
-  SpinBarrier barrier(threads);
-  run_threads(pool, threads, [&](int t, int nthreads) {
-    // The threads pack B's k blocks between them, then wait until all of B is there.
-    for (int64_t pb = t; pb < k_blocks; pb += nthreads) {
-      const int64_t pc = pb * kc_max;
-      pack_b(b, 0, n, pc, std::min(kc_max, k - pc), 0, n_panels, bbuf.get() + pb * b_block);
-    }
-    if (nthreads > 1) barrier.wait();
-    const int64_t m0 = std::min(m, m_panels * t / nthreads * kMR);
-    const int64_t m1 = std::min(m, m_panels * (t + 1) / nthreads * kMR);
-    if (m0 >= m1) return;
-    float* ap = abufs[size_t(t)].get();
-    const int64_t mc_max = balanced_block(m1 - m0, kMC, kMR);
-    for (int64_t ic = m0; ic < m1; ic += mc_max) {
-      const int64_t mc = std::min(mc_max, m1 - ic);
-      for (int64_t pb = 0; pb < k_blocks; ++pb) {
-        const int64_t pc = pb * kc_max, kc = std::min(kc_max, k - pc);
-        pack_a(a, ic, mc, pc, kc, ap);
-        macro_kernel(uk, mc, n, kc, 0, n_panels, ap, bbuf.get() + pb * b_block, c + ic * ldc, ldc,
-                     accumulate || pb > 0);
-      }
-    }
-  });
-}
-
 MicroKernel avx2_kernel() {
 #ifdef RETORT_GEMM_X86
   return ukernel_avx2;
@@ -438,90 +322,75 @@ MicroKernel avx2_kernel() {
 #endif
 }
 
+// The f32 form for gemm_driver.h; with round, every operand is rounded to bf16 as it is packed.
+struct F32Packer {
+  using Elem = float;
+  static constexpr int kMR = gemm::kMR, kNR = gemm::kNR;
+  static constexpr int64_t kKC = gemm::kKC, kMC = gemm::kMC, kNC = gemm::kNC, kKUnit = 1;
+  static constexpr int64_t kWholeBElems = kWholeBFloats;
+  static int64_t kp(int64_t kc) { return kc; }
+
+  MicroKernel uk;
+  bool round;
+
+  void pack_a(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* dst) const {
+    gemm::pack_a(a, i0, mc, p0, kc, dst, round);
+  }
+  void pack_b(const Operand& b, int64_t j0, int64_t nc, int64_t p0, int64_t kc, int64_t jp0, int64_t jp1,
+              float* dst) const {
+    gemm::pack_b(b, j0, nc, p0, kc, jp0, jp1, dst, round);
+  }
+  void ukernel(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) const {
+    uk(kc, a, b, c, ldc, accumulate);
+  }
+};
+
 }  // namespace
 
 bool kernel_available(Kernel k) {
-  return k == Kernel::Portable || cpu_has_avx2_fma();
+  switch (k) {
+    case Kernel::Portable:
+      return true;
+    case Kernel::Avx2:
+      return cpu_has_avx2_fma();
+    case Kernel::Avx512Bf16:
+      return cpu_has_avx512_bf16();
+  }
+  return false;
 }
 Kernel best_kernel() {
   return cpu_has_avx2_fma() ? Kernel::Avx2 : Kernel::Portable;
 }
+Kernel best_bf16_kernel() {
+  return cpu_has_avx512_bf16() ? Kernel::Avx512Bf16 : best_kernel();
+}
 const char* kernel_name(Kernel k) {
-  return k == Kernel::Avx2 ? "avx2+fma" : "portable";
+  switch (k) {
+    case Kernel::Portable:
+      return "portable";
+    case Kernel::Avx2:
+      return "avx2+fma";
+    case Kernel::Avx512Bf16:
+      return "avx512-bf16";
+  }
+  return "?";
 }
 
 void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c, int64_t ldc,
            ThreadPool* pool, Kernel kernel, bool accumulate) {
   RT_ASSERT(m > 0 && n > 0 && k > 0);
-  RT_ASSERT(kernel_available(kernel));
+  RT_ASSERT(kernel != Kernel::Avx512Bf16 && kernel_available(kernel));
   RT_ASSERT(!accumulate || !gemv_applies(m, a, b));
   if (gemv_applies(m, a, b)) return gemv(m, n, k, a, b, c, ldc, pool, kernel);
-  const MicroKernel uk = kernel == Kernel::Avx2 ? avx2_kernel() : ukernel_portable;
+  detail::gemm_blocked(F32Packer{kernel == Kernel::Avx2 ? avx2_kernel() : ukernel_portable, false}, m, n, k,
+                       a, b, c, ldc, pool, accumulate);
+}
 
-  int threads = 1;
-  if (pool && pool->size() > 1) {
-    double flops = 2.0 * double(m) * double(n) * double(k);
-    threads = int(std::clamp<double>(flops / kMinFlopsPerThread, 1.0, double(pool->size())));
-  }
-  const int64_t m_panels = ceil_div(m, kMR);
-  // Split rows between threads when each gets at least two row panels; otherwise (a short, wide C) split the
-  // columns of each B block, and every thread packs the few rows of A it needs itself.
-  const bool split_rows = m_panels >= 2 * threads;
-
-  const int64_t kc_max = balanced_block(k, kKC, 1);
-  const int64_t nc_max = balanced_block(n, kNC, kNR);
-  const int64_t b_floats = round_up(nc_max, kNR) * kc_max;
-  const int64_t k_blocks = ceil_div(k, kc_max);
-  if (split_rows && nc_max == n && k_blocks > 1 && b_floats * k_blocks <= kWholeBFloats)
-    return sgemm_whole_b(m, n, k, a, b, c, ldc, pool, uk, threads, kc_max, accumulate);
-  // Split rows share each packed B block; two buffers let a thread pack the next block while a slower one
-  // still reads the current block, so one barrier per block suffices.
-  AlignedFloats bbufs[2] = {alloc_floats(b_floats), alloc_floats(split_rows && threads > 1 ? b_floats : 1)};
-  std::vector<AlignedFloats> abufs;
-  for (int t = 0; t < threads; ++t) abufs.push_back(alloc_floats(round_up(std::min(m, kMC), kMR) * kc_max));
-  SpinBarrier barrier(threads);
-
-  // Everything thread t of nthreads does. One parallel region per GEMM: waking the pool's threads per block
-  // costs tens of microseconds each, and far more when the machine is busy.
-  auto run = [&](int t, int nthreads) {
-    float* ap = abufs[size_t(t)].get();
-    int step = 0;
-    for (int64_t jc = 0; jc < n; jc += nc_max) {
-      const int64_t nc = std::min(nc_max, n - jc);
-      const int64_t n_panels = ceil_div(nc, kNR);
-      for (int64_t pc = 0; pc < k; pc += kc_max, ++step) {
-        const int64_t kc = std::min(kc_max, k - pc);
-        // Split columns share one B buffer, each thread packing and reading its own panels; but a block's
-        // panels move (a shorter last block of n or k re-divides them and shifts their offsets), so no thread
-        // may pack the next block while another still reads this one.
-        if (!split_rows && nthreads > 1 && step > 0) barrier.wait();
-        // This thread's share: rows [m0, m1) and B panels [jp0, jp1); with split rows it packs panels
-        // [pp0, pp1) of the block for everyone.
-        int64_t m0 = 0, m1 = m, jp0 = 0, jp1 = n_panels, pp0, pp1;
-        float* bp = bbufs[nthreads > 1 && split_rows ? step % 2 : 0].get();
-        if (split_rows) {
-          m0 = std::min(m, m_panels * t / nthreads * kMR);
-          m1 = std::min(m, m_panels * (t + 1) / nthreads * kMR);
-          pp0 = n_panels * t / nthreads;
-          pp1 = n_panels * (t + 1) / nthreads;
-        } else {
-          jp0 = pp0 = n_panels * t / nthreads;
-          jp1 = pp1 = n_panels * (t + 1) / nthreads;
-        }
-        pack_b(b, jc, nc, pc, kc, pp0, pp1, bp);
-        if (split_rows && nthreads > 1) barrier.wait();  // the whole B block is packed
-        if (m0 >= m1 || jp0 >= jp1) continue;
-        const int64_t mc_max = balanced_block(m1 - m0, kMC, kMR);
-        for (int64_t ic = m0; ic < m1; ic += mc_max) {
-          const int64_t mc = std::min(mc_max, m1 - ic);
-          pack_a(a, ic, mc, pc, kc, ap);
-          macro_kernel(uk, mc, nc, kc, jp0, jp1, ap, bp, c + ic * ldc + jc, ldc, accumulate || pc > 0);
-        }
-      }
-    }
-  };
-
-  run_threads(pool, threads, run);
+void gemm_f32_rounding_bf16(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c,
+                            int64_t ldc, ThreadPool* pool, Kernel kernel, bool accumulate) {
+  RT_ASSERT(kernel == Kernel::Portable || kernel == Kernel::Avx2);
+  detail::gemm_blocked(F32Packer{kernel == Kernel::Avx2 ? avx2_kernel() : ukernel_portable, true}, m, n, k, a,
+                       b, c, ldc, pool, accumulate);
 }
 
 }  // namespace retort::gemm

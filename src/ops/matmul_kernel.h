@@ -1,7 +1,8 @@
 // The CPU GEMM behind matmul: C = A B with A [M, K] and B [K, N] read through byte strides in any float
 // dtype, C f32 row-major. Cache-blocked with packed panels (the packing step absorbs strides, transposes and
-// dtypes) and a register-blocked micro-kernel; AVX2+FMA when the CPU has it, a portable one otherwise.
-// Private to src/ops (and the tests); the op itself is matmul() in ops.h.
+// dtypes) and a register-blocked micro-kernel; AVX2+FMA when the CPU has it, a portable one otherwise. Its
+// bf16 form (bgemm) rounds both operands to bf16 and multiplies bf16 pairs with AVX-512 BF16 where the CPU
+// has it. Private to src/ops (and the tests); the op itself is matmul() in ops.h.
 #pragma once
 #include <cstdint>
 
@@ -13,12 +14,15 @@ class ThreadPool;
 
 namespace gemm {
 
-enum class Kernel { Portable, Avx2 };
+// Avx512Bf16 is bgemm's only (bf16 pairs, vdpbf16ps); sgemm takes Portable or Avx2.
+enum class Kernel { Portable, Avx2, Avx512Bf16 };
 
 // True when this CPU can run kernel k (Portable always can).
 bool kernel_available(Kernel k);
-// The fastest kernel this CPU can run, decided once.
+// The fastest f32 kernel this CPU can run (for sgemm), decided once.
 Kernel best_kernel();
+// The fastest kernel for bgemm: Avx512Bf16 where the CPU has it, else best_kernel().
+Kernel best_bf16_kernel();
 const char* kernel_name(Kernel k);
 
 // A matrix operand: element (r, c) lives at data + r * rs + c * cs (byte strides; any sign is not needed,
@@ -35,6 +39,17 @@ struct Operand {
 // pool == nullptr runs on the calling thread only.
 void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c, int64_t ldc,
            ThreadPool* pool, Kernel kernel, bool accumulate = false);
+
+// C[M, N] (=|+=) bf16(A) bf16(B): sgemm's contract, but each operand element rounded to bf16 (to nearest
+// even; bf16 operands as they are) and the products summed in f32 — a bf16 GEMM's numerics, as on a GPU. With
+// Avx512Bf16 the packed panels hold bf16 pairs along k for vdpbf16ps (twice the products per instruction of
+// an f32 FMA); Portable and Avx2 round while packing f32 panels and run sgemm's kernels: the same rounded
+// operands, sums in another order. Never the dot-product path (it has no rounding).
+void bgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c, int64_t ldc,
+           ThreadPool* pool, Kernel kernel, bool accumulate = false);
+// bgemm with Portable or Avx2 (matmul_kernel.cpp); bgemm itself is in matmul_bf16.cpp.
+void gemm_f32_rounding_bf16(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c,
+                            int64_t ldc, ThreadPool* pool, Kernel kernel, bool accumulate);
 
 // The most rows of A that sgemm multiplies by dot products (gemv) instead of packed panels.
 inline constexpr int64_t kGemvMaxRows = 4;

@@ -21,7 +21,7 @@ struct Cfg {
   int64_t n = 7, h = 4, v = 11, k = 4, chunk = 3;
   DType dt = DType::F32;
   Out what = Out::Loss;
-  DType logits = DType::F32;  // FusedLinearOptions::logits_dtype (the CPU keeps f32 whatever it is)
+  DType logits = DType::F32;  // FusedLinearOptions::logits_dtype (the CPU keeps f32 logits whatever it is)
   double hidden_range = 2;
 };
 
@@ -303,7 +303,8 @@ void epilogue(std::vector<LossCase>& cs) {
   }
   // 16-bit chunk logits with labels: CUDA takes z at the slots from the bf16 exp block, |error| ≤ 2^-8 (the
   // row pass reads them from bf16 logits, |error| ≤ 2^-9·|z|): the losses to 1e-6 nmse there, the gradients
-  // as before. The CPU keeps f32 logits: exact as ever.
+  // as before. The CPU keeps f32 logits: its losses exact as ever (its gradient GEMMs read the logits
+  // gradient rounded to bf16, which no finite difference looks at here: fd_samples -1).
   for (bool big : {false, true})
     for (Out what : {Out::PerRow, Out::Loss}) {
       Cfg cfg = big ? epilogue_cfg(300, 64, 50257, 64, 128) : epilogue_cfg(9, 8, 300, 6, 4);

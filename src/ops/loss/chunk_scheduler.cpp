@@ -170,6 +170,8 @@ class ChunkRun {
     const bool dense_all = offer_dense_ && ex.fast_path(ask);
     plan_ =
         plan_chunks(p, caps.pads_vocab && !dense_all, caps.shadow_bytes_per_logit, use_16bit_logits(p, caps));
+    ex.gradient_may_round_to(wants_16bit_logits(p) && plan_.logits_dtype == DType::F32 ? p.logits_dtype
+                                                                                       : DType::F32);
     base_ = static_cast<char*>(ex.scratch(plan_.scratch_bytes));
     carve_buffers(inv);
   }

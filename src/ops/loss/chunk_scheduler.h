@@ -178,6 +178,11 @@ class ChunkExecutor {
 
   // What this executor can do (see ExecutorCaps), asked once per problem.
   virtual ExecutorCaps caps() const { return {}; }
+  // Told once per problem, before its first gemm(): dt is 16-bit when the problem accepts 16-bit logits of
+  // that dtype (FusedLinearProblem::logits_dtype, on a path that could keep them) but its plan keeps them
+  // f32; the executor may then give the gradient GEMMs the f32 logits gradient rounded to dt, the precision
+  // 16-bit logits would have had. F32 otherwise: an exact f32 gradient. Default: ignored.
+  virtual void gradient_may_round_to(DType dt) { (void)dt; }
   // dst = src, element for element (same dtype, [rows, cols]); dst is row-major. Only called when
   // caps().pads_vocab.
   virtual void copy(const Block& src, const Block& dst) {

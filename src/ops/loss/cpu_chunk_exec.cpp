@@ -151,20 +151,23 @@ size_t available_memory() {
 
 class CpuChunkExecutor final : public ChunkExecutor {
  public:
-  // FusedLinearOptions::logits_dtype is a GPU speed option: the CPU's row kernels and GEMM are f32 end to
-  // end, so the logits stay f32 here (logits16 off) and a 16-bit request gives exactly the f32 results.
+  // The CPU's row kernels read f32 logits (logits16 off): 16-bit logits_dtype asks only for a bf16 gradient
+  // in the gradient GEMMs (gradient_may_round_to, multiply_for).
   ExecutorCaps caps() const override {
     ExecutorCaps c;
     c.auto_budget = fused_linear_auto_budget(available_memory(), kFusedLinearAutoMaxCpu);
     return c;
   }
 
-  explicit CpuChunkExecutor(ThreadPool& pool) : pool_(pool), kernel_(gemm::best_kernel()) {}
+  explicit CpuChunkExecutor(ThreadPool& pool)
+      : pool_(pool), kernel_(gemm::best_kernel()), bf16_kernel_(gemm::best_bf16_kernel()) {}
 
   int64_t validate(const LossSpec& spec, int64_t rows, int64_t v, Reduction,
                    const std::string& what) override {
     return check_side(spec, rows, v, what);
   }
+
+  void gradient_may_round_to(DType dt) override { round_gradient_ = dt == DType::BF16; }
 
   void* scratch(size_t bytes) override {
     buffers_.push_back(alloc_aligned(bytes));
@@ -180,16 +183,17 @@ class CpuChunkExecutor final : public ChunkExecutor {
     RT_ASSERT(beta == 0.0f || beta == 1.0f);
     const int64_t ldc = int64_t(c.row_stride / sizeof(float));
     const gemm::Operand oa = operand(a, trans_a), ob = operand(b, trans_b);
+    const Multiply how = multiply_for(a.dtype, b.dtype, m, oa, ob);
     if (beta == 0.0f) {
-      gemm::sgemm(m, n, k, oa, ob, f32_row(c, 0), ldc, &pool_, kernel_);
+      run(how, m, n, k, oa, ob, f32_row(c, 0), ldc, false);
       if (alpha != 1.0f) scale_block(c, alpha);
       return;
     }
     // C += A·B is added by the GEMM's own tile stores (dW, [V, H], read and written once). A scaled sum, or a
     // few rows for the dot-product path (which overwrites C), goes through a bounded temporary, a block of
     // rows of C at a time: a few MiB, not another C.
-    if (alpha == 1.0f && !gemm::gemv_applies(m, oa, ob)) {
-      gemm::sgemm(m, n, k, oa, ob, f32_row(c, 0), ldc, &pool_, kernel_, true);
+    if (alpha == 1.0f && how != Multiply::Dot) {
+      run(how, m, n, k, oa, ob, f32_row(c, 0), ldc, true);
       return;
     }
     const int64_t rows = std::min(m, std::max<int64_t>(16, kTempBytes / (int64_t(sizeof(float)) * n)));
@@ -198,7 +202,7 @@ class CpuChunkExecutor final : public ChunkExecutor {
       const int64_t mb = std::min(rows, m - i0);
       gemm::Operand ai = oa;
       ai.data = static_cast<const char*>(oa.data) + i0 * oa.rs;
-      gemm::sgemm(mb, n, k, ai, ob, tmp, n, &pool_, kernel_);
+      run(how, mb, n, k, ai, ob, tmp, n, false);
       pool_.parallel_for(
           mb,
           [&](int64_t r0, int64_t r1) {
@@ -363,6 +367,28 @@ class CpuChunkExecutor final : public ChunkExecutor {
  private:
   static constexpr int64_t kTempBytes = int64_t(8) << 20;
 
+  // How a chunk GEMM multiplies. Two bf16 operands multiply exactly in f32 in either GEMM: the bf16 one
+  // (twice the f32 rate) where the CPU has AVX-512 BF16, else sgemm (its packing is faster). A bf16 operand
+  // beside an f32 one runs in bf16, the f32 one rounded as it is packed, only when the problem accepted
+  // bf16 logits (round_gradient_): that is the gradient GEMMs reading the f32 logits gradient beside bf16
+  // hidden states or weights, as a GPU's 16-bit logits would. Everything else is sgemm's, exact.
+  enum class Multiply { F32, Dot, Bf16 };
+  Multiply multiply_for(DType da, DType db, int64_t m, const gemm::Operand& oa,
+                        const gemm::Operand& ob) const {
+    const bool bf16 = (da == DType::BF16 || db == DType::BF16) && da != DType::F16 && db != DType::F16;
+    if (bf16 && da != db && round_gradient_) return Multiply::Bf16;
+    if (gemm::gemv_applies(m, oa, ob)) return Multiply::Dot;
+    if (da != db) return Multiply::F32;
+    return bf16 && bf16_kernel_ == gemm::Kernel::Avx512Bf16 ? Multiply::Bf16 : Multiply::F32;
+  }
+  void run(Multiply how, int64_t m, int64_t n, int64_t k, const gemm::Operand& a, const gemm::Operand& b,
+           float* c, int64_t ldc, bool accumulate) {
+    if (how == Multiply::Bf16)
+      gemm::bgemm(m, n, k, a, b, c, ldc, &pool_, bf16_kernel_, accumulate);
+    else
+      gemm::sgemm(m, n, k, a, b, c, ldc, &pool_, kernel_, accumulate);
+  }
+
   // Row id of the weight as f32: a pointer into w when it is f32 and dense along the row, else a copy.
   static const float* weight_row(const Block& w, int64_t id, float* buf) {
     if (w.dtype == DType::F32 && w.col_stride == sizeof(float))
@@ -397,7 +423,8 @@ class CpuChunkExecutor final : public ChunkExecutor {
   }
 
   ThreadPool& pool_;
-  gemm::Kernel kernel_;
+  gemm::Kernel kernel_, bf16_kernel_;
+  bool round_gradient_ = false;
   std::vector<Memory> buffers_;
   Memory temp_;
   size_t temp_bytes_ = 0;

@@ -70,9 +70,12 @@ struct FusedLinearOptions {
   // gradient is written in 16 bits over them, in place, and the gradient GEMMs read it from there. Loss and
   // LSE then differ from the f32 path by about 2^-9·|logit| (~1e-3 relative); the gradients by as much.
   // It applies when the backend supports it: the CUDA backend, when the GEMM operands are all of the logits
-  // dtype. Everywhere else the logits stay f32 and the results are those of F32: on the CPU (whose executor
-  // always keeps f32 logits), for selective log-softmax (its backward needs f32 log-probabilities) and on the
-  // K-sparse top-K path (which has no logits block).
+  // dtype. Everywhere else the logits stay f32 and the results are those of F32: for selective log-softmax
+  // (its backward needs f32 log-probabilities), on the K-sparse top-K path (which has no logits block), and
+  // on the CPU, whose executor always keeps f32 logits, with one exception: asked for BF16, its gradient
+  // GEMMs read the f32 logits gradient rounded to bf16 beside bf16 hidden states and weights (the bf16 GEMM,
+  // twice the f32 rate on a CPU with AVX-512 BF16), so the loss is F32's and the gradients differ from F32's
+  // by bf16 rounding.
   std::optional<DType> logits_dtype;
 };
 
