@@ -127,10 +127,10 @@ CacheStats& cache_stats() {
 // a call is taken out while it runs, so two threads never share one.
 class CallCache {
  public:
-  // At most this many calls per function, each holding at most kMaxBytes between calls: large calls gain
-  // nothing from the cache and would keep their memory.
+  // At most this many calls per function, each holding at most kMaxBytes between calls: a call that needs
+  // more runs kernels long enough to hide its build, and would keep its memory for nothing.
   static constexpr size_t kMaxCalls = 4;
-  static constexpr size_t kMaxBytes = size_t(8) << 20;
+  static constexpr size_t kMaxBytes = size_t(1) << 20;
 
   struct Entry {
     std::vector<pyb::object> options;  // Bound::values(), None where an input array was

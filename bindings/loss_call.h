@@ -239,7 +239,12 @@ class LossCall {
         if (outs[i].first == name) v = result(outs[i].second);
       values.append(v);
     }
-    return result_type(pyb::tuple(fields))(*pyb::tuple(values));
+    if (!result_cls_) result_cls_ = result_type(pyb::tuple(fields));
+    // tuple.__new__(cls, values), what namedtuple's _make does, without its Python-level __new__.
+    auto* cls = reinterpret_cast<PyTypeObject*>(result_cls_.ptr());
+    PyObject* r = PyTuple_Type.tp_new(cls, pyb::make_tuple(pyb::tuple(values)).ptr(), nullptr);
+    if (!r) throw pyb::error_already_set();
+    return pyb::reinterpret_steal<pyb::object>(r);
   }
 
   // Whether leaf x, made by input() from obj, is obj's own memory: NumPy arrays and retort Tensors are
@@ -290,6 +295,7 @@ class LossCall {
   std::vector<Leaf> leaves_;
   std::shared_ptr<GraphBox> graph_;
   std::vector<std::pair<std::string, TensorRef>> outs_, grads_out_;
+  pyb::object result_cls_;  // the LossResult class of this call's fields, once known
 };
 
 }  // namespace retort::py
