@@ -53,6 +53,21 @@ def test_repeated_call_reuses_its_graph_with_new_values(rng):
     assert delta(s) == (3, 1)
 
 
+def test_cached_call_counts_its_own_ignored_rows(rng):
+    # The mean is over valid rows: a rerun with another number of ignored labels must divide by its own count.
+    for ignored in ([], [1], [0, 2, 4], [0, 1, 2, 3, 4]):
+        z, y = ce_inputs(rng)
+        y[ignored] = -100
+        r = retort.losses.cross_entropy(z, y, return_grad=True, grad_dtype="f32")
+        close(r.loss, refs.cross_entropy(z, y)[0], TOL, f"loss, rows {ignored} ignored")
+        close(r.grad, refs.fd_grad(lambda x: refs.cross_entropy(x, y)[0], z), 3e-4, f"grad, rows {ignored} ignored")
+        h = rng.normal(size=(6, 3)).astype(np.float32)
+        w = rng.normal(size=(11, 3)).astype(np.float32)
+        f = retort.losses.fused_linear_cross_entropy(h, w, y)
+        close(f, refs.cross_entropy(h.astype(np.float64) @ w.T.astype(np.float64), y)[0], TOL,
+              f"fused loss, rows {ignored} ignored")
+
+
 def test_cached_call_writes_into_the_same_array_it_was_given(rng):
     # The same array object with new contents: the graph must read the new values, not a copy.
     z, y = ce_inputs(rng)
