@@ -115,8 +115,8 @@ Shape parse_shape(pyb::handle h, const char* op);
 // from_dlpack. ctx null: a fresh context on be (be null: the CPU, or the DLPack object's device).
 TensorRef to_tensor(pyb::handle obj, BackendPtr be, std::optional<DType> dtype, const std::string& name,
                     std::shared_ptr<PyCtx> ctx = nullptr);
-// Whether to_tensor on the host takes NumPy array a in place as a leaf of dtype d (its dtype is d's layout and
-// default, writable, aligned, non-negative strides): what a repeated loss call checks before reusing a graph.
+// Whether to_tensor on the host takes NumPy array a in place as a leaf of dtype d (d's layout and default
+// dtype, writable, aligned, non-negative strides): what a repeated loss call checks before reusing a graph.
 bool wraps_in_place(const pyb::array& a, DType d);
 // A trainable copy of data (Context::param).
 TensorRef to_param(pyb::handle obj, BackendPtr be, std::optional<DType> dtype, const std::string& name,

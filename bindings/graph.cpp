@@ -157,8 +157,9 @@ void bind_graph(pyb::module_& m) {
           "Adds the loss (a single float element) and the gradient ops of every parameter that reaches it. "
           "Parameter gradients accumulate over runs: call zero_grad() between steps.")
       .def("compute", &GraphBox::compute,
-           "Runs the graph (the GIL is released meanwhile). Raises retort.Error on a bad index or label: on the "
-           "CPU here; on a device, where the run only queues work, at a later call, synchronize() or read.")
+           "Runs the graph (the GIL is released meanwhile). Raises retort.Error on a bad index or label: "
+           "on the CPU here; on a device, where the run only queues work, at a later call, synchronize() or "
+           "read.")
       .def("grad", &GraphBox::grad, pyb::arg("t"),
            "The gradient of t after compute(), or None when it has none (t is not a parameter and no "
            "parameter's gradient flows through it). A parameter's gradient is its f32 accumulator.")

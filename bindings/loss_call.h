@@ -206,7 +206,7 @@ class LossCall {
   }
 
   // The loss alone when nothing else was asked for, else LossResult(loss, <grad slots>, per_row, lse, hard,
-  // soft): NumPy copies on the host (the arena is rewritten by a rerun), Tensors holding the graph on a device.
+  // soft): NumPy copies on the host (a rerun rewrites the arena), Tensors holding the graph on a device.
   pyb::object pack() {
     const auto& graph = graph_;
     const auto& outs = outs_;

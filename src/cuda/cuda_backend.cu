@@ -512,7 +512,7 @@ class CudaBackend final : public Backend {
       for (Block& b : blocks_) b.used = 0;
       cur_ = 0;
     }
-    // How many copies were staged so far: none since a point in the stream means all staged ones are before it.
+    // Copies staged so far: none since a point in the stream means every staged copy was queued before it.
     size_t takes() const { return takes_; }
 
    private:

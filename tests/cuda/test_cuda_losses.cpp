@@ -1,7 +1,8 @@
 // The loss backend's ops on CUDA beyond their case lists (cross_entropy_loss, entropy and
 // selective_log_softmax run the CPU's lists in test_cuda_loss_cases.cpp): bad labels and ids raise
 // retort::Error at the next synchronize or at the next run that finds the faulting work done (with no host
-// wait in between), non-finite teacher logprobs are reported, and logits_grad runs the CPU's case list. Without a usable device every test skips with the reason.
+// wait in between), non-finite teacher logprobs are reported, and logits_grad runs the CPU's case list.
+// Without a usable device every test skips with the reason.
 #include <gtest/gtest.h>
 
 #include <chrono>
