@@ -60,8 +60,6 @@ class PyCtx : public Context, public std::enable_shared_from_this<PyCtx> {
   // The number of dims Python sees for t: NumPy keeps leading 1s that retort's shape drops.
   void set_ndim(const Tensor* t, int ndim) { ndim_[t] = ndim; }
   int ndim(const Tensor* t) const;
-  // t aliases memory another library owns: drain the device before letting that memory go.
-  void mark_external() { external_ = true; }
 
   // Where the last graph that ran node t put it. kept: the planner never reused that memory in that run.
   struct Placement {
@@ -75,7 +73,6 @@ class PyCtx : public Context, public std::enable_shared_from_this<PyCtx> {
   BackendPtr be_;
   std::vector<std::shared_ptr<PyCtx>> deps_;
   std::unordered_map<const Tensor*, int> ndim_;
-  bool external_ = false;
 };
 
 // The context that owns t. Every tensor the module hands out lives in a PyCtx; anything else is a bug.
@@ -118,6 +115,9 @@ Shape parse_shape(pyb::handle h, const char* op);
 // from_dlpack. ctx null: a fresh context on be (be null: the CPU, or the DLPack object's device).
 TensorRef to_tensor(pyb::handle obj, BackendPtr be, std::optional<DType> dtype, const std::string& name,
                     std::shared_ptr<PyCtx> ctx = nullptr);
+// Whether to_tensor on the host takes NumPy array a in place as a leaf of dtype d (d's layout and default
+// dtype, writable, aligned, non-negative strides): what a repeated loss call checks before reusing a graph.
+bool wraps_in_place(const pyb::array& a, DType d);
 // A trainable copy of data (Context::param).
 TensorRef to_param(pyb::handle obj, BackendPtr be, std::optional<DType> dtype, const std::string& name,
                    std::shared_ptr<PyCtx> ctx = nullptr);

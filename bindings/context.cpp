@@ -74,18 +74,9 @@ PyCtx::PyCtx(BackendPtr be) : Context(*be->backend), be_(std::move(be)) {
 }
 
 PyCtx::~PyCtx() {
-  {
-    std::lock_guard<std::mutex> lock(live_mutex);
-    live_contexts().erase(static_cast<const Context*>(this));
-  }
-  // Kernels queued on the device may still read memory a DLPack producer lent us; wait before returning it.
-  if (external_ && !be_->backend->is_host()) {
-    try {
-      be_->backend->synchronize();
-    } catch (const std::exception&) {
-      // A device fault was already reported by the run that caused it, or will be by the next one.
-    }
-  }
+  std::lock_guard<std::mutex> lock(live_mutex);
+  live_contexts().erase(static_cast<const Context*>(this));
+  // Memory a DLPack producer lent us goes back when queued kernels are done with it (from_dlpack's owner).
 }
 
 void PyCtx::depend_on(const std::shared_ptr<PyCtx>& other) {

@@ -99,6 +99,30 @@ pyb::object request_capsule(pyb::handle obj, pyb::object stream) {
   return fn(pyb::arg("stream") = stream);
 }
 
+// Calls a producer's deleter with the GIL (NumPy's releases a Python reference). Device memory goes back only
+// once the kernels queued on be so far have run (after_queued: an event, no host wait), so the producer may
+// reuse it at once; host memory, read synchronously, at once.
+template <class Managed>
+std::shared_ptr<void> producer_owner(Managed* m, std::shared_ptr<Backend> be) {
+  auto give_back = [](Managed* mt) {
+    if (!mt->deleter || !Py_IsInitialized()) return;
+    pyb::gil_scoped_acquire gil;
+    mt->deleter(mt);
+  };
+  return std::shared_ptr<void>(m, [be = std::move(be), give_back](void* p) {
+    auto* mt = static_cast<Managed*>(p);
+    if (be) {
+      try {
+        be->after_queued([mt, give_back] { give_back(mt); });
+        return;
+      } catch (const std::exception&) {
+        // The device failed for good (a sticky CUDA error): nothing will read the memory any more.
+      }
+    }
+    give_back(mt);
+  });
+}
+
 // Copies a host tensor with arbitrary (also negative) element strides into contiguous storage.
 void gather_host(const char* base, int ndim, const int64_t* shape, const int64_t* strides, size_t es,
                  char* out) {
@@ -147,20 +171,16 @@ TensorRef from_dlpack(pyb::handle obj, BackendPtr be, const std::string& name, s
   }
   pyb::object cap = request_capsule(obj, stream);
 
-  // Take ownership: rename the capsule so its destructor leaves the tensor to us, and call the producer's
-  // deleter (with the GIL: NumPy's releases a Python reference) when the last retort owner lets go.
+  // Take ownership: rename the capsule so its destructor leaves the tensor to us, and give it back to the
+  // producer when the last retort owner lets go and no queued kernel reads it.
   DLTensor* dl = nullptr;
   std::shared_ptr<void> owner;
   bool read_only = false;
+  std::shared_ptr<Backend> reader = on_device ? home->backend : nullptr;
   if (PyCapsule_IsValid(cap.ptr(), kVersionedName)) {
     auto* m = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap.ptr(), kVersionedName));
     PyCapsule_SetName(cap.ptr(), kVersionedUsed);
-    owner = std::shared_ptr<void>(m, [](void* p) {
-      auto* mt = static_cast<DLManagedTensorVersioned*>(p);
-      if (!mt->deleter || !Py_IsInitialized()) return;
-      pyb::gil_scoped_acquire gil;
-      mt->deleter(mt);
-    });
+    owner = producer_owner(m, reader);
     RT_CHECK(m->version.major == kDLPackMajor, what, ": the producer speaks DLPack ", m->version.major, ".",
              m->version.minor, "; retort reads 1.x");
     dl = &m->dl_tensor;
@@ -168,12 +188,7 @@ TensorRef from_dlpack(pyb::handle obj, BackendPtr be, const std::string& name, s
   } else if (PyCapsule_IsValid(cap.ptr(), kLegacyName)) {
     auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap.ptr(), kLegacyName));
     PyCapsule_SetName(cap.ptr(), kLegacyUsed);
-    owner = std::shared_ptr<void>(m, [](void* p) {
-      auto* mt = static_cast<DLManagedTensor*>(p);
-      if (!mt->deleter || !Py_IsInitialized()) return;
-      pyb::gil_scoped_acquire gil;
-      mt->deleter(mt);
-    });
+    owner = producer_owner(m, reader);
     dl = &m->dl_tensor;
   } else {
     RT_FAIL(what, ": not a DLPack capsule, or one that was already consumed");
@@ -224,7 +239,6 @@ TensorRef from_dlpack(pyb::handle obj, BackendPtr be, const std::string& name, s
     for (int64_t s : elem_strides) byte_strides.push_back(size_t(s) * es);
     if (dl->ndim == 0) byte_strides.clear();
     t = local->wrap(*dt, shape, data, owner, byte_strides, name);
-    local->mark_external();
   }
   TensorRef r = make_ref(t, dl->ndim);
   if (be && be->backend != home->backend) return copy_to(r, be, ctx);
@@ -236,12 +250,23 @@ TensorRef from_dlpack(pyb::handle obj, BackendPtr be, const std::string& name, s
 namespace {
 
 // What an exported capsule owns: the shape and strides arrays it points at, and what keeps the data alive.
+// When the consumer lets go, its reads may still be queued on the stream it named: our later work (which may
+// reuse the memory) waits for them.
 struct ExportHolder {
   std::vector<int64_t> shape, strides;
   std::shared_ptr<PyCtx> ctx;
   std::shared_ptr<GraphBox> graph;
+  void* consumer = nullptr;  // the consumer's stream, or null (host memory, or stream=-1)
   DLManagedTensor legacy{};
   DLManagedTensorVersioned versioned{};
+  ~ExportHolder() {
+    if (!consumer) return;
+    try {
+      ctx->backend_ref()->backend->wait_for(consumer);
+    } catch (const std::exception&) {
+      // A sticky device error: no later work will run to touch the memory.
+    }
+  }
 };
 
 // Consumers may call these on any thread, with or without the GIL; nothing here touches Python directly
@@ -283,6 +308,32 @@ DLDataType dl_dtype(DType d) {
 
 }  // namespace
 
+// The consumer's stream from __dlpack__(stream=...), as the array API standard defines it for CUDA: None is
+// the legacy default stream, 1 the legacy default stream, 2 the per-thread default stream, a larger integer a
+// cudaStream_t, and -1 no synchronization at all (returned as null); 0 is ambiguous and refused. Memory
+// without streams (the host) takes None only.
+void* consumer_stream(pyb::handle stream, bool device) {
+  if (!stream.is_none() && (!pyb::isinstance<pyb::int_>(stream) || pyb::isinstance<pyb::bool_>(stream)))
+    throw pyb::type_error("__dlpack__: stream must be an int or None, got " +
+                          std::string(pyb::str(pyb::type::handle_of(stream).attr("__name__"))));
+  if (!device) {
+    RT_CHECK(stream.is_none(), "__dlpack__: a host tensor takes stream=None (the host has no streams), got ",
+             std::string(pyb::repr(stream)));
+    return nullptr;
+  }
+  if (stream.is_none()) return reinterpret_cast<void*>(uintptr_t(1));
+  int64_t s = 0;
+  try {
+    s = stream.cast<int64_t>();
+  } catch (const pyb::cast_error&) {
+    RT_FAIL("__dlpack__: stream ", std::string(pyb::repr(stream)), " is not a CUDA stream handle");
+  }
+  RT_CHECK(s >= -1 && s != 0, "__dlpack__: stream ", s,
+           " is not a CUDA stream (expected -1: no synchronization, 1: the legacy default stream, 2: the ",
+           "per-thread default stream, or a cudaStream_t; 0 is ambiguous and disallowed)");
+  return s == -1 ? nullptr : reinterpret_cast<void*>(uintptr_t(s));
+}
+
 pyb::tuple dlpack_device(const TensorRef& r) {
   const BackendRef& b = *r.ctx->backend_ref();
   if (b.is_cuda()) return pyb::make_tuple(int(kDLCUDA), b.device);
@@ -300,19 +351,20 @@ pyb::object to_dlpack(const TensorRef& r0, pyb::handle stream, pyb::handle max_v
       throw pyb::buffer_error("__dlpack__: retort exports on its own device only (" + r.t->backend().name() +
                               "); copy with Tensor.to(backend) first");
   }
+  Backend& be = *r.ctx->backend_ref()->backend;
+  void* consumer = consumer_stream(stream, !be.is_host());
+  be.poll_errors();  // a fault that earlier work recorded is reported here rather than handed on as values
   if (want_copy) r = copy_to(r, nullptr);
   std::shared_ptr<GraphBox> g = value_owner(r, "__dlpack__");
   const Tensor* t = r.t;
   RT_CHECK(t->data != nullptr, "__dlpack__: ", t->describe(), " has no storage");
-  (void)stream;  // we finish our own work before handing memory out, which suits any consumer stream
-  if (!t->backend().is_host()) {
-    pyb::gil_scoped_release nogil;
-    t->backend().synchronize();
-  }
+  // The consumer's stream waits for the work that writes the value (an event, no host wait).
+  if (consumer && consumer != be.stream_handle()) be.make_wait(consumer);
 
   auto h = std::make_unique<ExportHolder>();
   h->ctx = r.ctx;
   h->graph = g;
+  h->consumer = consumer != be.stream_handle() ? consumer : nullptr;
   h->shape = py_shape(r);
   const int ndim = int(h->shape.size());
   for (int i = 0; i < ndim; ++i) {

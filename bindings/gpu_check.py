@@ -7,7 +7,9 @@ temperature, top-K normalization, padding and masks, ignored rows, sum reduction
 the per-row values, the log-sum-exps and the gradient with respect to the logits in retort (on the inputs'
 own CUDA memory, no copies), and a float64 PyTorch reference on the same values (bf16 inputs are upcast
 exactly), then prints one line per quantity: the largest relative error max|retort - ref| / max|ref| and the
-tolerance it must meet. It also checks that DLPack hands CUDA memory over without a copy both ways, and runs
+tolerance it must meet. It also checks that DLPack hands CUDA memory over without a copy both ways, that loss
+calls wait for nothing (a fault is reported by a later call or synchronize; torch reads right results on a
+stream of its own with no host wait in retort), and runs
 the golden Transformer test (tests/data/golden: logits, loss, gradients, ten Trainer steps against a float64
 reference) on the device through retort.Transformer and retort.Trainer.
 
@@ -352,6 +354,68 @@ def check_dlpack(torch, retort, device):
     return out
 
 
+def check_async(torch, retort, device):
+    """Loss calls on the GPU wait for nothing: a fault is reported by a later call or synchronize (bindings/
+    README.md, "Asynchronous errors"), and results taken by torch on another stream are right with no host
+    wait in retort (the export makes the consumer's stream wait on an event). (description, ok)."""
+    out = []
+    be = retort.cuda(torch.device(device).index or 0)
+    n, v = 256, 1000
+    z = torch.randn(n, v, device=device)
+    y = torch.randint(0, v, (n,), device=device)
+    bad = y.clone()
+    bad[3] = v + 4000
+    be.synchronize()
+    w0 = be.host_waits
+    try:
+        retort.losses.cross_entropy(z, bad)
+        quiet = True
+    except retort.Error:
+        quiet = False
+    out.append(("a faulting call returns without waiting", quiet and be.host_waits == w0))
+    torch.cuda.synchronize()  # the faulting work is done: the next call must find it
+    try:
+        retort.losses.cross_entropy(z, y)
+        msg = ""
+    except retort.Error as e:
+        msg = str(e)
+    out.append(("the next call reports it (label, op)", f"label {v + 4000}" in msg and "cross_entropy" in msg))
+    out.append(("reported once: the call after works",
+                abs(retort.losses.cross_entropy(z, y).numpy() - torch.nn.functional.cross_entropy(z, y).item())
+                < 1e-4))
+    retort.losses.cross_entropy(z, bad)
+    try:
+        be.synchronize()
+        found = False
+    except retort.Error as e:
+        found = f"label {v + 4000}" in str(e)
+    out.append(("synchronize() reports a fault no call saw", found))
+
+    # torch on a stream of its own makes the inputs and reads the results; retort's work is large enough
+    # (bf16 [4096, 32000] logits) that a missing stream wait would let torch read before retort wrote.
+    side = torch.cuda.Stream(device=device)
+    n, v = 4096, 32000
+    worst, w0 = 0.0, be.host_waits
+    with torch.cuda.stream(side):
+        for _ in range(8):
+            z = (torch.randn(n, v, device=device) * 2).to(torch.bfloat16)
+            y = torch.randint(0, v, (n,), device=device)
+            r = retort.losses.cross_entropy(z, y, return_grad=True, grad_dtype="f32")
+            loss, grad = torch.from_dlpack(r.loss), torch.from_dlpack(r.grad)
+            zf = z.float()
+            want = torch.nn.functional.cross_entropy(zf, y)
+            wgrad = torch.softmax(zf, 1)
+            wgrad[torch.arange(n, device=device), y] -= 1
+            wgrad /= n
+            err = max(((loss - want).abs() / want.abs()).item(),
+                      ((grad - wgrad).abs().max() / wgrad.abs().max()).item())
+            worst = max(worst, err)
+    out.append((f"torch on another stream reads right results ({worst:.1e})", worst < 1e-4))
+    out.append(("... with no host wait in retort", be.host_waits == w0))
+    be.synchronize()
+    return out
+
+
 def check_golden(retort, backend, on_gpu):
     """The golden test (tests/nn/test_golden.cpp) on this backend through the Python API: the tiny models'
     logits, loss, every gradient and ten Trainer steps against tests/data/golden's float64 fixture (PyTorch's
@@ -475,6 +539,10 @@ def main():
     for what, ok in check_dlpack(torch, retort, device):
         failures += not ok
         print(f"dlpack: {what:<52} {'ok' if ok else 'FAIL'}")
+    if not args.cpu:
+        for what, ok in check_async(torch, retort, device):
+            failures += not ok
+            print(f"async: {what:<53} {'ok' if ok else 'FAIL'}")
     rows, fixture = check_golden(retort, backend, not args.cpu)
     if fixture:
         print(f"\ngolden Transformer vs {os.path.relpath(fixture)}:")

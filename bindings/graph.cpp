@@ -49,10 +49,10 @@ void GraphBox::compute() {
     }
   };
   try {
+    // A device run only queues work: a fault it meets (an id out of range) is reported by a later run,
+    // synchronize() or read (bindings/README.md, "Asynchronous errors").
     pyb::gil_scoped_release nogil;
     g.compute();
-    // A device run is asynchronous: wait, so that a fault (an id out of range) is reported by this call.
-    if (!be_->backend->is_host()) be_->backend->synchronize();
   } catch (...) {
     forget();  // a failed run leaves values half written: none of them is readable
     throw;
@@ -157,7 +157,9 @@ void bind_graph(pyb::module_& m) {
           "Adds the loss (a single float element) and the gradient ops of every parameter that reaches it. "
           "Parameter gradients accumulate over runs: call zero_grad() between steps.")
       .def("compute", &GraphBox::compute,
-           "Runs the graph (the GIL is released meanwhile). Raises retort.Error on a bad index or label.")
+           "Runs the graph (the GIL is released meanwhile). Raises retort.Error on a bad index or label: "
+           "on the CPU here; on a device, where the run only queues work, at a later call, synchronize() or "
+           "read.")
       .def("grad", &GraphBox::grad, pyb::arg("t"),
            "The gradient of t after compute(), or None when it has none (t is not a parameter and no "
            "parameter's gradient flows through it). A parameter's gradient is its f32 accumulator.")

@@ -1,6 +1,7 @@
 // def_loss: a LossSpec as retort.losses.<name> and retort.ops.<name> (see loss_binding.h).
 #include "loss_binding.h"
 
+#include <list>
 #include <memory>
 
 #include "loss_call.h"
@@ -111,10 +112,72 @@ std::vector<pyb::handle> handles(const LossSpec& s, const Bound& b, bool plain) 
   return h;
 }
 
-pyb::object call_plain(const LossSpec& s, const Bound& b) {
-  static const std::vector<std::string> kFusedSlots = {"grad_hidden", "grad_weight", "grad_bias"};
-  LossCall c(s.op, handles(s, b, true), b["backend"],
-             s.fused ? kFusedSlots : std::vector<std::string>{"grad"});
+// Hits and builds of every plain loss function's CallCache, for retort.losses._cache_stats().
+struct CacheStats {
+  size_t hits = 0, builds = 0;
+};
+CacheStats& cache_stats() {
+  static CacheStats s;  // only touched with the GIL held
+  return s;
+}
+
+// The last few plain calls of one loss function that may run again (LossCall::reusable), keyed by every
+// option's value (its type and ==) and every input's layout: a repeated small call on the CPU then costs the
+// argument checks and the kernels, not a graph build, a plan and an arena each time. Used with the GIL held;
+// a call is taken out while it runs, so two threads never share one.
+class CallCache {
+ public:
+  // At most this many calls per function, each holding at most kMaxBytes between calls: a call that needs
+  // more runs kernels long enough to hide its build, and would keep its memory for nothing.
+  static constexpr size_t kMaxCalls = 4;
+  static constexpr size_t kMaxBytes = size_t(1) << 20;
+
+  struct Entry {
+    std::vector<pyb::object> options;  // Bound::values(), None where an input array was
+    std::unique_ptr<LossCall> call;
+  };
+
+  // The entry that can run b, taken out of the cache; null when none can.
+  std::unique_ptr<Entry> take(const Bound& b) {
+    for (auto it = entries_.begin(); it != entries_.end(); ++it)
+      if (matches(*it, b)) {
+        auto e = std::make_unique<Entry>(std::move(*it));
+        entries_.erase(it);
+        return e;
+      }
+    return nullptr;
+  }
+  // Keeps a call that ran over b's arrays (it lets go of them), most recent first.
+  void put(std::unique_ptr<LossCall> call, const Bound& b) {
+    Entry e;
+    for (const auto& [name, v] : b.values())
+      e.options.push_back(call->has_input(name) ? pyb::object(pyb::none()) : v);
+    call->release_inputs();
+    e.call = std::move(call);
+    put(std::move(e));
+  }
+  void put(Entry e) {
+    entries_.push_front(std::move(e));
+    if (entries_.size() > kMaxCalls) entries_.pop_back();
+  }
+
+ private:
+  static bool matches(const Entry& e, const Bound& b) {
+    const auto& v = b.values();
+    for (size_t i = 0; i < v.size(); ++i) {
+      const pyb::object& o = e.options[i];
+      const pyb::handle h = v[i].second;
+      if (o.ptr() == h.ptr()) continue;
+      if (o.is_none() && e.call->has_input(v[i].first)) continue;  // an input array: same_inputs checks it
+      if (Py_TYPE(o.ptr()) != Py_TYPE(h.ptr()) || !o.equal(h)) return false;
+    }
+    return e.call->same_inputs(b);
+  }
+  std::list<Entry> entries_;
+};
+
+// The plain call's graph, built for b and run once (call_plain without the cache).
+pyb::object build_plain(const LossSpec& s, const Bound& b, LossCall& c) {
   c.set_grad_dtype(b["grad_dtype"]);
   const bool want = s.values ? !b["grad_output"].is_none() : b.flag("return_grad");
   const bool inplace = !s.fused && !s.values && b.flag("inplace_grad");
@@ -148,6 +211,22 @@ pyb::object call_plain(const LossSpec& s, const Bound& b) {
   }
   if (row && (want || inplace)) c.row_grad(r.out.loss, r.reduction, t(row->name), b[row->name], inplace);
   return c.finish(r.out.loss, r.reduction, r.out);
+}
+
+pyb::object call_plain(const LossSpec& s, const Bound& b, CallCache& cache) {
+  if (std::unique_ptr<CallCache::Entry> e = cache.take(b)) {
+    ++cache_stats().hits;
+    pyb::object r = e->call->rerun(b);  // a call that throws is dropped
+    cache.put(std::move(*e));
+    return r;
+  }
+  static const std::vector<std::string> kFusedSlots = {"grad_hidden", "grad_weight", "grad_bias"};
+  auto c = std::make_unique<LossCall>(s.op, handles(s, b, true), b["backend"],
+                                      s.fused ? kFusedSlots : std::vector<std::string>{"grad"});
+  pyb::object r = build_plain(s, b, *c);
+  ++cache_stats().builds;
+  if (c->reusable(CallCache::kMaxBytes)) cache.put(std::move(c), b);
+  return r;
 }
 
 pyb::object call_node(const LossSpec& s, const Bound& b) {
@@ -240,19 +319,29 @@ void def_loss(pyb::module_& losses, pyb::module_& ops, LossSpec spec) {
   // The signature is written into the docstring, where help() and inspect.signature read it.
   pyb::options opts;
   opts.disable_function_signatures();
-  using Call = pyb::object (*)(const LossSpec&, const Bound&);
-  auto define = [&](pyb::module_& m, bool plain, Call call, const char* tail) {
-    const std::vector<Param> params = parameters(*s, plain);
-    const std::string doc = signature(s->name, params) + s->doc + inputs + tail;
-    m.def(
-        s->name,
-        [s, params, call](const pyb::args& args, const pyb::kwargs& kwargs) {
-          return call(*s, Bound(s->name, params, args, kwargs));
-        },
-        doc.c_str());
+  auto doc = [&](bool plain, const char* tail) {
+    return signature(s->name, parameters(*s, plain)) + s->doc + inputs + tail;
   };
-  define(losses, true, &call_plain, results);
-  define(ops, false, &call_node, kNodeResults);
+  auto cache = std::make_shared<CallCache>();
+  losses.def(
+      s->name,
+      [s, params = parameters(*s, true), cache](const pyb::args& args, const pyb::kwargs& kwargs) {
+        return call_plain(*s, Bound(s->name, params, args, kwargs), *cache);
+      },
+      doc(true, results).c_str());
+  ops.def(
+      s->name,
+      [s, params = parameters(*s, false)](const pyb::args& args, const pyb::kwargs& kwargs) {
+        return call_node(*s, Bound(s->name, params, args, kwargs));
+      },
+      doc(false, kNodeResults).c_str());
+}
+
+pyb::dict loss_cache_stats() {
+  pyb::dict d;
+  d["hits"] = cache_stats().hits;
+  d["builds"] = cache_stats().builds;
+  return d;
 }
 
 }  // namespace retort::py

@@ -31,6 +31,8 @@ class Bound {
   size_t size(const char* name) const;
   bool flag(const char* name) const;
   std::string str(const char* name) const;
+  // Every parameter's value, in the declared order.
+  const std::vector<std::pair<std::string, pyb::object>>& values() const { return values_; }
 
  private:
   template <class T>
@@ -82,5 +84,9 @@ struct LossSpec {
 // Defines spec as retort.losses.<name> (arrays in, results out, gradients on request) and retort.ops.<name>
 // (a node: the loss Tensor, or LossOutputs when a return_* option is set).
 void def_loss(pyb::module_& losses, pyb::module_& ops, LossSpec spec);
+
+// How many plain loss calls ran a kept graph again (hits) and how many built one (builds), over every loss
+// function of the process: retort.losses._cache_stats(), for tests.
+pyb::dict loss_cache_stats();
 
 }  // namespace retort::py

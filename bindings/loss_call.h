@@ -2,14 +2,17 @@
 // (NumPy arrays, DLPack producers, retort Tensors) without copying where it can, builds a one-loss graph on
 // the inputs' backend, runs it with the GIL released, and packs the loss, the gradients asked for and the
 // extra outputs: NumPy arrays when the call ran on the CPU, retort Tensors (kept alive with their graph) on a
-// device.
+// device. A call on the host whose inputs were all NumPy arrays used in place can run again over other arrays
+// of the same layouts (rerun): the graph, its plan and its arena are kept, only the leaves' addresses change.
 #pragma once
-#include <string>
+#include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "common.h"
+#include "loss_binding.h"
 
 namespace retort::py {
 
@@ -37,9 +40,21 @@ class LossCall {
     if (pyb::isinstance<TensorRef>(obj)) {
       TensorRef r = obj.cast<TensorRef>();
       if (r.ctx->backend_ref()->backend != be_->backend) r = copy_to(r, be_);
+      leaves_.push_back({role, nullptr, {}, {}});  // not an array: the call cannot run again over another
       return alias_leaf(r, *ctx_, role);
     }
-    return to_tensor(obj, be_, std::nullopt, role, ctx_).t;
+    Tensor* t = to_tensor(obj, be_, std::nullopt, role, ctx_).t;
+    Leaf leaf{role, nullptr, {}, {}};
+    if (pyb::isinstance<pyb::array>(obj) && wrapped_in_place(obj, t)) {
+      const pyb::array a = obj.cast<pyb::array>();
+      leaf.t = t;
+      for (pyb::ssize_t i = 0; i < a.ndim(); ++i) {
+        leaf.shape.push_back(a.shape(i));
+        leaf.strides.push_back(a.shape(i) == 1 ? 0 : a.strides(i));  // any stride is valid for one index
+      }
+    }
+    leaves_.push_back(std::move(leaf));
+    return t;
   }
 
   // A trainable input (the student's logits; hidden, weight, bias): with want_grad, a leaf whose gradient the
@@ -97,9 +112,63 @@ class LossCall {
   // the loss alone when nothing else was asked for, else LossResult(loss, <grad slots>, per_row, lse, hard,
   // soft) with None where nothing was asked for.
   pyb::object finish(Tensor* loss, Reduction red, const LossOutputs& extra = {}) {
+    build(loss, red, extra);
+    graph_->compute();
+    return pack();
+  }
+
+  // Whether the call may run again over other arrays (rerun): on the host, every input a NumPy array used in
+  // place, no gradient written over an input, and at most max_bytes of memory held between calls.
+  bool reusable(size_t max_bytes) {
+    if (!graph_ || !be_->backend->is_host() || in_place_) return false;
+    for (const Leaf& l : leaves_)
+      if (!l.t) return false;
+    size_t bytes = graph_->graph().plan().arena_bytes;
+    for (auto& [name, r] : grads_out_)
+      if (r.t->is_leaf()) bytes += r.t->nbytes();  // a parameter's f32 accumulator
+    return bytes <= max_bytes;
+  }
+  // Whether b holds, for every input, a NumPy array this call's leaf can take in place (rerun's condition).
+  bool same_inputs(const Bound& b) const {
+    for (const Leaf& l : leaves_) {
+      pyb::handle h = b[l.role];
+      if (!pyb::isinstance<pyb::array>(h)) return false;
+      const pyb::array a = pyb::reinterpret_borrow<pyb::array>(h);
+      if (size_t(a.ndim()) != l.shape.size() || !wraps_in_place(a, l.t->dtype)) return false;
+      for (pyb::ssize_t i = 0; i < a.ndim(); ++i)
+        if (a.shape(i) != l.shape[size_t(i)] || (a.shape(i) == 1 ? 0 : a.strides(i)) != l.strides[size_t(i)])
+          return false;
+    }
+    return true;
+  }
+  // Runs the kept graph over b's arrays (same_inputs(b) holds) and packs the results like finish.
+  pyb::object rerun(const Bound& b) {
+    for (const Leaf& l : leaves_)
+      l.t->data = const_cast<void*>(pyb::reinterpret_borrow<pyb::array>(b[l.role]).data());
+    graph_->zero_grad();  // the gradients are this call's, not summed with the last one's
+    graph_->compute();
+    pyb::object r = pack();
+    release_inputs();
+    return r;
+  }
+  // Whether role names one of the call's NumPy inputs (used in place).
+  bool has_input(const std::string& role) const {
+    for (const Leaf& l : leaves_)
+      if (l.t && l.role == role) return true;
+    return false;
+  }
+  // Lets go of the caller's arrays: a kept call must not keep them alive. Their leaves keep stale addresses,
+  // which only rerun reads, after setting new ones.
+  void release_inputs() {
+    for (const Leaf& l : leaves_) l.t->buffer.reset();
+  }
+
+ private:
+  void build(Tensor* loss, Reduction red, const LossOutputs& extra) {
     const int loss_nd = red == Reduction::None ? 1 : 0;
-    auto graph = std::make_shared<GraphBox>(be_);
-    std::vector<std::pair<std::string, TensorRef>> outs;
+    graph_ = std::make_shared<GraphBox>(be_);
+    auto& graph = graph_;
+    auto& outs = outs_;
     outs.push_back({"loss", make_ref(loss, loss_nd)});
     auto add = [&](const char* name, Tensor* t, int nd) {
       if (t) outs.push_back({name, make_ref(t, nd)});
@@ -111,7 +180,7 @@ class LossCall {
     add("values", values_, 2);
     std::vector<TensorRef> roots;
     for (auto& o : outs) roots.push_back(o.second);
-    std::vector<std::pair<std::string, TensorRef>> grads;
+    auto& grads = grads_out_;
     for (auto& [name, g] : direct_) {
       g->flags |= kOutput;
       grads.push_back({name, make_ref(g, ctx_->ndim(g))});
@@ -134,8 +203,14 @@ class LossCall {
         grads.push_back({name, g});
       }
     }
-    graph->compute();
+  }
 
+  // The loss alone when nothing else was asked for, else LossResult(loss, <grad slots>, per_row, lse, hard,
+  // soft): NumPy copies on the host (a rerun rewrites the arena), Tensors holding the graph on a device.
+  pyb::object pack() {
+    const auto& graph = graph_;
+    const auto& outs = outs_;
+    const auto& grads = grads_out_;
     const bool host = be_->backend->is_host();
     auto result = [&](const TensorRef& r) -> pyb::object {
       TensorRef kept = r;
@@ -164,10 +239,14 @@ class LossCall {
         if (outs[i].first == name) v = result(outs[i].second);
       values.append(v);
     }
-    return result_type(pyb::tuple(fields))(*pyb::tuple(values));
+    if (!result_cls_) result_cls_ = result_type(pyb::tuple(fields));
+    // tuple.__new__(cls, values), what namedtuple's _make does, without its Python-level __new__.
+    auto* cls = reinterpret_cast<PyTypeObject*>(result_cls_.ptr());
+    PyObject* r = PyTuple_Type.tp_new(cls, pyb::make_tuple(pyb::tuple(values)).ptr(), nullptr);
+    if (!r) throw pyb::error_already_set();
+    return pyb::reinterpret_steal<pyb::object>(r);
   }
 
- private:
   // Whether leaf x, made by input() from obj, is obj's own memory: NumPy arrays and retort Tensors are
   // compared by address; a DLPack producer on the call's device is always imported in place.
   bool wrapped_in_place(pyb::handle obj, const Tensor* x) const {
@@ -188,11 +267,21 @@ class LossCall {
 
   // A namedtuple class per field list ("LossResult"), made once and kept in retort.losses._result_types.
   static pyb::object result_type(const pyb::tuple& fields) {
-    pyb::dict cache = pyb::module_::import("retort").attr("losses").attr("_result_types");
+    // Looked up once: an import per call costs microseconds. Leaked: no Python object in a static destructor.
+    static const pyb::dict* types =
+        new pyb::dict(pyb::module_::import("retort").attr("losses").attr("_result_types"));
+    const pyb::dict& cache = *types;
     if (!cache.contains(fields))
       cache[fields] = pyb::module_::import("collections").attr("namedtuple")("LossResult", fields);
     return cache[fields];
   }
+
+  // An input as input() found it: t, shape and strides (NumPy's) when it is a NumPy array used in place.
+  struct Leaf {
+    std::string role;
+    Tensor* t;
+    std::vector<pyb::ssize_t> shape, strides;
+  };
 
   const char* op_;
   std::vector<std::string> slots_;
@@ -203,6 +292,10 @@ class LossCall {
   std::optional<DType> grad_dtype_;
   Tensor* values_ = nullptr;
   pyb::handle in_place_;  // the caller's logits, when the gradient overwrote them
+  std::vector<Leaf> leaves_;
+  std::shared_ptr<GraphBox> graph_;
+  std::vector<std::pair<std::string, TensorRef>> outs_, grads_out_;
+  pyb::object result_cls_;  // the LossResult class of this call's fields, once known
 };
 
 }  // namespace retort::py

@@ -329,6 +329,10 @@ void bind_losses(pyb::module_& m) {
       "welcome; math is f32. Keyword names match the C++ options. retort.ops has each loss as a graph node, "
       "with the same inputs, options and defaults.");
   losses.attr("_result_types") = pyb::dict();  // LossCall's namedtuple classes, one per field list
+  losses.def("_cache_stats", &loss_cache_stats,
+             "{'hits': plain calls that ran a kept graph again, 'builds': calls that built one}, over every "
+             "loss function of the process (for tests: a repeated call on the CPU with arrays of the same "
+             "layouts and the same options reuses its graph).");
   pyb::module_ ops = m.attr("ops");
   for (LossSpec& s : row_losses()) def_loss(losses, ops, std::move(s));
   for (LossSpec& s : fused_losses()) def_loss(losses, ops, std::move(s));

@@ -52,7 +52,11 @@ void bind_backends(pyb::module_& m) {
             b.backend->synchronize();
           },
           "Waits until all work queued on this backend has finished; raises retort.Error for a device-side "
-          "fault (e.g. a label out of range).")
+          "fault (e.g. a label out of range) that no earlier call reported.")
+      .def_property_readonly(
+          "host_waits", [](const BackendRef& b) { return b.backend->host_waits(); },
+          "How many times the host has waited for this backend (each synchronize() and each read of device "
+          "memory into host memory); a loss call on a device adds none.")
       .def(
           "memory_stats",
           [](const BackendRef& b) {

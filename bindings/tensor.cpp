@@ -1,5 +1,6 @@
 // NumPy <-> tensor conversions, and the Python classes Tensor and Context with the leaf constructors
 // (retort.tensor, retort.param, retort.zeros, retort.from_dlpack).
+#include <array>
 #include <bit>
 #include <cstring>
 
@@ -14,6 +15,9 @@ pyb::module_ numpy() {
 }
 
 bool is_ml_bfloat16(const pyb::dtype& dt) {
+  // NumPy's own numeric kinds are never ml_dtypes' bfloat16: skip the name lookup (slow) on every call.
+  const char k = dt.kind();
+  if (k == 'f' || k == 'i' || k == 'u' || k == 'b') return false;
   return std::string(pyb::str(dt.attr("name"))) == "bfloat16";
 }
 
@@ -64,21 +68,24 @@ bool same_layout(const pyb::dtype& dt, DType d) {
   return false;
 }
 
-// The NumPy dtype that reads d back (bf16 reads back as float32: NumPy has no bfloat16).
+// The NumPy dtype that reads d back (bf16 reads back as float32: NumPy has no bfloat16). Made once: a dtype
+// from a name goes through NumPy's format parser, several microseconds per result.
 pyb::dtype numpy_dtype(DType d) {
+  // Leaked on purpose: Python objects must not be released by static destructors after the interpreter.
+  static const auto* types = new std::array<pyb::dtype, 4>{pyb::dtype("float32"), pyb::dtype("float16"),
+                                                           pyb::dtype("int32"), pyb::dtype("int64")};
   switch (d) {
-    case DType::F32:
-      return pyb::dtype("float32");
     case DType::F16:
-      return pyb::dtype("float16");
+      return (*types)[1];
     case DType::I32:
-      return pyb::dtype("int32");
+      return (*types)[2];
     case DType::I64:
-      return pyb::dtype("int64");
+      return (*types)[3];
+    case DType::F32:
     case DType::BF16:
-      return pyb::dtype("float32");
+      break;
   }
-  return pyb::dtype("float32");
+  return (*types)[0];
 }
 
 Shape array_shape(const pyb::array& a) {
@@ -174,6 +181,15 @@ TensorRef from_numpy(pyb::array arr, BackendPtr be, std::optional<DType> want, c
 }
 
 }  // namespace
+
+bool wraps_in_place(const pyb::array& a, DType d) {
+  if (!a.writeable() || !same_layout(a.dtype(), d) || default_dtype(a.dtype()) != d ||
+      reinterpret_cast<uintptr_t>(a.data()) % dtype_size(d) != 0)
+    return false;
+  for (pyb::ssize_t i = 0; i < a.ndim(); ++i)
+    if (a.shape(i) != 1 && (a.strides(i) < 0 || size_t(a.strides(i)) % dtype_size(d) != 0)) return false;
+  return true;
+}
 
 BackendPtr backend_of(pyb::handle obj) {
   if (pyb::isinstance<TensorRef>(obj)) return obj.cast<const TensorRef&>().ctx->backend_ref();

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,24 @@ class Backend {
   // The native queue work runs on (a cudaStream_t for CUDA), so other libraries can order their work with
   // ours (DLPack's stream exchange); nullptr when the backend has none or runs synchronously.
   virtual void* stream_handle() const { return nullptr; }
+
+  // Asynchronous backends (a GPU) queue work and return; these let callers order and report it without
+  // making the host wait. A host backend has finished its work when a call returns, so they are trivial.
+  //
+  // Throws retort::Error for a device-side fault (an id out of range) that work already finished has
+  // recorded, without waiting for the device. A device backend polls at the start of each run_nodes, so a
+  // fault surfaces at a later run even when nobody synchronizes; synchronize() and read() report it always.
+  virtual void poll_errors() {}
+  // Makes `stream`, another queue of this device (a cudaStream_t), wait for the work queued here so far: an
+  // event, not a host wait (a DLPack consumer reading our results on its stream).
+  virtual void make_wait(void* stream) { (void)stream; }
+  // Makes the work queued here from now on wait for the work queued so far on `stream` (a DLPack consumer
+  // releasing our memory while its reads of it may still be queued).
+  virtual void wait_for(void* stream) { (void)stream; }
+  // Runs release once the work queued so far has finished, without making the host wait: memory another
+  // library lent us goes back only when no queued kernel reads it. A device backend runs it at a later
+  // run_nodes or synchronize() that finds the work done, or when it goes away; a host backend runs it now.
+  virtual void after_queued(std::function<void()> release) { release(); }
 
   // Decodes n = dst's element count of type t (whole blocks at host_blocks) into dst, a contiguous float
   // tensor this backend holds, in dst's dtype: loading a quantized model file. The host decodes and writes;

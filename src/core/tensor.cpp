@@ -1,7 +1,5 @@
 #include "tensor.h"
 
-#include <sstream>
-
 #include "checked.h"
 #include "context.h"
 #include "error.h"
@@ -71,6 +69,8 @@ Backend& Tensor::backend() const {
   return ctx->backend();
 }
 
+// Plain string appends, not a stream: ops describe their operands on every run (the loss ops' error context),
+// and a stream's locale setup costs more than the formatting.
 std::string shape_str(const int64_t ne[kMaxDims]) {
   int n = 1;
   for (int d = kMaxDims - 1; d > 0; --d)
@@ -78,18 +78,18 @@ std::string shape_str(const int64_t ne[kMaxDims]) {
       n = d + 1;
       break;
     }
-  std::ostringstream os;
-  os << "[";
-  for (int d = n - 1; d >= 0; --d) os << ne[d] << (d ? ", " : "");
-  os << "]";
-  return os.str();
+  std::string s = "[";
+  for (int d = n - 1; d >= 0; --d) {
+    s += std::to_string(ne[d]);
+    if (d) s += ", ";
+  }
+  return s + "]";
 }
 
 std::string Tensor::describe() const {
-  std::ostringstream os;
-  if (!name.empty()) os << "'" << name << "' ";
-  os << dtype_name(dtype) << shape_str(ne);
-  return os.str();
+  std::string s;
+  if (!name.empty()) s = "'" + name + "' ";
+  return s + dtype_name(dtype) + shape_str(ne);
 }
 
 bool same_shape(const Tensor* a, const Tensor* b) {

@@ -5,9 +5,11 @@
 // the host bytes are staged (the caller may free them); read() and synchronize() wait for the stream.
 //
 // Device-side errors: kernels that meet bad data (an id or label out of range) cannot throw. They record the
-// first such value in a DeviceError in device memory and carry on (skipping the bad row). synchronize() and
-// read() copy that record back after the stream drains and, if it is set, clear it and throw retort::Error
-// naming the op and the value. So a bad id surfaces at the first synchronize()/read() after the graph ran.
+// first such value in a DeviceError in device memory and carry on (skipping the bad row). Each run_nodes
+// queues a copy of that record to pinned host memory and an event behind it; the next run_nodes (or
+// poll_errors) that finds the event passed reads the copy without waiting, and synchronize() and read() read
+// it after the stream drains. Whoever finds it set clears it and throws retort::Error naming the op and the
+// value. So a bad id surfaces at a later run, synchronize() or read(), and the host never waits for it.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +26,7 @@
 #include "cuda_common.cuh"
 #include "loss/phase_profile.h"
 #include "loss/softmax_chunk.h"
+#include "stream_marks.h"
 
 #ifndef RETORT_SM_ARCH
 #define RETORT_SM_ARCH "?"
@@ -231,6 +234,8 @@ class CudaBackend final : public Backend {
       RT_CUDA_CHECK(cudaMemsetAsync(ex_.dev_error, 0, sizeof(DeviceError), ex_.stream));
       RT_CUDA_CHECK(cudaMallocHost(&host_error_, sizeof(DeviceError)));
       *host_error_ = DeviceError{};
+      RT_CUDA_CHECK(cudaEventCreateWithFlags(&error_event_, cudaEventDisableTiming));
+      marks_ = std::make_unique<StreamMarks>(device, ex_.stream);
       ex_.alloc = std::make_shared<CudaAllocator>(device);
       if (opts.gemm_workspace_bytes > 0) {
         workspace_ = std::make_unique<DeviceBuffer>(ex_.alloc, opts.gemm_workspace_bytes);
@@ -248,6 +253,7 @@ class CudaBackend final : public Backend {
     try {
       DeviceScope scope(ex_.device);
       if (ex_.stream) (void)cudaStreamSynchronize(ex_.stream);
+      marks_.reset();  // the stream drained: every pending release runs
       if (profile_) {
         profile_->collect();
         profile_->print();
@@ -329,8 +335,36 @@ class CudaBackend final : public Backend {
 
   void run_nodes(const std::vector<Tensor*>& nodes, uint64_t signature,
                  std::unique_ptr<Replay>& slot) override {
-    if (!records_launches()) return Backend::run_nodes(nodes, signature, slot);
     DeviceScope scope(ex_.device);
+    poll_errors();  // a fault of earlier work is this call's error, reported before more work is queued
+    run_recorded(nodes, signature, slot);
+    // The fault record's copy and an event behind it: a later call reads the copy once the event passed.
+    RT_CUDA_CHECK(
+        cudaMemcpyAsync(host_error_, ex_.dev_error, sizeof(DeviceError), cudaMemcpyDeviceToHost, ex_.stream));
+    RT_CUDA_CHECK(cudaEventRecord(error_event_, ex_.stream));
+    error_copy_queued_ = true;
+    stage_mark_ = stage_.takes();
+  }
+
+  void poll_errors() override {
+    if (marks_->pending()) marks_->run_finished(false);
+    if (!error_copy_queued_) return;
+    DeviceScope scope(ex_.device);
+    const cudaError_t q = cudaEventQuery(error_event_);
+    if (q == cudaErrorNotReady) return;
+    RT_CUDA_CHECK(q);
+    error_copy_queued_ = false;
+    if (stage_.takes() == stage_mark_) stage_.reset();  // every staged copy was queued before the event
+    report_recorded_error();
+  }
+
+  void make_wait(void* stream) override { marks_->make_wait(static_cast<cudaStream_t>(stream)); }
+  void wait_for(void* stream) override { marks_->wait_for(static_cast<cudaStream_t>(stream)); }
+  void after_queued(std::function<void()> release) override { marks_->after_queued(std::move(release)); }
+
+  // run_nodes' launches: replayed from a recording, recorded at the list's second run, or eager.
+  void run_recorded(const std::vector<Tensor*>& nodes, uint64_t signature, std::unique_ptr<Replay>& slot) {
+    if (!records_launches()) return launch_all(nodes);
     auto* r = dynamic_cast<CudaReplay*>(slot.get());
     if (!r) {
       slot = std::make_unique<CudaReplay>(ex_.alloc);
@@ -474,6 +508,7 @@ class CudaBackend final : public Backend {
         if (b.size - b.used >= need) {
           void* p = static_cast<char*>(b.p) + b.used;
           b.used += need;
+          ++takes_;
           return p;
         }
       }
@@ -487,12 +522,15 @@ class CudaBackend final : public Backend {
       total_ += size;
       blocks_.push_back({p, size, need});
       cur_ = blocks_.size() - 1;
+      ++takes_;
       return p;
     }
     void reset() {
       for (Block& b : blocks_) b.used = 0;
       cur_ = 0;
     }
+    // Copies staged so far: none since a point in the stream means every staged copy was queued before it.
+    size_t takes() const { return takes_; }
 
    private:
     struct Block {
@@ -500,7 +538,7 @@ class CudaBackend final : public Backend {
       size_t size, used;
     };
     std::vector<Block> blocks_;
-    size_t cur_ = 0, total_ = 0;
+    size_t cur_ = 0, total_ = 0, takes_ = 0;
   };
 
   CudaGraphStats graph_stats_;
@@ -512,25 +550,32 @@ class CudaBackend final : public Backend {
     RT_CUDA_CHECK(
         cudaMemcpyAsync(host_error_, ex_.dev_error, sizeof(DeviceError), cudaMemcpyDeviceToHost, ex_.stream));
     RT_CUDA_CHECK(cudaStreamSynchronize(ex_.stream));
+    error_copy_queued_ = false;
     stage_.reset();  // every staged copy has landed
     if (profile_) profile_->collect();
+    marks_->run_finished(true);
+    report_recorded_error();
+  }
+
+  // Throws the fault in the host copy of the record, if any, and clears both copies. The copy must have
+  // landed; the clearing memset is queued before any later kernel, which may then record a fault of its own.
+  void report_recorded_error() {
     if (host_error_->flag == 0) return;
     DeviceError e = *host_error_;
     *host_error_ = DeviceError{};
     RT_CUDA_CHECK(cudaMemsetAsync(ex_.dev_error, 0, sizeof(DeviceError), ex_.stream));
-    RT_CUDA_CHECK(cudaStreamSynchronize(ex_.stream));
     if (e.kind == kErrTeacherLogprob)
       RT_FAIL(
           op_name(Op(e.op)), ": teacher logprob NaN or +inf at row ", e.value, " slot ", e.bound,
           " (a valid slot needs a finite logprob; padding slots need mask 0 or logprob -inf; found on the",
-          " CUDA device, reported at the next synchronize or read)");
+          " CUDA device, reported at the next run, synchronize or read)");
     if (e.kind == kErrNotFinite)
       RT_FAIL(op_name(Op(e.op)), ": row ", e.value, " holds NaN or +inf (only finite values and -inf are",
-              " allowed; found on the CUDA device, reported at the next synchronize or read)");
+              " allowed; found on the CUDA device, reported at the next run, synchronize or read)");
     const char* what = e.kind == kErrLabelOutOfRange ? "label " : "id ";
     const char* tail = e.kind == kErrLabelOutOfRange ? " and is not ignore_index" : "";
     RT_FAIL(op_name(Op(e.op)), ": ", what, e.value, " is outside [0, ", e.bound, ")", tail,
-            " (found on the CUDA device; reported at the next synchronize or read)");
+            " (found on the CUDA device; reported at the next run, synchronize or read)");
   }
 
   void release() {
@@ -546,6 +591,8 @@ class CudaBackend final : public Backend {
     host_error_ = nullptr;
     if (pinned_read_) (void)cudaFreeHost(pinned_read_);
     pinned_read_ = nullptr;
+    if (error_event_) (void)cudaEventDestroy(error_event_);
+    error_event_ = nullptr;
   }
 
   // Reads from 1 MiB to 64 MiB go through one pinned buffer that grows to the largest such read.
@@ -554,6 +601,10 @@ class CudaBackend final : public Backend {
   DeviceError* host_error_ = nullptr;  // pinned host copy of the device record
   void* pinned_read_ = nullptr;
   size_t pinned_read_bytes_ = 0;
+  cudaEvent_t error_event_ = nullptr;  // behind the last copy of the record that run_nodes queued
+  bool error_copy_queued_ = false;     // that copy may not have landed yet
+  size_t stage_mark_ = 0;              // Staging::takes() when the event was recorded
+  std::unique_ptr<StreamMarks> marks_;
   std::unique_ptr<DeviceBuffer> workspace_;
 };
 

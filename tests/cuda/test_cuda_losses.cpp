@@ -1,12 +1,15 @@
 // The loss backend's ops on CUDA beyond their case lists (cross_entropy_loss, entropy and
 // selective_log_softmax run the CPU's lists in test_cuda_loss_cases.cpp): bad labels and ids raise
-// retort::Error at the next synchronize, non-finite teacher logprobs are reported, and logits_grad runs the
-// CPU's case list. Without a usable device every test skips with the reason.
+// retort::Error at the next synchronize or at the next run that finds the faulting work done (with no host
+// wait in between), non-finite teacher logprobs are reported, and logits_grad runs the CPU's case list.
+// Without a usable device every test skips with the reason.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <thread>
 #include <tuple>
 
 #include "cuda_loss_check.h"
@@ -31,6 +34,35 @@ void expect_device_error(Graph& g, const std::vector<std::string>& parts) {
   const std::string msg = error_of([&] { be.synchronize(); });
   for (const std::string& p : parts) EXPECT_TRUE(mentions(msg, p)) << "'" << p << "' not in: " << msg;
   EXPECT_NO_THROW(be.synchronize());  // reported once, then cleared
+}
+
+// A run only queues work: a bad label is reported by the next run once the faulting work is done, with no
+// host wait anywhere (the Python bindings rely on this); that run does not happen, and the one after it does.
+TEST_F(CudaLosses, FaultReportedByTheNextRunWithoutHostWait) {
+  Backend& be = cuda_backend();
+  Context ctx(be);
+  Tensor* x = ctx.input(DType::F32, {4, 6}, "logits");
+  set_data(x, std::vector<float>(24, 0.25f));
+  Tensor* y = ctx.input(DType::I32, {4}, "labels");
+  set_data_int(y, {0, 9, 5, 3});
+  Tensor* loss = cross_entropy_loss(ctx, x, y).loss;
+  loss->flags |= kOutput;
+  Graph g(ctx);
+  g.forward(loss);
+  be.synchronize();
+  const uint64_t w0 = be.host_waits();
+  EXPECT_NO_THROW(g.compute());  // the fault is recorded on the device, not seen by the host yet
+  EXPECT_EQ(be.host_waits(), w0);
+  // The device finishes a 4 x 6 loss long before this; the backend itself must not wait.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::string msg = error_of([&] { g.compute(); });
+  for (const char* part : {"cross_entropy_loss", "label 9", "[0, 6)", "next run"})
+    EXPECT_TRUE(mentions(msg, part)) << "'" << part << "' not in: " << msg;
+  EXPECT_EQ(be.host_waits(), w0) << "reporting the fault must not wait for the device";
+  set_data_int(y, {0, -100, 5, 3});
+  g.compute();
+  EXPECT_NEAR(get_data(loss)[0], std::log(6.0), 1e-6);  // reported once: the good run reads back
+  EXPECT_NO_THROW(be.synchronize());
 }
 
 TEST_F(CudaLosses, BadLabelsAndIdsRaiseErrors) {

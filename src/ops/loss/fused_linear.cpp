@@ -27,7 +27,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <sstream>
 
 #include "../../core/error.h"
 #include "../../core/op_table.h"
@@ -83,20 +82,19 @@ Op forward_op(const Tensor* node) {
 }
 
 // "fused_linear_cross_entropy (hidden f32[8, 16], weight f32[50, 16], labels i32[8])", for run-time errors.
+// Built on every run (no stream: its locale setup would cost more than the text).
 std::string what(const Tensor* node) {
   const Op op = forward_op(node);
-  std::ostringstream os;
-  os << op_name(op) << " (";
+  std::string out = std::string(op_name(op)) + " (";
   const char* const* r = roles(op);
   bool first = true;
   for (int i = 0; i < kSrcLossInputs; ++i) {
     const Tensor* s = node->src[size_t(i)];
     if (!s) continue;
-    os << (first ? "" : ", ") << r[i] << " " << s->describe();
+    out += (first ? "" : ", ") + std::string(r[i]) + " " + s->describe();
     first = false;
   }
-  os << ")";
-  return os.str();
+  return out + ")";
 }
 
 // Build-time checks.

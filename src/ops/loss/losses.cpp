@@ -12,7 +12,6 @@
 #include "losses.h"
 
 #include <cmath>
-#include <sstream>
 #include <vector>
 
 #include "../../core/error.h"
@@ -51,19 +50,18 @@ const char* const* roles(Op op) {
 }
 
 // "topk_kd (logits f32[5, 10], teacher_ids i32[5, 4], ...)": the op and its inputs, for run-time errors.
+// Built on every run (no stream: its locale setup would cost more than the text).
 std::string what(const Tensor* node) {
-  std::ostringstream os;
-  os << op_name(node->op) << " (";
+  std::string out = std::string(op_name(node->op)) + " (";
   const char* const* r = roles(node->op);
   bool first = true;
   for (int i = 0; i < 5; ++i) {
     const Tensor* s = node->src[size_t(i)];
     if (!s) continue;
-    os << (first ? "" : ", ") << r[i] << " " << s->describe();
+    out += (first ? "" : ", ") + std::string(r[i]) + " " + s->describe();
     first = false;
   }
-  os << ")";
-  return os.str();
+  return out + ")";
 }
 
 // Build-time checks.
