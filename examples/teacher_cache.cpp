@@ -210,7 +210,9 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
     std::vector<float> lp;
     int64_t rows = 0;
   };
-  Ready next{std::vector<int64_t>(size_t(B)), std::vector<int32_t>(size_t(B * T * k)), {}, 0}, ready = next;
+  Ready next{std::vector<int64_t>(size_t(B)), std::vector<int32_t>(size_t(B * T * k)),
+             std::vector<float>(size_t(B * T * k)), 0},
+      ready = next;
   auto write_ready = [&] {
     for (int64_t b = 0; b < ready.rows; ++b)
       writer->write(ready.starts[size_t(b)], T, ready.ids.data() + b * T * k, ready.lp.data() + b * T * k);
@@ -228,9 +230,9 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
     set_data_int(targets, labels);
     g.compute();
     write_ready();  // the previous batch, while this one runs
-    next.lp = get_data(top.logprobs);
-    const std::vector<uint8_t> id_bytes = get_bytes(top.ids);  // i32, contiguous
-    std::memcpy(next.ids.data(), id_bytes.data(), next.ids.size() * sizeof(int32_t));
+    // Into buffers kept across batches (f32 and i32, as the op makes them).
+    get_bytes(top.logprobs, next.lp.data(), next.lp.size() * sizeof(float));
+    get_bytes(top.ids, next.ids.data(), next.ids.size() * sizeof(int32_t));
     nll += double(get_data(nll_sum)[0]);  // a sanity number for the summary
     done += next.rows;
     std::swap(ready, next);

@@ -146,6 +146,18 @@ std::vector<uint8_t> read_span(const Tensor* t) {
 
 }  // namespace
 
+void get_bytes(const Tensor* t, void* out, size_t n) {
+  check_placed(t, "get_bytes");
+  RT_CHECK(n == size_t(t->nelements()) * t->elsize(), "get_bytes: tensor ", t->describe(), " holds ",
+           size_t(t->nelements()) * t->elsize(), " bytes, the buffer ", n);
+  if (t->is_contiguous()) {
+    t->backend().read(out, t->data, n);
+    return;
+  }
+  const std::vector<uint8_t> bytes = get_bytes(t);
+  std::memcpy(out, bytes.data(), n);
+}
+
 std::vector<uint8_t> get_bytes(const Tensor* t) {
   check_placed(t, "get_bytes");
   std::vector<uint8_t> out(size_t(t->nelements()) * t->elsize());

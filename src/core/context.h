@@ -53,6 +53,9 @@ std::vector<int64_t> get_data_int(const Tensor* t);
 void copy_data(Tensor* dst, const Tensor* src);
 // Copies t's elements into a contiguous host byte buffer in t's dtype.
 std::vector<uint8_t> get_bytes(const Tensor* t);
+// The same into n bytes at out (a buffer the caller keeps across reads: no allocation, no zeroing, which for
+// large results costs more than the copy). Throws retort::Error when n is not t's byte count.
+void get_bytes(const Tensor* t, void* out, size_t n);
 // Writes raw bytes (t's dtype, contiguous layout) into t.
 void set_bytes(Tensor* t, const void* bytes, size_t n);
 

@@ -397,6 +397,13 @@ TEST(TensorData, BytesRoundTrip) {
   EXPECT_EQ(back[2], 0x4000);
   EXPECT_EQ(back[3], 0x0000);
   expect_error([&] { set_bytes(x, raw, 6); }, {"set_data", "bf16[2, 2]", "6 bytes"});
+  // Into a caller's buffer: contiguous, and through a strided view; the size must match.
+  uint16_t into[4] = {7, 7, 7, 7};
+  get_bytes(x, into, sizeof(into));
+  EXPECT_EQ(std::vector<uint16_t>(into, into + 4), std::vector<uint16_t>(raw, raw + 4));
+  get_bytes(transpose(ctx, x), into, sizeof(into));
+  EXPECT_EQ(std::vector<uint16_t>(into, into + 4), (std::vector<uint16_t>{0x3f80, 0xbf80, 0x4000, 0x0000}));
+  expect_error([&] { get_bytes(x, into, 6); }, {"get_bytes", "bf16[2, 2]", "8 bytes", "buffer 6"});
 }
 
 TEST(TensorData, WrongSizesAndKindsThrow) {
