@@ -139,6 +139,8 @@ struct PyTrainer {
 
   double step(const IdBatch& x, const IdBatch& y) {
     Transformer& model = *m->model;
+    RT_CHECK(!model.frozen(), "Trainer.step: the model's weights are frozen (Transformer.freeze_weights): its "
+             "forward reads 16-bit copies that training would not update");
     RT_CHECK(x.T <= model.config().context, "Trainer.step: tokens [", x.B, ", ", x.T, "] have ", x.T,
              " positions, more than the model's context ", model.config().context);
     Train& t = graphs[{x.B, x.T}];
@@ -378,6 +380,27 @@ void bind_transformer(pyb::module_& m) {
           },
           "Every parameter as a retort.Tensor, in a fixed order (embedding, blocks, final norm, untied "
           "head).")
+      .def(
+          "freeze_weights",
+          [](PyModel& p) {
+            RT_CHECK(p.gen_owner.load() != std::this_thread::get_id(),
+                     "Transformer.freeze_weights: called from generate()'s on_token callback");
+            pyb::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> gen_lock(p.gen_mu);
+            std::lock_guard<std::mutex> lock(p.mu);
+            p.model->freeze_weights();
+            // Graphs built before read the f32 weights through casts: rebuilt on next use.
+            p.logits_graphs.clear();
+            p.loss_graphs.clear();
+            p.gen.reset();
+          },
+          "For a model that only runs forward (a teacher) with a 16-bit compute dtype: keeps its matmul weights "
+          "in that dtype, made now (no cast per run), and adds the out and down projections into the residual "
+          "stream in their GEMMs. Later changes to the parameters are not seen, and a frozen model cannot be "
+          "trained (Trainer.step raises). Nothing to do in f32.")
+      .def_property_readonly(
+          "frozen", [](const PyModel& p) { return p.model->frozen(); },
+          "Whether freeze_weights() was called (with a 16-bit compute dtype).")
       .def(
           "state_dict",
           [](const PyModel& p, bool copy) {

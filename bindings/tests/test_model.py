@@ -220,3 +220,22 @@ def test_threads_share_a_model_safely():
     for th in threads:
         th.join()
     assert not errors and len(seen) == 40 and all(np.isfinite(seen)) and t.steps == 20
+
+
+def test_freeze_weights_keeps_the_logits_and_refuses_training(tmp_path):
+    m = retort.Transformer(tiny(), seed=3)
+    path = str(tmp_path / "m.safetensors")
+    m.save(path)
+    b = retort.load_model(path, compute_dtype="bf16")
+    x, y = pattern_batch(np.random.default_rng(5), 2, 8, 32)
+    before = b.logits(x)
+    assert not b.frozen
+    b.freeze_weights()
+    assert b.frozen
+    # The copies round like the per-run casts, and x + sum is added in the same order: the same logits.
+    np.testing.assert_array_equal(b.logits(x), before)
+    raises("frozen", retort.Trainer(b, total_steps=2).step, x, y)
+    # In f32 there is nothing to freeze.
+    m.freeze_weights()
+    assert not m.frozen
+    retort.Trainer(m, total_steps=2).step(x, y)

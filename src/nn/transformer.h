@@ -103,8 +103,10 @@ class Transformer {
   // For a model that only runs forward (a teacher, eval, generation) with a 16-bit compute dtype: keeps a
   // copy of every matmul weight in the compute dtype, made now, which the forward reads instead of casting
   // the f32 parameter on every run. The f32 parameters stay (checkpoints and init_from_teacher read them);
-  // later changes to them are not seen by the copies. Nothing to do in f32; idempotent.
+  // later changes to them are not seen by the copies, so a frozen model cannot be trained (LmTrainer and
+  // Python's Trainer refuse it). Nothing to do in f32; idempotent.
   void freeze_weights();
+  bool frozen() const { return !frozen_.empty(); }
 
   const TransformerConfig& config() const { return config_; }
   // Every parameter, in a fixed order (embedding, blocks, final norm, untied head).

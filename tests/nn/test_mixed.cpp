@@ -357,6 +357,21 @@ TEST(MixedPrecision, FrozenWeightsGiveTheCastForwardsLogits) {
   }
 }
 
+TEST(MixedPrecision, AFrozenModelIsNotTrained) {
+  ScratchDir dir;
+  const ShardSet set = make_shards(dir, 37);
+  TrainerOptions o;
+  o.steps = 1;
+  o.batch = 2;
+  o.seq_len = 12;
+  CpuBackend be(1);
+  Context ctx(be);
+  Transformer m(ctx, small(DType::BF16), 4);
+  m.freeze_weights();
+  ASSERT_TRUE(m.frozen());
+  expect_error([&] { LmTrainer tr(ctx, m, set.train, o); }, {"trainer", "frozen"});
+}
+
 TEST(MixedPrecision, BadDtypesThrow) {
   TransformerConfig c = small(DType::I32);
   expect_error([&] { (void)c.resolved(); }, {"compute_dtype", "i32"});
