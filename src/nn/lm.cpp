@@ -362,7 +362,8 @@ LossOutputs lm_topk_distill(Context& ctx, Transformer& model, Tensor* tokens, Te
 LmTrainer::LmTrainer(Context& ctx, Transformer& model, const std::vector<std::string>& train_shards,
                      const TrainerOptions& options, const DistillHead& head)
     : ctx_(ctx), model_(model), opt_(options), head_(head) {
-  RT_CHECK(!model.frozen(), "trainer: the model's weights are frozen (Transformer::freeze_weights, for a model "
+  RT_CHECK(!model.frozen(),
+           "trainer: the model's weights are frozen (Transformer::freeze_weights, for a model "
            "that only runs forward): its forward reads 16-bit copies that training would not update");
   RT_CHECK(opt_.steps >= 1 && opt_.batch >= 1 && opt_.seq_len >= 1,
            "trainer: steps, batch and seq_len must be >= 1");
