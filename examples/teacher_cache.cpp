@@ -202,44 +202,48 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
   const int64_t steps = ((windows + N - 1) / N + B - 1) / B;
   Progress progress(steps, B * T, std::max<int64_t>(1, steps / 10));
   std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
-  std::vector<int64_t> labels(static_cast<size_t>(B * T));
-  // A batch's top K on the host, written to the cache while the device runs the next batch.
-  struct Ready {
+  std::vector<int64_t> labels(static_cast<size_t>(B * T)), x64(size_t(B * T));
+  // A batch's results on their way to the host: the device runs the next batch while they are written out.
+  struct InFlight {
+    TensorRead lp, ids, nll;
     std::vector<int64_t> starts;
-    std::vector<int32_t> ids;
-    std::vector<float> lp;
     int64_t rows = 0;
   };
-  Ready next{std::vector<int64_t>(size_t(B)), std::vector<int32_t>(size_t(B * T * k)),
-             std::vector<float>(size_t(B * T * k)), 0},
-      ready = next;
-  auto write_ready = [&] {
-    for (int64_t b = 0; b < ready.rows; ++b)
-      writer->write(ready.starts[size_t(b)], T, ready.ids.data() + b * T * k, ready.lp.data() + b * T * k);
-    ready.rows = 0;
-  };
+  InFlight prev;
   double nll = 0;
-  int64_t done = 0;
+  int64_t done = 0, finished = 0;
+  auto write_prev = [&] {
+    if (!prev.lp.valid()) return;
+    const auto* lp = static_cast<const float*>(prev.lp.wait());
+    const auto* ids = static_cast<const int32_t*>(prev.ids.wait());
+    for (int64_t b = 0; b < prev.rows; ++b)
+      writer->write(prev.starts[size_t(b)], T, ids + b * T * k, lp + b * T * k);
+    nll += double(static_cast<const float*>(prev.nll.wait())[0]);  // a sanity number for the summary
+    done += prev.rows;
+    prev = InFlight{};
+    progress.update(++finished, "windows " + std::to_string(done) + "/" + std::to_string(mine));
+  };
   bool stop = stop_agreed(*group);
+  int64_t queued = 0;
   for (int64_t s = 1; s <= steps && !stop; ++s) {
-    loader.next(x.data(), y.data(), next.starts.data());
+    std::vector<int64_t> starts(static_cast<size_t>(B));
+    loader.next(x.data(), y.data(), starts.data());
     // The last batch runs into the next rank's windows (or the next epoch): only this rank's count.
-    next.rows = std::clamp<int64_t>(mine - done, 0, B);
-    for (int64_t i = 0; i < B * T; ++i) labels[size_t(i)] = i < next.rows * T ? y[size_t(i)] : -100;
-    set_data_int(tokens, std::vector<int64_t>(x.begin(), x.end()));
+    const int64_t rows = std::clamp<int64_t>(mine - queued, 0, B);
+    queued += rows;
+    for (int64_t i = 0; i < B * T; ++i) {
+      labels[size_t(i)] = i < rows * T ? y[size_t(i)] : -100;
+      x64[size_t(i)] = x[size_t(i)];
+    }
+    set_data_int(tokens, x64);
     set_data_int(targets, labels);
     g.compute();
-    write_ready();  // the previous batch, while this one runs
-    // Into buffers kept across batches (f32 and i32, as the op makes them).
-    get_bytes(top.logprobs, next.lp.data(), next.lp.size() * sizeof(float));
-    get_bytes(top.ids, next.ids.data(), next.ids.size() * sizeof(int32_t));
-    nll += double(get_data(nll_sum)[0]);  // a sanity number for the summary
-    done += next.rows;
-    std::swap(ready, next);
-    progress.update(s, "windows " + std::to_string(done) + "/" + std::to_string(mine));
+    write_prev();  // the previous batch, while this one runs
+    // Queued behind this batch and ahead of the next, which overwrites the graph's outputs.
+    prev = InFlight{read_later(top.logprobs), read_later(top.ids), read_later(nll_sum), std::move(starts), rows};
     stop = stop_agreed(*group);
   }
-  if (!stop) write_ready();
+  if (!stop) write_prev();
   if (stop) {
     writer.reset();
     if (N > 1) group->host().barrier();

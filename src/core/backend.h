@@ -32,6 +32,15 @@ class Replay {
   virtual ~Replay() = default;
 };
 
+// Bytes on their way from a backend to the host (Backend::read_later).
+class PendingRead {
+ public:
+  virtual ~PendingRead() = default;
+  // Waits until the bytes have landed and returns them, valid while this object lives; reports a device fault
+  // like read(). A pending read must not outlive its backend.
+  virtual const void* wait() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -41,6 +50,10 @@ class Backend {
   virtual std::shared_ptr<Buffer> alloc(size_t bytes) = 0;
   virtual void write(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void read(void* host_dst, const void* src, size_t bytes) = 0;
+  // Queues a copy of [src, src + bytes) into host memory the result owns, behind the work queued so far, and
+  // returns at once: the caller can queue more work (even work that overwrites src) before it waits, so the
+  // copy and the host's use of it overlap the device's next work. The default reads now.
+  virtual std::unique_ptr<PendingRead> read_later(const void* src, size_t bytes);
   // Copies bytes between two addresses of this backend, queued after earlier work (the host does not wait
   // on a device). The default goes through the host.
   virtual void copy(void* dst, const void* src, size_t bytes);

@@ -158,6 +158,33 @@ void get_bytes(const Tensor* t, void* out, size_t n) {
   std::memcpy(out, bytes.data(), n);
 }
 
+TensorRead::TensorRead(const Tensor* t) {
+  check_placed(t, "read_later");
+  bytes_ = size_t(t->nelements()) * t->elsize();
+  if (t->is_contiguous()) {
+    pending_ = t->backend().read_later(t->data, bytes_);
+    return;
+  }
+  // A strided view: gathered now (a host wait); its bytes are then ready.
+  struct Gathered : PendingRead {
+    std::vector<uint8_t> bytes;
+    const void* wait() override { return bytes.data(); }
+  };
+  auto g = std::make_unique<Gathered>();
+  g->bytes = get_bytes(t);
+  pending_ = std::move(g);
+}
+
+const void* TensorRead::wait() {
+  RT_CHECK(pending_ != nullptr, "TensorRead::wait: nothing was read (a default-constructed TensorRead)");
+  if (!data_) data_ = pending_->wait();
+  return data_;
+}
+
+TensorRead read_later(const Tensor* t) {
+  return TensorRead(t);
+}
+
 std::vector<uint8_t> get_bytes(const Tensor* t) {
   check_placed(t, "get_bytes");
   std::vector<uint8_t> out(size_t(t->nelements()) * t->elsize());

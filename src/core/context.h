@@ -56,6 +56,26 @@ std::vector<uint8_t> get_bytes(const Tensor* t);
 // The same into n bytes at out (a buffer the caller keeps across reads: no allocation, no zeroing, which for
 // large results costs more than the copy). Throws retort::Error when n is not t's byte count.
 void get_bytes(const Tensor* t, void* out, size_t n);
+// t's bytes (its dtype, contiguous layout) on their way to the host: the copy is queued behind the work
+// issued so far and the host waits only in wait(), so a caller can queue the next graph run first and use
+// these bytes while the device runs it. The bytes are those t holds when the queued work up to this call
+// has run. Must not outlive t's backend.
+class TensorRead {
+ public:
+  TensorRead() = default;
+  explicit TensorRead(const Tensor* t);
+  // The bytes (valid while this object lives); waits for them the first time. Throws retort::Error for a
+  // device fault, like get_bytes, or when nothing was read.
+  const void* wait();
+  size_t size() const { return bytes_; }
+  bool valid() const { return pending_ != nullptr; }
+
+ private:
+  std::unique_ptr<PendingRead> pending_;
+  const void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+TensorRead read_later(const Tensor* t);
 // Writes raw bytes (t's dtype, contiguous layout) into t.
 void set_bytes(Tensor* t, const void* bytes, size_t n);
 

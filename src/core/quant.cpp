@@ -105,6 +105,23 @@ void Backend::run_nodes(const std::vector<Tensor*>& nodes, uint64_t, std::unique
     if (n->op != Op::View && n->op != Op::AuxOutput) run(n);
 }
 
+namespace {
+class ReadDone : public PendingRead {
+ public:
+  explicit ReadDone(std::vector<uint8_t> bytes) : bytes_(std::move(bytes)) {}
+  const void* wait() override { return bytes_.data(); }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+}  // namespace
+
+std::unique_ptr<PendingRead> Backend::read_later(const void* src, size_t bytes) {
+  std::vector<uint8_t> out(bytes);
+  read(out.data(), src, bytes);
+  return std::make_unique<ReadDone>(std::move(out));
+}
+
 void Backend::copy(void* dst, const void* src, size_t bytes) {
   std::vector<uint8_t> staged(bytes);
   read(staged.data(), src, bytes);

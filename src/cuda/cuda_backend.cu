@@ -26,6 +26,7 @@
 #include "cuda_common.cuh"
 #include "loss/phase_profile.h"
 #include "loss/softmax_chunk.h"
+#include "pinned_reads.h"
 #include "stream_marks.h"
 
 #ifndef RETORT_SM_ARCH
@@ -285,24 +286,22 @@ class CudaBackend final : public Backend {
   }
 
   void read(void* host_dst, const void* src, size_t bytes) override {
-    DeviceScope scope(ex_.device);
     // A large read lands in pinned memory at the bus's speed and is copied out after; into pageable memory
     // the driver stages it in pieces at a fraction of that.
     if (bytes >= kPinnedReadMin && bytes <= kPinnedReadMax) {
-      if (bytes > pinned_read_bytes_) {
-        if (pinned_read_) RT_CUDA_CHECK(cudaFreeHost(pinned_read_));
-        pinned_read_ = nullptr;
-        pinned_read_bytes_ = 0;
-        RT_CUDA_CHECK(cudaMallocHost(&pinned_read_, bytes));
-        pinned_read_bytes_ = bytes;
-      }
-      RT_CUDA_CHECK(cudaMemcpyAsync(pinned_read_, src, bytes, cudaMemcpyDeviceToHost, ex_.stream));
-      finish();
-      std::memcpy(host_dst, pinned_read_, bytes);
+      std::memcpy(host_dst, read_later(src, bytes)->wait(), bytes);
       return;
     }
+    DeviceScope scope(ex_.device);
     if (bytes > 0) RT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, ex_.stream));
     finish();
+  }
+
+  std::unique_ptr<PendingRead> read_later(const void* src, size_t bytes) override {
+    return reads_.queue(ex_.device, ex_.stream, src, bytes, [this] {
+      count_host_wait();
+      poll_errors();
+    });
   }
 
   void copy(void* dst, const void* src, size_t bytes) override {
@@ -589,18 +588,15 @@ class CudaBackend final : public Backend {
     ex_.dev_error = nullptr;
     if (host_error_) (void)cudaFreeHost(host_error_);
     host_error_ = nullptr;
-    if (pinned_read_) (void)cudaFreeHost(pinned_read_);
-    pinned_read_ = nullptr;
     if (error_event_) (void)cudaEventDestroy(error_event_);
     error_event_ = nullptr;
   }
 
-  // Reads from 1 MiB to 64 MiB go through one pinned buffer that grows to the largest such read.
+  // Reads from 1 MiB to 64 MiB go through the pool of pinned buffers.
   static constexpr size_t kPinnedReadMin = size_t(1) << 20, kPinnedReadMax = size_t(64) << 20;
   CudaExec ex_;
   DeviceError* host_error_ = nullptr;  // pinned host copy of the device record
-  void* pinned_read_ = nullptr;
-  size_t pinned_read_bytes_ = 0;
+  PinnedReads reads_;
   cudaEvent_t error_event_ = nullptr;  // behind the last copy of the record that run_nodes queued
   bool error_copy_queued_ = false;     // that copy may not have landed yet
   size_t stage_mark_ = 0;              // Staging::takes() when the event was recorded

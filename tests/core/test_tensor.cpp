@@ -406,6 +406,27 @@ TEST(TensorData, BytesRoundTrip) {
   expect_error([&] { get_bytes(x, into, 6); }, {"get_bytes", "bf16[2, 2]", "8 bytes", "buffer 6"});
 }
 
+// read_later: the bytes the tensor holds at the call, even once it is overwritten; strided views gathered.
+TEST(TensorData, ReadLaterHoldsTheBytesOfItsTime) {
+  Context ctx(default_cpu_backend());
+  Tensor* x = ctx.tensor(DType::F32, {2, 3}, "x");
+  set_data(x, {1, 2, 3, 4, 5, 6});
+  TensorRead a = read_later(x);
+  TensorRead t = read_later(transpose(ctx, x));
+  set_data(x, {9, 9, 9, 9, 9, 9});
+  ASSERT_TRUE(a.valid());
+  ASSERT_EQ(a.size(), 24u);
+  const auto* p = static_cast<const float*>(a.wait());
+  EXPECT_EQ(std::vector<float>(p, p + 6), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  const auto* q = static_cast<const float*>(t.wait());
+  EXPECT_EQ(std::vector<float>(q, q + 6), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+  EXPECT_EQ(a.wait(), p);  // a second wait returns the same bytes
+  TensorRead none;
+  EXPECT_FALSE(none.valid());
+  expect_error([&] { none.wait(); }, {"TensorRead::wait", "nothing was read"});
+  expect_error([&] { read_later(tanh(ctx, x)); }, {"read_later", "no storage"});
+}
+
 TEST(TensorData, WrongSizesAndKindsThrow) {
   Context ctx(default_cpu_backend());
   Tensor* f = ctx.tensor(DType::F32, {2, 3}, "f");

@@ -200,6 +200,63 @@ TEST_F(CudaBackendTest, OutOfRangeIdsThrowAtSynchronizeAndTheBackendRecovers) {
   EXPECT_TRUE(mentions(msg, "id 100")) << msg;
 }
 
+// read_later as teacher-cache pipelines it: batch s's reads are queued, batch s+1 is queued (overwriting the
+// graph's output), then s's reads are taken — they hold batch s's values, of several sizes (pinned pool).
+TEST_F(CudaBackendTest, ReadLaterHoldsItsBatchWhileTheNextRuns) {
+  Backend& be = cuda_backend();
+  Context ctx(be);
+  const int64_t rows = 70000;  // a 1.1 MB f32 result beside a small one
+  Tensor* table = ctx.tensor(DType::F32, {6, 4}, "table");
+  std::vector<float> tv(24);
+  for (size_t i = 0; i < tv.size(); ++i) tv[i] = float(i) + 0.5f;
+  set_data(table, tv);
+  Tensor* ids = ctx.input(DType::I32, {rows}, "ids");
+  Tensor* big = get_rows(ctx, table, ids);
+  Tensor* small = sum(ctx, big);
+  big->flags |= kOutput;
+  small->flags |= kOutput;
+  Graph g(ctx);
+  g.forward(small);
+  std::vector<TensorRead> held_big, held_small;
+  std::vector<int64_t> first;
+  for (int64_t s = 0; s < 5; ++s) {
+    std::vector<int64_t> v(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) v[size_t(i)] = (i * 7 + s) % 6;
+    first.push_back(v[0]);
+    set_data_int(ids, v);
+    g.compute();
+    held_big.push_back(read_later(big));
+    held_small.push_back(read_later(small));
+  }
+  const uint64_t waits = be.host_waits();
+  for (int64_t s = 0; s < 5; ++s) {
+    const auto* b = static_cast<const float*>(held_big[size_t(s)].wait());
+    ASSERT_EQ(held_big[size_t(s)].size(), size_t(rows * 4) * sizeof(float));
+    double want = 0;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < 4; ++j) {
+        const float w = tv[size_t(((i * 7 + s) % 6) * 4 + j)];
+        want += w;
+        if (i < 3 || i == rows - 1) ASSERT_EQ(b[i * 4 + j], w) << "batch " << s << " row " << i;
+      }
+    EXPECT_EQ(b[0], tv[size_t(first[size_t(s)] * 4)]);
+    const float got = static_cast<const float*>(held_small[size_t(s)].wait())[0];
+    EXPECT_NEAR(got, want, 1e-5 * want) << "batch " << s;
+  }
+  EXPECT_EQ(be.host_waits() - waits, 10u);  // one per pending read, none when queued
+  EXPECT_THROW(TensorRead().wait(), Error);
+
+  // A device fault of the work before the read surfaces at its wait.
+  std::vector<int64_t> bad(size_t(rows), 1);
+  bad[5] = 9;
+  set_data_int(ids, bad);
+  g.compute();
+  TensorRead r = read_later(small);
+  const std::string msg = error_of([&] { r.wait(); });
+  EXPECT_TRUE(mentions(msg, "get_rows") && mentions(msg, "id 9")) << msg;
+  EXPECT_NO_THROW(be.synchronize());
+}
+
 TEST_F(CudaBackendTest, OutOfRangeLabelsThrowAndIgnoredOnesDoNot) {
   Backend& be = cuda_backend();
   Context ctx(be);
