@@ -12,43 +12,6 @@ namespace retort::io {
 static_assert(std::endian::native == std::endian::little,
               "retort's file formats map raw little-endian arrays; big-endian hosts are not supported");
 
-namespace {
-
-// ---- CRC-32 tables, built at compile time ---------------------------------------------------------------
-// Slice-by-8: table[k][b] is the CRC of byte b followed by k zero bytes, so eight input bytes are folded per
-// step with eight independent lookups instead of eight dependent ones (about 1-2 GB/s instead of ~400 MB/s;
-// checksums run over whole teacher caches).
-using CrcTables = std::array<std::array<uint32_t, 256>, 8>;
-
-constexpr CrcTables make_crc_tables() {
-  CrcTables t{};
-  for (uint32_t b = 0; b < 256; ++b) {
-    uint32_t c = b;
-    for (int k = 0; k < 8; ++k) c = (c & 1u) ? (0xEDB88320u ^ (c >> 1)) : (c >> 1);
-    t[0][b] = c;
-  }
-  for (int k = 1; k < 8; ++k)
-    for (uint32_t b = 0; b < 256; ++b) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xffu];
-  return t;
-}
-constexpr CrcTables kCrc = make_crc_tables();
-
-}  // namespace
-
-uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint32_t c = ~crc;
-  while (n >= 8) {
-    uint32_t lo = load_le32(p) ^ c;
-    uint32_t hi = load_le32(p + 4);
-    c = kCrc[7][lo & 0xff] ^ kCrc[6][(lo >> 8) & 0xff] ^ kCrc[5][(lo >> 16) & 0xff] ^ kCrc[4][lo >> 24] ^
-        kCrc[3][hi & 0xff] ^ kCrc[2][(hi >> 8) & 0xff] ^ kCrc[1][(hi >> 16) & 0xff] ^ kCrc[0][hi >> 24];
-    p += 8;
-    n -= 8;
-  }
-  while (n--) c = (c >> 8) ^ kCrc[0][(c ^ *p++) & 0xffu];
-  return ~c;
-}
 
 void append_le16(std::vector<uint8_t>& out, uint16_t v) {
   size_t at = out.size();
