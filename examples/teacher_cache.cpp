@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
 
 #include "common.h"
 
@@ -209,19 +210,31 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
     std::vector<int64_t> starts;
     int64_t rows = 0;
   };
-  InFlight prev;
+  InFlight prev, being_written;
   double nll = 0;
   int64_t done = 0, finished = 0;
+  // The records, their checksums and each full shard's fsync take a thread of their own, so that this one
+  // keeps the device fed; the device's calls (the waits below) stay on this thread. Declared after the
+  // writer and the buffers it reads, so it is joined before they go.
+  std::future<void> writing;
+  auto finish_write = [&] {
+    if (!writing.valid()) return;
+    writing.get();  // the writer's error, if any, is this thread's
+    done += being_written.rows;
+    being_written = InFlight{};
+    progress.update(++finished, "windows " + std::to_string(done) + "/" + std::to_string(mine));
+  };
   auto write_prev = [&] {
     if (!prev.lp.valid()) return;
     const auto* lp = static_cast<const float*>(prev.lp.wait());
     const auto* ids = static_cast<const int32_t*>(prev.ids.wait());
-    for (int64_t b = 0; b < prev.rows; ++b)
-      writer->write(prev.starts[size_t(b)], T, ids + b * T * k, lp + b * T * k);
     nll += double(static_cast<const float*>(prev.nll.wait())[0]);  // a sanity number for the summary
-    done += prev.rows;
+    finish_write();
+    being_written = std::move(prev);
     prev = InFlight{};
-    progress.update(++finished, "windows " + std::to_string(done) + "/" + std::to_string(mine));
+    writing = std::async(std::launch::async, [&writer, &w = being_written, lp, ids, T, k] {
+      for (int64_t b = 0; b < w.rows; ++b) writer->write(w.starts[size_t(b)], T, ids + b * T * k, lp + b * T * k);
+    });
   };
   bool stop = stop_agreed(*group);
   int64_t queued = 0;
@@ -244,6 +257,7 @@ int run(Args& a, int argc, char** argv, std::string& teacher, int64_t& batch) {
     stop = stop_agreed(*group);
   }
   if (!stop) write_prev();
+  finish_write();
   if (stop) {
     writer.reset();
     if (N > 1) group->host().barrier();
