@@ -158,8 +158,8 @@ __global__ void rope_table_kernel(TDesc pos, int64_t T, int64_t d, bool inverse,
 }
 
 template <int W>
-__global__ void rope_apply_kernel(char* out, DType ot, const char* x, DType xt, const float2* cs, int64_t heads,
-                                  int64_t d, int64_t T, int64_t rows, bool neox) {
+__global__ void rope_apply_kernel(char* out, DType ot, const char* x, DType xt, int64_t x_row, const float2* cs,
+                                  int64_t heads, int64_t d, int64_t T, int64_t rows, bool neox) {
   const int xs = dtype_size_dev(xt), os = dtype_size_dev(ot);
   const int64_t half = d / 2;
   // A group is W values of a head: W / 2 pairs (Normal), or W first halves whose partners sit half further.
@@ -167,12 +167,13 @@ __global__ void rope_apply_kernel(char* out, DType ot, const char* x, DType xt, 
   RT_GRID_LOOP(q, rows * per_row) {
     const int64_t row = q / per_row, k = q % per_row, head = k / per_head, g = k % per_head;
     const float2* c = cs + (row % T) * half;
-    const int64_t base = row * heads * d + head * d;
+    // x's rows (positions) may sit x_row elements apart (q, k and v side by side); out is dense.
+    const int64_t base = row * heads * d + head * d, xbase = row * x_row + head * d, dx = xbase - base;
     if (neox) {
       const int64_t i0 = g * W, j0 = base + i0, j1 = j0 + half;
       float v0[W], v1[W];
-      load_w<W>(x, j0, xs, xt, v0);
-      load_w<W>(x, j1, xs, xt, v1);
+      load_w<W>(x, j0 + dx, xs, xt, v0);
+      load_w<W>(x, j1 + dx, xs, xt, v1);
 #pragma unroll
       for (int e = 0; e < W; ++e) {
         const float2 r = c[i0 + e];
@@ -190,9 +191,9 @@ __global__ void rope_apply_kernel(char* out, DType ot, const char* x, DType xt, 
       const int64_t j = base + (W == 8 ? g * 8 : g), i0 = (W == 8 ? g * 4 : g / 2);
       float v[2 * P];
       if constexpr (W == 8) {
-        load8f(x + j * xs, xt, v);
+        load8f(x + (j + dx) * xs, xt, v);
       } else {
-        v[0] = load_f(x + j * xs, xt), v[1] = load_f(x + (j + 1) * xs, xt);
+        v[0] = load_f(x + (j + dx) * xs, xt), v[1] = load_f(x + (j + 1 + dx) * xs, xt);
       }
 #pragma unroll
       for (int e = 0; e < P; ++e) {
@@ -252,19 +253,25 @@ void rope_l(CudaExec& ex, Tensor* t) {
   RT_CHECK(x->ne[0] % 2 == 0 && is_int(pos->dtype) && pos->ne[0] == x->ne[2], "cuda rope: positions ",
            pos->describe(), " do not fit x ", x->describe());
   const bool neox = RopeMode(t->ip[0]) == RopeMode::Neox, inverse = t->ip[1] != 0;
-  if (x->is_contiguous() && t->is_contiguous()) {
+  // The table path: out dense, x dense within each position's heads, its positions evenly apart.
+  const size_t es = x->elsize();
+  const bool x_rows = x->nb[0] == es && x->nb[1] == size_t(x->ne[0]) * es && x->nb[2] % es == 0 &&
+                      x->nb[2] >= size_t(x->ne[0] * x->ne[1]) * es && x->nb[3] == size_t(x->ne[2]) * x->nb[2];
+  if (x_rows && t->is_contiguous()) {
     const int64_t T = x->ne[2], half = x->ne[0] / 2, rows = x->ne[2] * x->ne[3];
+    const int64_t x_row = int64_t(x->nb[2] / es);
     auto table = ex.temp(sizeof(float2) * size_t(T) * size_t(half));
     float2* cs = static_cast<float2*>(table->data());
     rope_table_kernel<<<ex.grid_for(T * half, kBlock), kBlock, 0, ex.stream>>>(desc(pos), T, x->ne[0], inverse,
                                                                               double(t->fp[0]), cs);
     RT_CUDA_LAUNCH_CHECK("rope_table_kernel");
     // 8-wide when a group of 8 never crosses a head's half (Neox) or a head (Normal), and the rows align.
-    const bool v8 = aligned16(x->data) && aligned16(t->data) && (neox ? half % 8 == 0 : x->ne[0] % 8 == 0);
+    const bool v8 = aligned16(x->data) && aligned16(t->data) && x->nb[2] % 16 == 0 &&
+                    (neox ? half % 8 == 0 : x->ne[0] % 8 == 0);
     auto launch = [&]<int W>() {
       const int64_t groups = rows * x->ne[1] * (neox ? half / W : x->ne[0] / W);
       rope_apply_kernel<W><<<ex.grid_for(groups, kBlock), kBlock, 0, ex.stream>>>(
-          static_cast<char*>(t->data), t->dtype, static_cast<const char*>(x->data), x->dtype, cs, x->ne[1],
+          static_cast<char*>(t->data), t->dtype, static_cast<const char*>(x->data), x->dtype, x_row, cs, x->ne[1],
           x->ne[0], T, rows, neox);
     };
     v8 ? launch.template operator()<8>() : launch.template operator()<1>();

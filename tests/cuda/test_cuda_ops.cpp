@@ -444,6 +444,38 @@ TEST_F(CudaOps, RopeMatchesFloat64AndFiniteDifferences) {
     }
 }
 
+// x a column range of a wider row (q, k and v side by side: a slice of the heads dim), the table path that
+// reads positions x_row apart: 8-wide (d 16) and one at a time (d 6), heads taken from the middle.
+TEST_F(CudaOps, RopeOnASliceOfWiderRowsMatchesFloat64) {
+  for (const Shape& shape : {Shape{2, 5, 7, 16}, Shape{1, 4, 5, 6}})
+    for (RopeMode mode : {RopeMode::Normal, RopeMode::Neox}) {
+      OpCase c;
+      c.name = std::string("cuda_rope_slice") + (mode == RopeMode::Neox ? "_neox" : "_normal") +
+               std::to_string(shape[3]);
+      c.inputs = {{shape}, {Shape{shape[1]}, DType::I32, false, 0, 2000}};
+      c.build = [mode](Context& ctx, const std::vector<Tensor*>& in) {
+        return rope(ctx, slice(ctx, in[0], 1, 2, 3), in[1], mode, 10000.0f);
+      };
+      const bool neox = mode == RopeMode::Neox;
+      c.reference = [neox, shape](const Refs& in) {
+        // The same heads cut out of the float64 input, then the plain reference.
+        const int64_t B = shape[0], T = shape[1], Hs = shape[2], d = shape[3];
+        const Ref& x = in[0];
+        Ref cut;
+        cut.ne[0] = d, cut.ne[1] = 3, cut.ne[2] = T, cut.ne[3] = B;
+        cut.v.resize(size_t(B * T * 3 * d));
+        for (int64_t r = 0; r < B * T; ++r)
+          for (int64_t h = 0; h < 3; ++h)
+            for (int64_t i = 0; i < d; ++i)
+              cut.v[size_t((r * 3 + h) * d + i)] = x.v[size_t((r * Hs + h + 2) * d + i)];
+        return ref_rope(cut, in[1], neox, 10000.0);
+      };
+      c.fwd_tol = 1e-12;
+      c.grad_tol = 1e-8;
+      EXPECT_TRUE(run_case(c, &cuda_backend())) << c.name;
+    }
+}
+
 TEST_F(CudaOps, CrossEntropyMatchesFloat64AndFiniteDifferences) {
   for (int64_t ignore : {int64_t(-100), int64_t(3)}) {  // 3 is a real class: rows labelled 3 drop out
     OpCase c;
