@@ -311,6 +311,26 @@ void Graph::schedule_early(Tensor* node) {
   plan_.reset();
 }
 
+void Graph::schedule_late(Tensor* node) {
+  const auto it = index_.find(node);
+  RT_CHECK(node && it != index_.end() && it->second >= 0,
+           "graph.schedule_late: ", node ? node->describe() : std::string("null"),
+           " is not a step of this graph");
+  const int at = it->second;
+  int last = -1;
+  for (const Tensor* s : node->src)
+    if (s) last = std::max(last, index_.at(s));
+  if (last <= at) return;
+  for (int i = at + 1; i <= last; ++i)
+    for (const Tensor* s : nodes_[size_t(i)]->src)
+      RT_CHECK(s != node, "graph.schedule_late: ", nodes_[size_t(i)]->describe(), " (",
+               op_name(nodes_[size_t(i)]->op), ") reads ", node->describe(), " but would run before it");
+  nodes_.erase(nodes_.begin() + at);
+  nodes_.insert(nodes_.begin() + last, node);
+  for (int i = at; i <= last; ++i) index_[nodes_[size_t(i)]] = i;
+  plan_.reset();
+}
+
 void Graph::zero_grad() {
   zero_pending_ = !accumulators_.empty();
 }

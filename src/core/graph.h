@@ -39,6 +39,9 @@ class Graph {
   // Moves node, a step of this graph, to run right after the last of its sources instead of where it was
   // added (a collective then overlaps the rest of backward). Throws retort::Error when node is not a step.
   void schedule_early(Tensor* node);
+  // Moves node, a step whose sources were rewired to steps that now come after it, to run right after the
+  // last of them. Throws retort::Error when node is not a step or a step that reads it would then run first.
+  void schedule_late(Tensor* node);
   Context& ctx() const { return *ctx_; }
 
   // Plans memory (cached until the graph changes) and returns the plan; peak bytes are known before running.

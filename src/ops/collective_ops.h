@@ -13,8 +13,8 @@ namespace retort {
 
 // Up to this many tensors per all_reduce node (the others' slots hold weight, order and staging).
 inline constexpr int kAllReduceMaxTensors = kMaxSrc - 3;
-// ip[3] of an all_reduce node in gather mode (all_gather_op).
-inline constexpr int64_t kAllGatherMode = 1;
+// ip[3] of an all_reduce node in gather mode (all_gather_op) and in row-gather mode (gather_rows_op).
+inline constexpr int64_t kAllGatherMode = 1, kGatherRowsMode = 2;
 
 // Sums tensors (1..kAllReduceMaxTensors contiguous f32 tensors of ctx's backend, leaves or nodes) over
 // comm's ranks in place: each is first multiplied by weight (an f32 [1] leaf the caller sets before each
@@ -36,6 +36,16 @@ Tensor* all_reduce_op(Context& ctx, Collective& comm, const std::vector<Tensor*>
 // so work after it reads the gathered values. Throws retort::Error on a bad list, slice or staging.
 Tensor* all_gather_op(Context& ctx, Collective& comm, const std::vector<Tensor*>& tensors, Tensor* staging,
                       int64_t slice, Tensor* after);
+
+// The sparse half of an embedding's gradient exchange, an all_reduce node in row-gather mode: every rank's
+// gradient rows (rows: contiguous f32 [d, ...], N rows, multiplied by weight as all_reduce_op does) and the
+// ids they scatter to (ids: contiguous i32, N elements), gathered in rank order into leaves made here. The
+// node is the gathered rows, f32 [d, size() * N] (rank r's rows at r * N), and its src[3] the gathered ids,
+// i32 [size() * N]; scattering them (get_rows_back) gives every rank the same sum. It runs after `after` (an
+// earlier all_reduce node, or null) and joins. Throws retort::Error on rows or ids of another shape or dtype,
+// a bad weight, or a communicator of another backend.
+Tensor* gather_rows_op(Context& ctx, Collective& comm, Tensor* rows, Tensor* ids, Tensor* weight,
+                       Tensor* after);
 
 // The communicator an all_reduce node calls.
 inline Collective& all_reduce_comm(const Tensor* node) {
