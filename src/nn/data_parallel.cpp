@@ -50,6 +50,9 @@ GradSync append_grad_sync(Graph& graph, Collective& comm, Tensor* loss, const st
                           DType wire, int64_t bucket_bytes) {
   RT_CHECK(bucket_bytes >= 1, "data parallel: bucket size ", bucket_bytes, " bytes must be >= 1");
   RT_CHECK(!graph.params().empty(), "data parallel: the graph has no gradients to sum (call backward first)");
+  RT_CHECK(graph.seed() != nullptr,
+           "data parallel: the graph's backward must be seeded with the rank's weight (Graph::backward(loss, "
+           "weight)), so that the gradients summed over the ranks are the whole batch's");
   Context& ctx = graph.ctx();
   // What is summed, in the order backward finishes it: whole gradients (their writers), a tied head's dense
   // part alone (ready once the fused loss has run, long before the embedding's scatter adds to it), and an
@@ -85,14 +88,14 @@ GradSync append_grad_sync(Graph& graph, Collective& comm, Tensor* loss, const st
   auto at = [&](const Item& i) { return i.t->is_leaf() ? 0 : pos.at(i.t) + 1; };
   std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) { return at(a) < at(b); });
   GradSync sync;
-  sync.weight = ctx.tensor(DType::F32, {1}, "data_parallel.weight");
+  sync.weight = graph.seed();
   std::vector<Tensor*> bucket_nodes;
   Tensor* prev = nullptr;
   std::vector<Tensor*> bucket;
   int64_t bytes = 0;
   auto flush = [&] {
     if (bucket.empty()) return;
-    prev = all_reduce_op(ctx, comm, bucket, sync.weight, prev, wire, false);
+    prev = all_reduce_op(ctx, comm, bucket, nullptr, prev, wire, false);
     bucket_nodes.push_back(prev);
     bucket.clear();
     bytes = 0;
@@ -115,7 +118,7 @@ GradSync append_grad_sync(Graph& graph, Collective& comm, Tensor* loss, const st
     } else {
       // Every rank scatters every rank's rows, in rank order, into the same summed head part (or zeros):
       // the same bits everywhere.
-      prev = gather_rows_op(ctx, comm, i.t, i.scatter->src[1], sync.weight, prev);
+      prev = gather_rows_op(ctx, comm, i.t, i.scatter->src[1], nullptr, prev);
       bucket_nodes.push_back(prev);
       i.scatter->src[0] = prev;
       i.scatter->src[1] = prev->src[3];
@@ -126,6 +129,7 @@ GradSync append_grad_sync(Graph& graph, Collective& comm, Tensor* loss, const st
   std::vector<Tensor*> scalars{loss};
   scalars.insert(scalars.end(), parts.begin(), parts.end());
   // The loss and its parts in f32 whatever the wire: they are a handful of floats, and they are reported.
+  // Unlike the gradients they are this rank's own means, so the weight applies here.
   sync.loss = all_reduce_op(ctx, comm, scalars, sync.weight, prev, DType::F32, true);
   graph.forward(sync.loss);
   for (Tensor* n : bucket_nodes) graph.schedule_early(n);

@@ -27,7 +27,9 @@ Tensor* all_reduce_op(Context& ctx, Collective& comm, const std::vector<Tensor*>
            "all_reduce: the weight must be an f32 leaf of one element, got ", weight->describe());
   RT_CHECK(!after || after->op == Op::AllReduce, "all_reduce: `after` must be an all_reduce node, got ",
            after->describe());
-  Tensor* staging = ctx.tensor(wire, {total}, "all_reduce.staging");
+  // One f32 tensor with nothing to scale is summed where it lies; the others are packed into one buffer.
+  const bool in_place = tensors.size() == 1 && wire == DType::F32 && !weight;
+  Tensor* staging = in_place ? nullptr : ctx.tensor(wire, {total}, "all_reduce.staging");
   Tensor* n = ctx.node(Op::AllReduce, DType::F32, tensors[0]->ne);
   n->src[0] = tensors[0];
   n->src[1] = weight;
@@ -153,6 +155,7 @@ void cpu_all_reduce(Tensor* node, ThreadPool&) {
   if (node->ip[3] == kGatherRowsMode) return cpu_gather_rows(node);
   Collective& comm = all_reduce_comm(node);
   Tensor* staging = node->src[3];
+  if (!staging) return comm.all_reduce_sum(node->src[0]->data, node->src[0]->nelements(), DType::F32);
   const DType wire = staging->dtype;
   const float w = node->src[1] ? *static_cast<const float*>(node->src[1]->data) : 1.0f;
   int64_t at = 0;

@@ -19,7 +19,8 @@ inline constexpr int64_t kAllGatherMode = 1, kGatherRowsMode = 2;
 // Sums tensors (1..kAllReduceMaxTensors contiguous f32 tensors of ctx's backend, leaves or nodes) over
 // comm's ranks in place: each is first multiplied by weight (an f32 [1] leaf the caller sets before each
 // run, e.g. this rank's share of the step's tokens; null: 1), packed into a staging leaf made here in the
-// wire dtype (F32, or BF16 to halve the bytes sent; summed in f32 either way), summed, and unpacked. The
+// wire dtype (F32, or BF16 to halve the bytes sent; summed in f32 either way), summed, and unpacked; a
+// single tensor with an F32 wire and no weight is summed where it lies, with no staging (src[3] null). The
 // node aliases tensors[0] and runs after `after` (an earlier all_reduce node, or null), so every rank issues
 // its calls in the same order. With join, work after the node sees every sum issued so far; without, only
 // later all_reduce nodes are ordered after it (a join must come before anything reads the sums). Throws

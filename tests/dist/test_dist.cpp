@@ -557,7 +557,7 @@ std::vector<std::vector<float>> step_grads(Collective* comm, bool tie, const std
   set_data_int(tgt, std::vector<int64_t>(tgts.begin(), tgts.end()));
   const LossOutputs out = lm_cross_entropy(ctx, model, tok, tgt);
   Graph g(ctx);
-  g.backward(out.loss);
+  g.backward(out.loss, comm ? ctx.tensor(DType::F32, {1}, "weight") : nullptr);
   g.set_poison(true);
   if (comm) {
     const GradSync sync = append_grad_sync(g, *comm, out.loss, {}, DType::F32, 1 << 10);
@@ -718,7 +718,7 @@ TEST(DataParallel, GradientBucketsRunBeforeTheEndOfBackward) {
   Tensor* tgt = ctx.input(DType::I32, {2, 8}, "y");
   const LossOutputs out = lm_cross_entropy(ctx, model, tok, tgt);
   Graph g(ctx);
-  g.backward(out.loss);
+  g.backward(out.loss, ctx.tensor(DType::F32, {1}, "weight"));
   const size_t before = g.nodes().size();
   const GradSync sync = append_grad_sync(g, comm, out.loss, {}, DType::F32, 1 << 10);
   EXPECT_GT(sync.buckets, 2);
@@ -773,6 +773,54 @@ TEST(DataParallel, GradientBucketsRunBeforeTheEndOfBackward) {
   EXPECT_GT(gather_at, grad_at);
   EXPECT_GT(scatter_at, gather_at);
   EXPECT_EQ(scatter->src[0], g.nodes()[gather_at]);
+  // The rank's weight is the backward's seed, which the fused loss multiplies into the gradients it writes
+  // (no pass of its own): a bucket of one f32 gradient is then summed where it lies, and only buckets of
+  // several are packed (unweighted) into a staging buffer.
+  EXPECT_EQ(sync.weight, g.seed());
+  const Tensor* loss_node = out.loss;
+  EXPECT_EQ(loss_node->src[9], g.seed()) << "the seed is not folded into the fused loss";
+  for (const Tensor* n : g.nodes()) EXPECT_FALSE(n->op == Op::Mul && n->src[1] == g.seed()) << "a seed pass";
+  int in_place = 0, packed = 0;
+  for (const Tensor* n : g.nodes()) {
+    if (n->op != Op::AllReduce || n == sync.loss || gathers(n)) continue;
+    EXPECT_EQ(n->src[1], nullptr) << "a gradient bucket scales by the weight";
+    const bool one = n->src[4] == nullptr;
+    EXPECT_EQ(n->src[3] == nullptr, one) << "bucket at " << n->describe();
+    (one ? in_place : packed) += 1;
+  }
+  EXPECT_GT(in_place, 10);
+  EXPECT_EQ(packed, 0) << "1 KiB buckets hold one gradient each";
+  EXPECT_EQ(g.nodes()[head_at]->src[3], nullptr) << "the tied head's bucket is packed";
+  EXPECT_EQ(sync.loss->src[1], g.seed()) << "the loss is not weighted";
+  // 1 MiB buckets: the tied head's alone, summed in place; the other gradients packed several to a bucket.
+  {
+    Context c2(be);
+    Transformer m2(c2, tiny_config(), 1);
+    Tensor* t2 = c2.input(DType::I32, {2, 8}, "t");
+    const LossOutputs o2 = lm_cross_entropy(c2, m2, t2, c2.input(DType::I32, {2, 8}, "y"));
+    Graph g2(c2);
+    g2.backward(o2.loss, c2.tensor(DType::F32, {1}, "weight"));
+    const GradSync s2 = append_grad_sync(g2, comm, o2.loss, {}, DType::F32, 1 << 20);
+    int head = 0, several = 0;
+    for (const Tensor* n : g2.nodes()) {
+      if (n->op != Op::AllReduce || n == s2.loss || gathers(n)) continue;
+      EXPECT_EQ(n->src[3] == nullptr, n->src[4] == nullptr) << n->describe();
+      head += n->src[0]->view_src == g2.grad(m2.embedding()) && n->src[3] == nullptr;
+      several += n->src[3] != nullptr;
+    }
+    EXPECT_EQ(head, 1) << "the tied head's part is not summed alone, in place";
+    EXPECT_GT(several, 0);
+  }
+  {
+    Context c3(be);
+    Transformer m3(c3, tiny_config(), 1);
+    const LossOutputs o3 =
+        lm_cross_entropy(c3, m3, c3.input(DType::I32, {2, 8}, "t"), c3.input(DType::I32, {2, 8}, "y"));
+    Graph unseeded(c3);
+    unseeded.backward(o3.loss);
+    expect_error([&] { append_grad_sync(unseeded, comm, o3.loss, {}, DType::F32, 1 << 10); },
+                 {"seeded with the rank's weight"});
+  }
 }
 
 }  // namespace
