@@ -117,26 +117,14 @@ void launch_all_gather(CudaExec& ex, Tensor* node) {
   comm.join();
 }
 
-// An embedding's gradient rows and ids: this rank's weighted rows and its ids into its places of the
-// gathered leaves on the compute stream, both gathered in place on the collective's, then joined (the scatter
-// that reads them comes next).
-void launch_gather_rows(CudaExec& ex, Tensor* node) {
+// An embedding's gradient rows and ids, gathered on the collective's stream straight from where they lie,
+// then joined: the scatter that reads them comes next, and nothing can reuse their memory before.
+void launch_gather_rows(CudaExec&, Tensor* node) {
   Collective& comm = all_reduce_comm(node);
   const Tensor* rows = node->src[4];
   const Tensor* ids = node->src[5];
-  const int64_t n = rows->nelements(), k = ids->nelements(), r = comm.rank();
-  float* out = static_cast<float*>(node->src[0]->data);
-  int32_t* out_ids = static_cast<int32_t*>(node->src[3]->data);
-  Bucket b{};
-  b.t[0] = static_cast<float*>(rows->data);
-  b.end[0] = n;
-  b.count = 1;
-  const float* weight = node->src[1] ? static_cast<const float*>(node->src[1]->data) : nullptr;
-  move_bucket<true>(ex, b, weight, reinterpret_cast<char*>(out + r * n), DType::F32, ex.stream);
-  RT_CUDA_CHECK(cudaMemcpyAsync(out_ids + r * k, ids->data, size_t(k) * sizeof(int32_t),
-                                cudaMemcpyDeviceToDevice, ex.stream));
-  comm.all_gather(out + r * n, out, size_t(n) * sizeof(float));
-  comm.all_gather(out_ids + r * k, out_ids, size_t(k) * sizeof(int32_t));
+  comm.all_gather(rows->data, node->src[0]->data, rows->nbytes());
+  comm.all_gather(ids->data, node->src[3]->data, ids->nbytes());
   comm.join();
 }
 

@@ -118,7 +118,7 @@ GradSync append_grad_sync(Graph& graph, Collective& comm, Tensor* loss, const st
     } else {
       // Every rank scatters every rank's rows, in rank order, into the same summed head part (or zeros):
       // the same bits everywhere.
-      prev = gather_rows_op(ctx, comm, i.t, i.scatter->src[1], nullptr, prev);
+      prev = gather_rows_op(ctx, comm, i.t, i.scatter->src[1], prev);
       bucket_nodes.push_back(prev);
       i.scatter->src[0] = prev;
       i.scatter->src[1] = prev->src[3];

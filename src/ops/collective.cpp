@@ -74,8 +74,7 @@ Tensor* all_gather_op(Context& ctx, Collective& comm, const std::vector<Tensor*>
   return n;
 }
 
-Tensor* gather_rows_op(Context& ctx, Collective& comm, Tensor* rows, Tensor* ids, Tensor* weight,
-                       Tensor* after) {
+Tensor* gather_rows_op(Context& ctx, Collective& comm, Tensor* rows, Tensor* ids, Tensor* after) {
   RT_CHECK(rows && ids, "gather_rows: null rows or ids");
   RT_CHECK(rows->dtype == DType::F32 && rows->is_contiguous(), "gather_rows: rows ", rows->describe(),
            " must be a contiguous f32 tensor");
@@ -85,8 +84,6 @@ Tensor* gather_rows_op(Context& ctx, Collective& comm, Tensor* rows, Tensor* ids
   for (const Tensor* t : {rows, ids})
     RT_CHECK(&t->backend() == &ctx.backend(), "gather_rows: ", t->describe(), " lives on ",
              t->backend().name(), ", the graph on ", ctx.backend().name());
-  RT_CHECK(!weight || (weight->is_leaf() && weight->dtype == DType::F32 && weight->nelements() == 1),
-           "gather_rows: the weight must be an f32 leaf of one element, got ", weight->describe());
   RT_CHECK(!after || after->op == Op::AllReduce, "gather_rows: `after` must be an all_reduce node, got ",
            after->describe());
   const int64_t all = checked_mul(n, int64_t(comm.size()), "gather_rows");
@@ -95,7 +92,6 @@ Tensor* gather_rows_op(Context& ctx, Collective& comm, Tensor* rows, Tensor* ids
   Tensor* out_ids = ctx.tensor(DType::I32, {all}, "gather_rows.ids");
   Tensor* node = ctx.node(Op::AllReduce, DType::F32, out->ne);
   node->src[0] = out;
-  node->src[1] = weight;
   node->src[2] = after;
   node->src[3] = out_ids;
   node->src[4] = rows;
@@ -109,21 +105,13 @@ Tensor* gather_rows_op(Context& ctx, Collective& comm, Tensor* rows, Tensor* ids
 
 namespace {
 
-// Row-gather mode: this rank's weighted rows and its ids into its places of the gathered leaves, then both
-// gathered in place.
+// Row-gather mode: this rank's rows and ids gathered from where they lie.
 void cpu_gather_rows(Tensor* node) {
   Collective& comm = all_reduce_comm(node);
   const Tensor* rows = node->src[4];
   const Tensor* ids = node->src[5];
-  const int64_t n = rows->nelements(), k = ids->nelements(), r = comm.rank();
-  const float w = node->src[1] ? *static_cast<const float*>(node->src[1]->data) : 1.0f;
-  float* out = static_cast<float*>(node->src[0]->data);
-  int32_t* out_ids = static_cast<int32_t*>(node->src[3]->data);
-  const float* x = static_cast<const float*>(rows->data);
-  for (int64_t j = 0; j < n; ++j) out[r * n + j] = x[j] * w;
-  std::memcpy(out_ids + r * k, ids->data, size_t(k) * sizeof(int32_t));
-  comm.all_gather(out + r * n, out, size_t(n) * sizeof(float));
-  comm.all_gather(out_ids + r * k, out_ids, size_t(k) * sizeof(int32_t));
+  comm.all_gather(rows->data, node->src[0]->data, rows->nbytes());
+  comm.all_gather(ids->data, node->src[3]->data, ids->nbytes());
 }
 
 // Gather mode: this rank's slice of the tensors' run into staging, gathered in place, unpacked everywhere.

@@ -39,14 +39,13 @@ Tensor* all_gather_op(Context& ctx, Collective& comm, const std::vector<Tensor*>
                       int64_t slice, Tensor* after);
 
 // The sparse half of an embedding's gradient exchange, an all_reduce node in row-gather mode: every rank's
-// gradient rows (rows: contiguous f32 [d, ...], N rows, multiplied by weight as all_reduce_op does) and the
-// ids they scatter to (ids: contiguous i32, N elements), gathered in rank order into leaves made here. The
-// node is the gathered rows, f32 [d, size() * N] (rank r's rows at r * N), and its src[3] the gathered ids,
-// i32 [size() * N]; scattering them (get_rows_back) gives every rank the same sum. It runs after `after` (an
-// earlier all_reduce node, or null) and joins. Throws retort::Error on rows or ids of another shape or dtype,
-// a bad weight, or a communicator of another backend.
-Tensor* gather_rows_op(Context& ctx, Collective& comm, Tensor* rows, Tensor* ids, Tensor* weight,
-                       Tensor* after);
+// gradient rows (rows: contiguous f32 [d, ...], N rows) and the ids they scatter to (ids: contiguous i32, N
+// elements), gathered in rank order into leaves made here. The node is the gathered rows, f32 [d, size() * N]
+// (rank r's rows at r * N), and its src[3] the gathered ids, i32 [size() * N]; scattering them
+// (get_rows_back) gives every rank the same sum. It runs after `after` (an earlier all_reduce node, or null)
+// and joins, so rows and ids may live in memory that later steps reuse. Throws retort::Error on rows or ids
+// of another shape or dtype, or a communicator of another backend.
+Tensor* gather_rows_op(Context& ctx, Collective& comm, Tensor* rows, Tensor* ids, Tensor* after);
 
 // The communicator an all_reduce node calls.
 inline Collective& all_reduce_comm(const Tensor* node) {
