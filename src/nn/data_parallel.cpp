@@ -10,7 +10,7 @@ namespace retort {
 
 bool sparse_embedding_exchange(int64_t world, int64_t rows, int64_t vocab, int64_t dim, DType wire) {
   // A ring all-reduce moves about 2 (W-1)/W of the table through each rank; an all-gather (W-1)/W of every
-  // rank's rows and ids together. Saturating products: a huge table or batch decides, it does not overflow.
+  // rank's rows and ids together. In doubles, so a huge table or batch decides without overflowing.
   const double gathered = double(world) * double(rows) * (double(dim) * 4.0 + 4.0);
   const double reduced = 2.0 * double(vocab) * double(dim) * double(dtype_size(wire));
   return gathered < reduced;
