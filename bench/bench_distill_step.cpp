@@ -493,6 +493,9 @@ ModeResult run_mode(const Options& o, bool sparse, Backend& backend, bool cuda, 
   head.opts.w_soft = sparse ? 1.0f : 1.0f - o.w_hard;
   head.opts.normalize_topk = sparse;
   LmTrainer trainer(ctx, model, shard.paths, to, head);
+  if (pg.size() > 1 && pg.rank() == 0)
+    std::printf("gradient exchange: %d all-reduce bucket(s), %d embedding(s) gathered sparsely\n",
+                trainer.grad_sync().buckets, trainer.grad_sync().sparse);
   for (const auto* moments : {&trainer.optimizer().m(), &trainer.optimizer().v()})
     for (const Tensor* t : *moments) r.state_mib += double(t->nbytes()) / (1 << 20);
   int64_t calls = 0;

@@ -147,8 +147,10 @@ InPlace wire_in_place(Tensor* gr, Tensor* acc, const std::unordered_map<const Te
 
 }  // namespace
 
-void Graph::backward(Tensor* loss) {
+void Graph::backward(Tensor* loss, Tensor* seed) {
   RT_CHECK(loss != nullptr, "graph.backward: no loss given");
+  RT_CHECK(!seed || (seed->is_leaf() && seed->dtype == DType::F32 && seed->nelements() == 1),
+           "graph.backward: the seed must be an f32 leaf of one element, got ", seed->describe());
   RT_CHECK(!has_backward_, "graph.backward: this graph already has a backward pass");
   RT_CHECK(is_float(loss->dtype) && loss->nelements() == 1,
            "graph.backward: the loss must be a single float ", "element, got ", loss->describe());
@@ -225,9 +227,10 @@ void Graph::backward(Tensor* loss) {
   BackwardCtx bc(*ctx_, need, add_grad, grad_of);
 
   int64_t one[kMaxDims] = {1, 1, 1, 1};
-  Tensor* seed = ctx_->node(Op::Fill, DType::F32, one);
-  seed->fp[0] = 1.0f;  // backward rules recognize this constant 1 (the single-pass losses)
-  g[loss] = seed;
+  Tensor* unit = ctx_->node(Op::Fill, DType::F32, one);
+  unit->fp[0] = 1.0f;  // backward rules recognize this constant 1 (the single-pass losses)
+  g[loss] = seed ? seed : unit;
+  seed_ = seed;
   size_t forward_count = nodes_.size();
   for (int i = int(forward_count) - 1; i >= 0; --i, ++walk) {
     Tensor* n = nodes_[i];
@@ -308,6 +311,26 @@ void Graph::schedule_early(Tensor* node) {
   nodes_.erase(nodes_.begin() + at);
   nodes_.insert(nodes_.begin() + last + 1, node);
   for (int i = last + 1; i <= at; ++i) index_[nodes_[size_t(i)]] = i;
+  plan_.reset();
+}
+
+void Graph::schedule_late(Tensor* node) {
+  const auto it = index_.find(node);
+  RT_CHECK(node && it != index_.end() && it->second >= 0,
+           "graph.schedule_late: ", node ? node->describe() : std::string("null"),
+           " is not a step of this graph");
+  const int at = it->second;
+  int last = -1;
+  for (const Tensor* s : node->src)
+    if (s) last = std::max(last, index_.at(s));
+  if (last <= at) return;
+  for (int i = at + 1; i <= last; ++i)
+    for (const Tensor* s : nodes_[size_t(i)]->src)
+      RT_CHECK(s != node, "graph.schedule_late: ", nodes_[size_t(i)]->describe(), " (",
+               op_name(nodes_[size_t(i)]->op), ") reads ", node->describe(), " but would run before it");
+  nodes_.erase(nodes_.begin() + at);
+  nodes_.insert(nodes_.begin() + last, node);
+  for (int i = at; i <= last; ++i) index_[nodes_[size_t(i)]] = i;
   plan_.reset();
 }
 

@@ -20,8 +20,13 @@ class Graph {
   void forward(Tensor* root);
   // Emits gradient ops for every parameter the scalar loss depends on. Parameter gradients accumulate into
   // f32 accumulators (grad()) each run; call zero_grad() to reset them. Throws retort::Error if loss is null,
-  // not a single float element, not in this graph, or no parameter reaches it.
-  void backward(Tensor* loss);
+  // not a single float element, not in this graph, or no parameter reaches it. seed (an f32 leaf of one
+  // element, set before each run, or null for 1) is d(objective)/d(loss): every gradient is multiplied by it
+  // (a data-parallel rank's share of the step's tokens, so that the ranks' gradients sum to the whole
+  // batch's). Throws retort::Error on a seed of another kind.
+  void backward(Tensor* loss, Tensor* seed = nullptr);
+  // The leaf backward() was seeded with, or null.
+  Tensor* seed() const { return seed_; }
   // The gradient of t: the accumulator for a parameter, the gradient node otherwise; nullptr if none. A
   // zero_grad() still pending is carried out first, so the accumulator reads as zero.
   Tensor* grad(const Tensor* t) const;
@@ -39,6 +44,9 @@ class Graph {
   // Moves node, a step of this graph, to run right after the last of its sources instead of where it was
   // added (a collective then overlaps the rest of backward). Throws retort::Error when node is not a step.
   void schedule_early(Tensor* node);
+  // Moves node, a step whose sources were rewired to steps that now come after it, to run right after the
+  // last of them. Throws retort::Error when node is not a step or a step that reads it would then run first.
+  void schedule_late(Tensor* node);
   Context& ctx() const { return *ctx_; }
 
   // Plans memory (cached until the graph changes) and returns the plan; peak bytes are known before running.
@@ -61,6 +69,7 @@ class Graph {
   mutable bool zero_pending_ = false;
   void clear_pending_zero() const;
   bool has_backward_ = false;
+  Tensor* seed_ = nullptr;
   bool poison_ = false;
   std::unique_ptr<Plan> plan_;
   std::shared_ptr<Buffer> arena_;

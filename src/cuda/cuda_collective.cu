@@ -1,7 +1,9 @@
 // The all_reduce graph op on the device (src/ops/collective_ops.h): the bucket is packed into its staging
 // buffer on the compute stream (scaled by this rank's weight, converted to the wire dtype), summed by the
 // collective on its own stream, and unpacked there too, so the compute stream goes on with backward; a join
-// node makes the compute stream wait before the optimizer reads the sums. Every argument is fixed for the
+// node makes the compute stream wait before the optimizer reads the sums. A single f32 tensor with no weight
+// (gradients already carry the rank's share from the loss seed) is summed where it lies, with neither pass.
+// Every argument is fixed for the
 // graph's life (the weight is read on the device), so the launches can be captured in a CUDA Graph.
 #include <algorithm>
 
@@ -115,10 +117,27 @@ void launch_all_gather(CudaExec& ex, Tensor* node) {
   comm.join();
 }
 
+// An embedding's gradient rows and ids, gathered on the collective's stream straight from where they lie,
+// then joined: the scatter that reads them comes next, and nothing can reuse their memory before.
+void launch_gather_rows(CudaExec&, Tensor* node) {
+  Collective& comm = all_reduce_comm(node);
+  const Tensor* rows = node->src[4];
+  const Tensor* ids = node->src[5];
+  comm.all_gather(rows->data, node->src[0]->data, rows->nbytes());
+  comm.all_gather(ids->data, node->src[3]->data, ids->nbytes());
+  comm.join();
+}
+
 void launch_all_reduce(CudaExec& ex, Tensor* node) {
   if (node->ip[3] == kAllGatherMode) return launch_all_gather(ex, node);
+  if (node->ip[3] == kGatherRowsMode) return launch_gather_rows(ex, node);
   Collective& comm = all_reduce_comm(node);
   Tensor* staging = node->src[3];
+  if (!staging) {
+    comm.all_reduce_sum(node->src[0]->data, node->src[0]->nelements(), DType::F32);
+    if (node->ip[1]) comm.join();
+    return;
+  }
   const DType wire = staging->dtype;
   int64_t n = 0;
   const Bucket b = bucket_of(node, &n);

@@ -8,48 +8,133 @@
 
 namespace retort {
 
+bool sparse_embedding_exchange(int64_t world, int64_t rows, int64_t vocab, int64_t dim, DType wire) {
+  // A ring all-reduce moves about 2 (W-1)/W of the table through each rank; an all-gather (W-1)/W of every
+  // rank's rows and ids together. In doubles, so a huge table or batch decides without overflowing.
+  const double gathered = double(world) * double(rows) * (double(dim) * 4.0 + 4.0);
+  const double reduced = 2.0 * double(vocab) * double(dim) * double(dtype_size(wire));
+  return gathered < reduced;
+}
+
+namespace {
+
+// An embedding whose gradient is an in-place scatter (get_rows_back) of rows that name their table rows by
+// i32 ids, optionally on top of a fused loss's dense weight gradient (a tied lm-head) written into the same
+// accumulator: what append_grad_sync can exchange sparsely. scatter is null when the gradient is not that.
+struct EmbeddingGrad {
+  Tensor* scatter = nullptr;  // the writer: get_rows_back(rows, ids) + addend, in place in the accumulator
+  Tensor* head = nullptr;     // the tied head's dense part (the scatter's addend), or null when untied
+};
+
+EmbeddingGrad embedding_grad(Tensor* w) {
+  EmbeddingGrad e;
+  if (w->op != Op::GetRowsBack || !w->view_src || w->dtype != DType::F32 || !w->is_contiguous()) return e;
+  const Tensor* rows = w->src[0];
+  const Tensor* ids = w->src[1];
+  if (rows->dtype != DType::F32 || !rows->is_contiguous() || ids->dtype != DType::I32 ||
+      !ids->is_contiguous())
+    return e;
+  Tensor* add = w->src[2];
+  if (add == w->view_src) {
+    e.scatter = w;  // untied: the scatter starts the accumulator
+  } else if (add && add->op == Op::AuxOutput && add->view_src == w->view_src) {
+    e.scatter = w;
+    e.head = add;
+  }
+  return e;
+}
+
+}  // namespace
+
 GradSync append_grad_sync(Graph& graph, Collective& comm, Tensor* loss, const std::vector<Tensor*>& parts,
                           DType wire, int64_t bucket_bytes) {
   RT_CHECK(bucket_bytes >= 1, "data parallel: bucket size ", bucket_bytes, " bytes must be >= 1");
   RT_CHECK(!graph.params().empty(), "data parallel: the graph has no gradients to sum (call backward first)");
+  RT_CHECK(graph.seed() != nullptr,
+           "data parallel: the graph's backward must be seeded with the rank's weight (Graph::backward(loss, "
+           "weight)), so that the gradients summed over the ranks are the whole batch's");
   Context& ctx = graph.ctx();
-  std::unordered_map<const Tensor*, size_t> pos;
-  for (size_t i = 0; i < graph.nodes().size(); ++i) pos[graph.nodes()[i]] = i;
-  std::vector<Tensor*> writers;
+  // What is summed, in the order backward finishes it: whole gradients (their writers), a tied head's dense
+  // part alone (ready once the fused loss has run, long before the embedding's scatter adds to it), and an
+  // embedding's scatter rows, which are gathered instead of summed.
+  enum class Kind { Dense, Head, Rows };
+  struct Item {
+    Tensor* t;
+    Kind kind;
+    Tensor* scatter;
+  };
+  std::vector<Item> items;
+  std::vector<Tensor*> scatters;
   for (const Tensor* p : graph.params()) {
     Tensor* w = graph.grad_writer(p);
-    RT_ASSERT(w != nullptr && pos.count(w));
-    writers.push_back(w);
+    RT_ASSERT(w != nullptr);
+    const EmbeddingGrad e = embedding_grad(w);
+    if (e.scatter && sparse_embedding_exchange(comm.size(), w->src[0]->nrows(), w->ne[1], w->ne[0], wire)) {
+      if (e.head) {
+        // The head's gradient output joined the graph with the scatter that reads it, at the end of backward;
+        // its owner writes it much earlier, which is where its bucket can start.
+        graph.schedule_early(e.head);
+        items.push_back({e.head, Kind::Head, w});
+      }
+      items.push_back({w->src[0], Kind::Rows, w});
+      scatters.push_back(w);
+    } else {
+      items.push_back({w, Kind::Dense, nullptr});
+    }
   }
-  // In the order backward finishes them: the first bucket can start while most of backward is still to run.
-  std::stable_sort(writers.begin(), writers.end(), [&](Tensor* a, Tensor* b) { return pos[a] < pos[b]; });
+  std::unordered_map<const Tensor*, size_t> pos;
+  for (size_t i = 0; i < graph.nodes().size(); ++i) pos[graph.nodes()[i]] = i;
+  // The first bucket can start while most of backward is still to run.
+  auto at = [&](const Item& i) { return i.t->is_leaf() ? 0 : pos.at(i.t) + 1; };
+  std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) { return at(a) < at(b); });
   GradSync sync;
-  sync.weight = ctx.tensor(DType::F32, {1}, "data_parallel.weight");
+  sync.weight = graph.seed();
   std::vector<Tensor*> bucket_nodes;
   Tensor* prev = nullptr;
   std::vector<Tensor*> bucket;
   int64_t bytes = 0;
   auto flush = [&] {
     if (bucket.empty()) return;
-    prev = all_reduce_op(ctx, comm, bucket, sync.weight, prev, wire, false);
+    prev = all_reduce_op(ctx, comm, bucket, nullptr, prev, wire, false);
     bucket_nodes.push_back(prev);
     bucket.clear();
     bytes = 0;
   };
-  for (Tensor* w : writers) {
-    const int64_t b = w->nelements() * 4;
-    if (!bucket.empty() && (bytes + b > bucket_bytes || bucket.size() == size_t(kAllReduceMaxTensors))) flush();
-    bucket.push_back(w);
-    bytes += b;
+  for (const Item& i : items) {
+    if (i.kind == Kind::Dense) {
+      const int64_t b = i.t->nelements() * 4;
+      if (!bucket.empty() && (bytes + b > bucket_bytes || bucket.size() == size_t(kAllReduceMaxTensors)))
+        flush();
+      bucket.push_back(i.t);
+      bytes += b;
+      continue;
+    }
+    flush();
+    if (i.kind == Kind::Head) {
+      // Its own bucket, launched as soon as the head's gradient exists; the scatter adds onto the sum.
+      bucket.push_back(i.t);
+      flush();
+      i.scatter->src[2] = prev;
+    } else {
+      // Every rank scatters every rank's rows, in rank order, into the same summed head part (or zeros):
+      // the same bits everywhere.
+      prev = gather_rows_op(ctx, comm, i.t, i.scatter->src[1], prev);
+      bucket_nodes.push_back(prev);
+      i.scatter->src[0] = prev;
+      i.scatter->src[1] = prev->src[3];
+      ++sync.sparse;
+    }
   }
   flush();
   std::vector<Tensor*> scalars{loss};
   scalars.insert(scalars.end(), parts.begin(), parts.end());
   // The loss and its parts in f32 whatever the wire: they are a handful of floats, and they are reported.
+  // Unlike the gradients they are this rank's own means, so the weight applies here.
   sync.loss = all_reduce_op(ctx, comm, scalars, sync.weight, prev, DType::F32, true);
   graph.forward(sync.loss);
   for (Tensor* n : bucket_nodes) graph.schedule_early(n);
-  sync.buckets = int(bucket_nodes.size());
+  for (Tensor* w : scatters) graph.schedule_late(w);
+  sync.buckets = int(bucket_nodes.size()) - sync.sparse;
   return sync;
 }
 

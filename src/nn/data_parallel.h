@@ -1,6 +1,9 @@
 // Data parallelism inside a training graph: the gradients summed over the ranks in buckets, each bucket's
 // all_reduce placed right after the op that finishes its last gradient, so it runs while the rest of
-// backward computes; then the loss (and its parts), with a join, before the optimizer reads anything.
+// backward computes; then the loss (and its parts), with a join, before the optimizer reads anything. An
+// embedding's scatter part travels sparsely where that moves fewer bytes: every rank's gradient rows and ids
+// are gathered and scattered on every rank, and a tied lm-head's dense part is summed in a bucket of its own
+// as soon as the fused loss has made it.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -15,20 +18,30 @@ namespace retort {
 inline constexpr int64_t kDefaultBucketMiB = 25;
 
 struct GradSync {
-  // f32 [1]: this rank's share of the step's valid tokens (n_rank / n_world), set before each run. Each
-  // rank's loss and gradients are means over its own tokens; weighted this way their sum is the mean over
-  // every rank's tokens, as one process with the whole batch would compute it.
+  // f32 [1]: this rank's share of the step's valid tokens (n_rank / n_world), set before each run: the
+  // graph's backward seed (Graph::backward(loss, weight)), so the gradients come out weighted and are summed
+  // as they are. Each rank's loss is a mean over its own tokens; weighted the same way, the sum over the
+  // ranks is the mean over every rank's tokens, as one process with the whole batch would compute it.
   Tensor* weight = nullptr;
   // The loss summed over the ranks (aliases the loss): what the optimizer's non-finite check must read, so
   // every rank makes the same skip decision.
   Tensor* loss = nullptr;
-  int buckets = 0;
+  int buckets = 0;  // all_reduce buckets of gradients (the loss's not counted)
+  int sparse = 0;   // embeddings whose scatter rows were gathered instead of summed
 };
 
-// Appends the all-reduce of every parameter gradient of graph (which must have its backward pass) and of
-// loss and parts (f32 scalars) over comm. Buckets hold up to bucket_bytes of f32 gradients (and at most
-// kAllReduceMaxTensors tensors), in the order backward finishes them, and travel as wire (F32 or BF16).
-// Throws retort::Error on a graph without gradients or a bad bucket size.
+// Whether an embedding's scatter part ([rows, dim] gradient rows per rank, i32 ids) travels more cheaply
+// gathered from world ranks than its [vocab, dim] table summed in the wire dtype (by the bytes moved).
+bool sparse_embedding_exchange(int64_t world, int64_t rows, int64_t vocab, int64_t dim, DType wire);
+
+// Appends the all-reduce of every parameter gradient of graph (which must have its backward pass, seeded
+// with this rank's weight, which GradSync::weight then is) and of loss and parts (f32 scalars) over comm. A
+// bucket of one gradient in f32 is summed in place; others are packed. Buckets hold up to bucket_bytes of f32
+// gradients (and at most kAllReduceMaxTensors tensors), in the order backward finishes them, and travel as
+// wire (F32 or BF16). An embedding whose gradient is an in-place scatter by i32 ids (plus a tied head's part)
+// is exchanged sparsely when sparse_embedding_exchange says so: its rows (f32) are gathered and scattered on
+// every rank, and the head's part, if any, gets a bucket of its own. Throws retort::Error on a graph without
+// gradients or a bad bucket size, or an unseeded backward.
 GradSync append_grad_sync(Graph& graph, Collective& comm, Tensor* loss, const std::vector<Tensor*>& parts,
                           DType wire, int64_t bucket_bytes);
 

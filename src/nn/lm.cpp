@@ -405,7 +405,8 @@ LmTrainer::LmTrainer(Context& ctx, Transformer& model, const std::vector<std::st
   graph_ = std::make_unique<Graph>(ctx);
   if (out_.hard) graph_->forward(out_.hard);
   if (out_.soft) graph_->forward(out_.soft);
-  graph_->backward(out_.loss);
+  // Data parallel: the backward is seeded with this rank's share of the step's tokens (set in stage()).
+  graph_->backward(out_.loss, parallel ? ctx.tensor(DType::F32, {1}, "data_parallel.weight") : nullptr);
   AdamWConfig adam;
   adam.lr = opt_.lr;
   adam.beta1 = 0.9f;

@@ -177,6 +177,8 @@ class LmTrainer {
   // With ZeRO-1 every rank must call save (the moments are gathered to rank 0, which alone writes).
   void save(const std::string& path, const std::map<std::string, std::string>& extra = {}) const;
   bool zero1() const { return zero_ != nullptr; }
+  // How the gradients are exchanged (buckets, embeddings gathered sparsely); all zero in a world of 1.
+  const GradSync& grad_sync() const { return sync_; }
   // Loads parameters, moments, step and loader position from a checkpoint of the same model and seed.
   void resume(const Checkpoint& ckpt);
 

@@ -27,7 +27,9 @@ Tensor* all_reduce_op(Context& ctx, Collective& comm, const std::vector<Tensor*>
            "all_reduce: the weight must be an f32 leaf of one element, got ", weight->describe());
   RT_CHECK(!after || after->op == Op::AllReduce, "all_reduce: `after` must be an all_reduce node, got ",
            after->describe());
-  Tensor* staging = ctx.tensor(wire, {total}, "all_reduce.staging");
+  // One f32 tensor with nothing to scale is summed where it lies; the others are packed into one buffer.
+  const bool in_place = tensors.size() == 1 && wire == DType::F32 && !weight;
+  Tensor* staging = in_place ? nullptr : ctx.tensor(wire, {total}, "all_reduce.staging");
   Tensor* n = ctx.node(Op::AllReduce, DType::F32, tensors[0]->ne);
   n->src[0] = tensors[0];
   n->src[1] = weight;
@@ -72,7 +74,45 @@ Tensor* all_gather_op(Context& ctx, Collective& comm, const std::vector<Tensor*>
   return n;
 }
 
+Tensor* gather_rows_op(Context& ctx, Collective& comm, Tensor* rows, Tensor* ids, Tensor* after) {
+  RT_CHECK(rows && ids, "gather_rows: null rows or ids");
+  RT_CHECK(rows->dtype == DType::F32 && rows->is_contiguous(), "gather_rows: rows ", rows->describe(),
+           " must be a contiguous f32 tensor");
+  const int64_t d = rows->ne[0], n = rows->nrows();
+  RT_CHECK(ids->dtype == DType::I32 && ids->is_contiguous() && ids->nelements() == n, "gather_rows: ids ",
+           ids->describe(), " must be contiguous i32 with one id per row of ", rows->describe());
+  for (const Tensor* t : {rows, ids})
+    RT_CHECK(&t->backend() == &ctx.backend(), "gather_rows: ", t->describe(), " lives on ",
+             t->backend().name(), ", the graph on ", ctx.backend().name());
+  RT_CHECK(!after || after->op == Op::AllReduce, "gather_rows: `after` must be an all_reduce node, got ",
+           after->describe());
+  const int64_t all = checked_mul(n, int64_t(comm.size()), "gather_rows");
+  checked_mul(all, d, "gather_rows");
+  Tensor* out = ctx.tensor(DType::F32, {all, d}, "gather_rows.rows");
+  Tensor* out_ids = ctx.tensor(DType::I32, {all}, "gather_rows.ids");
+  Tensor* node = ctx.node(Op::AllReduce, DType::F32, out->ne);
+  node->src[0] = out;
+  node->src[2] = after;
+  node->src[3] = out_ids;
+  node->src[4] = rows;
+  node->src[5] = ids;
+  node->ip[0] = static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm));
+  node->ip[1] = 1;
+  node->ip[2] = int64_t(DType::F32);
+  node->ip[3] = kGatherRowsMode;
+  return node;
+}
+
 namespace {
+
+// Row-gather mode: this rank's rows and ids gathered from where they lie.
+void cpu_gather_rows(Tensor* node) {
+  Collective& comm = all_reduce_comm(node);
+  const Tensor* rows = node->src[4];
+  const Tensor* ids = node->src[5];
+  comm.all_gather(rows->data, node->src[0]->data, rows->nbytes());
+  comm.all_gather(ids->data, node->src[3]->data, ids->nbytes());
+}
 
 // Gather mode: this rank's slice of the tensors' run into staging, gathered in place, unpacked everywhere.
 void cpu_all_gather(Tensor* node) {
@@ -100,8 +140,10 @@ void cpu_all_gather(Tensor* node) {
 
 void cpu_all_reduce(Tensor* node, ThreadPool&) {
   if (node->ip[3] == kAllGatherMode) return cpu_all_gather(node);
+  if (node->ip[3] == kGatherRowsMode) return cpu_gather_rows(node);
   Collective& comm = all_reduce_comm(node);
   Tensor* staging = node->src[3];
+  if (!staging) return comm.all_reduce_sum(node->src[0]->data, node->src[0]->nelements(), DType::F32);
   const DType wire = staging->dtype;
   const float w = node->src[1] ? *static_cast<const float*>(node->src[1]->data) : 1.0f;
   int64_t at = 0;

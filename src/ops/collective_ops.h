@@ -13,13 +13,14 @@ namespace retort {
 
 // Up to this many tensors per all_reduce node (the others' slots hold weight, order and staging).
 inline constexpr int kAllReduceMaxTensors = kMaxSrc - 3;
-// ip[3] of an all_reduce node in gather mode (all_gather_op).
-inline constexpr int64_t kAllGatherMode = 1;
+// ip[3] of an all_reduce node in gather mode (all_gather_op) and in row-gather mode (gather_rows_op).
+inline constexpr int64_t kAllGatherMode = 1, kGatherRowsMode = 2;
 
 // Sums tensors (1..kAllReduceMaxTensors contiguous f32 tensors of ctx's backend, leaves or nodes) over
 // comm's ranks in place: each is first multiplied by weight (an f32 [1] leaf the caller sets before each
 // run, e.g. this rank's share of the step's tokens; null: 1), packed into a staging leaf made here in the
-// wire dtype (F32, or BF16 to halve the bytes sent; summed in f32 either way), summed, and unpacked. The
+// wire dtype (F32, or BF16 to halve the bytes sent; summed in f32 either way), summed, and unpacked; a
+// single tensor with an F32 wire and no weight is summed where it lies, with no staging (src[3] null). The
 // node aliases tensors[0] and runs after `after` (an earlier all_reduce node, or null), so every rank issues
 // its calls in the same order. With join, work after the node sees every sum issued so far; without, only
 // later all_reduce nodes are ordered after it (a join must come before anything reads the sums). Throws
@@ -36,6 +37,15 @@ Tensor* all_reduce_op(Context& ctx, Collective& comm, const std::vector<Tensor*>
 // so work after it reads the gathered values. Throws retort::Error on a bad list, slice or staging.
 Tensor* all_gather_op(Context& ctx, Collective& comm, const std::vector<Tensor*>& tensors, Tensor* staging,
                       int64_t slice, Tensor* after);
+
+// The sparse half of an embedding's gradient exchange, an all_reduce node in row-gather mode: every rank's
+// gradient rows (rows: contiguous f32 [d, ...], N rows) and the ids they scatter to (ids: contiguous i32, N
+// elements), gathered in rank order into leaves made here. The node is the gathered rows, f32 [d, size() * N]
+// (rank r's rows at r * N), and its src[3] the gathered ids, i32 [size() * N]; scattering them
+// (get_rows_back) gives every rank the same sum. It runs after `after` (an earlier all_reduce node, or null)
+// and joins, so rows and ids may live in memory that later steps reuse. Throws retort::Error on rows or ids
+// of another shape or dtype, or a communicator of another backend.
+Tensor* gather_rows_op(Context& ctx, Collective& comm, Tensor* rows, Tensor* ids, Tensor* after);
 
 // The communicator an all_reduce node calls.
 inline Collective& all_reduce_comm(const Tensor* node) {

@@ -50,8 +50,13 @@ Run run_on(Backend& be, const LossCase& c) {
   g.forward(out);
   if (c.check_grad) {
     if (c.unit_seed) {
-      r.weights = {1.0};
-      g.backward(out);
+      Tensor* seed = nullptr;
+      if (c.leaf_seed > 0) {
+        seed = ctx.tensor(DType::F32, {1}, "seed");
+        set_data(seed, {c.leaf_seed});
+      }
+      r.weights = {seed ? double(c.leaf_seed) : 1.0};
+      g.backward(out, seed);
     } else {
       Tensor* w = ctx.input(DType::F32, out->shape(), "w");
       const Vec wv = random_vec(out->nelements(), 0.5, 2.0);

@@ -38,6 +38,8 @@ INSTANTIATE_TEST_SUITE_P(FusedDistill, CudaLossCases, ::testing::ValuesIn(fused_
 INSTANTIATE_TEST_SUITE_P(FusedEntropy, CudaLossCases, ::testing::ValuesIn(fused_entropy_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(FusedSelectiveLogSoftmax, CudaLossCases,
                          ::testing::ValuesIn(fused_selective_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(FusedLeafSeeded, CudaLossCases, ::testing::ValuesIn(fused_leaf_seeded_cases()),
+                         param_name);
 
 class CudaLossOrder : public CudaTest {};
 

@@ -1,7 +1,8 @@
 // The multi-GPU check, one process per GPU under a launcher (tools/launch.sh -n N build-gpu/tests/dist_check):
 // NCCL's calls against float64 references and bitwise-equal on every rank, then data-parallel training of a
 // small transformer on the GPUs against one GPU with the world's batch (the loss curve within a stated
-// tolerance), against itself (bit for bit), and with ZeRO-1 against the plain world (bit for bit). Rank 0
+// tolerance), against itself (bit for bit), and with ZeRO-1 against the plain world (bit for bit), with the
+// embedding's gradient summed densely (batch 4) and exchanged sparsely (batch 1, tied and untied head). Rank 0
 // prints one line per check and "dist_check: PASS" or "dist_check: FAIL" last; every rank exits non-zero on
 // a failure. Without a GPU, without NCCL or alone (WORLD_SIZE 1) it says why and exits 77 (skipped).
 #include <unistd.h>
@@ -112,10 +113,11 @@ void check_collectives(dist::ProcessGroup& pg, Backend& be) {
 struct Curve {
   std::vector<double> loss, norm;
   std::vector<uint8_t> params;
+  int sparse = 0;  // embeddings whose gradient rows were gathered instead of summed
 };
 
 Curve train(Backend& be, dist::ProcessGroup* pg, const ShardSet& set, int64_t batch, DType wire, int steps,
-            bool zero1 = false, int64_t* state = nullptr) {
+            bool zero1 = false, int64_t* state = nullptr, bool tie = true) {
   Context ctx(be);
   TransformerConfig c;
   c.vocab = 256;
@@ -124,6 +126,7 @@ Curve train(Backend& be, dist::ProcessGroup* pg, const ShardSet& set, int64_t ba
   c.d_model = 64;
   c.heads = 4;
   c.compute_dtype = DType::F32;
+  c.tie_embeddings = tie;
   Transformer model(ctx, c, 11);
   TrainerOptions o;
   o.steps = steps;
@@ -144,6 +147,7 @@ Curve train(Backend& be, dist::ProcessGroup* pg, const ShardSet& set, int64_t ba
       for (const Tensor* t : *moments) *state += t->nelements();
   }
   Curve out;
+  out.sparse = tr.grad_sync().sparse;
   for (int s = 0; s < steps; ++s) {
     const auto r = tr.step();
     out.loss.push_back(r.loss);
@@ -154,6 +158,36 @@ Curve train(Backend& be, dist::ProcessGroup* pg, const ShardSet& set, int64_t ba
     out.params.insert(out.params.end(), b.begin(), b.end());
   }
   return out;
+}
+
+// Batch 1 (64 rows a rank): the embedding's gradient rows and ids are gathered and scattered on every rank
+// (with a tied head, its dense part summed in a bucket of its own) instead of summing the whole table.
+void check_sparse_embedding(dist::ProcessGroup& pg, Backend& be, const ShardSet& set, int steps) {
+  const dist::World& w = pg.world();
+  for (const bool tie : {true, false}) {
+    const std::string what = tie ? "tied" : "untied";
+    const Curve s = train(be, &pg, set, 1, DType::F32, steps, false, nullptr, tie);
+    const Curve again = train(be, &pg, set, 1, DType::F32, steps, false, nullptr, tie);
+    report(w, s.sparse == 1, detail::concat("batch 1, ", what, ": the embedding's rows gathered (", s.sparse,
+                                            " embedding(s) exchanged sparsely)"));
+    report(w, s.loss == again.loss && s.params == again.params,
+           detail::concat("batch 1, ", what, ": two runs of ", steps, " steps bitwise equal"));
+    report(w, same_everywhere(pg, s.params), detail::concat("batch 1, ", what, ": every rank ends the same"));
+    if (tie) {
+      const Curve z = train(be, &pg, set, 1, DType::F32, steps, true, nullptr, tie);
+      report(w, z.loss == s.loss && z.params == s.params,
+             "batch 1, tied: ZeRO-1 bitwise equal to the plain world's");
+    }
+    Curve one;
+    if (w.rank == 0) one = train(be, nullptr, set, w.size, DType::F32, steps, false, nullptr, tie);
+    pg.host().barrier();
+    if (w.rank != 0) continue;
+    double worst = 0;
+    for (int i = 0; i < steps; ++i)
+      worst = std::max(worst, std::fabs(s.loss[size_t(i)] - one.loss[size_t(i)]) / one.loss[size_t(i)]);
+    report(w, worst <= 1e-3, detail::concat("batch 1, ", what, ": loss curve vs 1 GPU with ", w.size,
+                                            "x batch: worst relative difference ", worst, " (tolerance 1e-3)"));
+  }
 }
 
 void check_training(dist::ProcessGroup& pg, Backend& be) {
@@ -210,6 +244,9 @@ void check_training(dist::ProcessGroup& pg, Backend& be) {
                                                " (tolerance 2e-2)"));
     report(w, a.loss.back() < a.loss.front(), "the loss goes down");
   }
+  report(w, a.sparse == 0, detail::concat("batch ", B, ": the embedding's gradient summed densely (", w.size,
+                                          " x ", B * 64, " rows outweigh the 256-row table)"));
+  check_sparse_embedding(pg, be, set, steps);
   std::filesystem::remove_all(dir);
 }
 

@@ -28,6 +28,8 @@
 #include "io/batch_loader.h"
 #include "io/shards.h"
 #include "nn/lm.h"
+#include "ops/collective_ops.h"
+#include "core/op_table.h"
 
 namespace retort {
 namespace {
@@ -425,6 +427,7 @@ struct RunPlan {
   bool zero1 = false;
   int until = 8;           // the last step to run (of 8)
   std::string save, resume;  // a checkpoint to write at the end (every rank calls save) / to start from
+  bool tie = true;           // the lm-head is the token embedding
 };
 
 void train_rank(int rank, int size, int port, int64_t B, DType wire, const ShardSet& set,
@@ -432,7 +435,9 @@ void train_rank(int rank, int size, int port, int64_t B, DType wire, const Shard
   CpuBackend be(1);
   Context ctx(be);
   dist::ProcessGroup pg(loopback(rank, size, port), be);
-  Transformer model(ctx, tiny_config(), 11);
+  TransformerConfig c = tiny_config();
+  c.tie_embeddings = plan.tie;
+  Transformer model(ctx, c, 11);
   TrainerOptions o;
   o.steps = 8;
   o.batch = B;
@@ -453,6 +458,7 @@ void train_rank(int rank, int size, int port, int64_t B, DType wire, const Shard
   for (const Tensor* v : tr.optimizer().v()) state += v->nelements();
   for (const Tensor* p : model.parameters()) params += p->nelements();
   std::ofstream(out + ".state") << state << " " << params;
+  std::ofstream(out + ".sync") << tr.grad_sync().sparse;
   std::ofstream f(out, std::ios::binary);
   while (tr.steps_done() < plan.until) {
     const auto r = tr.step();
@@ -473,20 +479,33 @@ std::vector<double> curve(const std::string& path, int steps) {
   return v;
 }
 
-TEST(DataParallel, WorldOfTwoFollowsOneProcessWithTwiceTheBatch) {
+// A world of 2 at per-rank batch B against one process at 2B: the same losses and norms up to f32 rounding,
+// the same bits on both ranks, and the same bits in a second run. sparse: whether the embedding's scatter
+// rows are to be gathered (sparse_embedding_exchange) rather than summed with the dense table.
+void follow_one_process(bool tie, int64_t B, bool sparse) {
   ScratchDir dir;
   const ShardSet set = tiny_shards(dir);
-  expect_all_ok(run_ranks(1, [&](int) { train_rank(0, 1, 0, 4, DType::F32, set, dir.file("w1")); return 0; }));
+  RunPlan plan;
+  plan.tie = tie;
+  ASSERT_EQ(sparse_embedding_exchange(2, B * 8, 48, 16, DType::F32), sparse) << "batch " << B;
+  expect_all_ok(run_ranks(1, [&](int) {
+    train_rank(0, 1, 0, 2 * B, DType::F32, set, dir.file("w1"), plan);
+    return 0;
+  }));
   for (int run = 0; run < 2; ++run) {
     const int port = free_port();
     expect_all_ok(run_ranks(2, [&](int r) {
-      train_rank(r, 2, port, 2, DType::F32, set, dir.file("w2." + std::to_string(run) + "." + std::to_string(r)));
+      train_rank(r, 2, port, B, DType::F32, set,
+                 dir.file("w2." + std::to_string(run) + "." + std::to_string(r)), plan);
       return 0;
     }));
   }
+  int gathered = -1;
+  std::ifstream(dir.file("w2.0.0.sync")) >> gathered;
+  EXPECT_EQ(gathered, sparse ? 1 : 0) << "embeddings exchanged sparsely";
   const auto one = curve(dir.file("w1"), 8);
   const auto two = curve(dir.file("w2.0.0"), 8);
-  // Means over the same 32 tokens summed in another order, then 8 AdamW steps: f32 rounding only. The
+  // Means over the same tokens summed in another order, then 8 AdamW steps: f32 rounding only. The
   // tolerance: 2e-4 relative on the loss and the grad norm.
   for (size_t i = 0; i < one.size(); ++i)
     EXPECT_NEAR(two[i], one[i], 2e-4 * std::fabs(one[i]) + 1e-6) << (i % 2 ? "grad norm" : "loss") << " at step "
@@ -496,6 +515,117 @@ TEST(DataParallel, WorldOfTwoFollowsOneProcessWithTwiceTheBatch) {
   const auto r0 = test::slurp(dir.file("w2.0.0")), r1 = test::slurp(dir.file("w2.0.1"));
   EXPECT_EQ(r0, r1) << "the ranks' losses or parameters differ";
   EXPECT_EQ(r0, test::slurp(dir.file("w2.1.0"))) << "two runs of the same world differ";
+}
+
+TEST(DataParallel, WorldOfTwoFollowsOneProcessWithTwiceTheBatch) {
+  follow_one_process(true, 2, true);
+}
+
+TEST(DataParallel, UntiedEmbeddingGatheredSparsely) {
+  follow_one_process(false, 2, true);
+}
+
+TEST(DataParallel, EmbeddingSummedDenselyWhenItsRowsOutweighTheTable) {
+  // 2 ranks x 48 rows x (16 + 1) x 4 bytes gathered against 2 x 48 x 16 x 4 summed: the dense sum wins.
+  follow_one_process(true, 6, false);
+  follow_one_process(false, 6, false);
+}
+
+TEST(DataParallel, SparseExchangeDecidesByBytes) {
+  // Gathered: world x rows x (dim + 1 id) x 4 bytes; summed: 2 x vocab x dim x the wire's bytes.
+  EXPECT_TRUE(sparse_embedding_exchange(2, 8192, 50257, 512, DType::F32));
+  EXPECT_TRUE(sparse_embedding_exchange(4, 16384, 50257, 512, DType::F32));
+  EXPECT_FALSE(sparse_embedding_exchange(8, 16384, 50257, 512, DType::F32));
+  EXPECT_FALSE(sparse_embedding_exchange(4, 16384, 50257, 512, DType::BF16));
+  EXPECT_FALSE(sparse_embedding_exchange(2, 512, 256, 64, DType::F32));
+  EXPECT_FALSE(sparse_embedding_exchange(int64_t(1) << 40, int64_t(1) << 40, 1, 1, DType::F32));
+}
+
+// One step's gradients of the tiny model (tied or untied) over tokens/targets [B, 8], in a world of 2 (rank
+// r's share of the rows, weighted by its share of the valid targets) or alone (comm null: every row).
+std::vector<std::vector<float>> step_grads(Collective* comm, bool tie, const std::vector<int32_t>& toks,
+                                           const std::vector<int32_t>& tgts, int* sparse) {
+  CpuBackend be(1);
+  Context ctx(be);
+  TransformerConfig c = tiny_config();
+  c.tie_embeddings = tie;
+  Transformer model(ctx, c, 7);
+  const int64_t B = int64_t(toks.size()) / 8;
+  Tensor* tok = ctx.input(DType::I32, {B, 8}, "t");
+  Tensor* tgt = ctx.input(DType::I32, {B, 8}, "y");
+  set_data_int(tok, std::vector<int64_t>(toks.begin(), toks.end()));
+  set_data_int(tgt, std::vector<int64_t>(tgts.begin(), tgts.end()));
+  const LossOutputs out = lm_cross_entropy(ctx, model, tok, tgt);
+  Graph g(ctx);
+  g.backward(out.loss, comm ? ctx.tensor(DType::F32, {1}, "weight") : nullptr);
+  g.set_poison(true);
+  if (comm) {
+    const GradSync sync = append_grad_sync(g, *comm, out.loss, {}, DType::F32, 1 << 10);
+    *sparse = sync.sparse;
+    std::vector<int64_t> n{0};
+    for (int32_t y : tgts) n[0] += y != -100;
+    const float mine = float(n[0]);
+    dist::TcpGroup* host = dynamic_cast<dist::TcpGroup*>(comm);
+    host->all_reduce_sum(n);
+    set_data(sync.weight, {mine / float(n[0])});
+  }
+  g.compute();
+  std::vector<std::vector<float>> grads;
+  for (const Tensor* p : model.parameters()) grads.push_back(get_data(g.grad(p)));
+  return grads;
+}
+
+TEST(DataParallel, SparseExchangeSumsRepeatedIdsAsOneProcessDoes) {
+  // Ids drawn from 5 of the 48 so that each repeats within a rank and across ranks; rank 1 ignores some
+  // targets, so the ranks weigh differently. Each rank's embedding gradient (tied: with the lm-head's part)
+  // must equal that of one process over both ranks' rows, and be the same bits on both ranks.
+  for (const bool tie : {true, false})
+    for (const int64_t B : {int64_t(2), int64_t(6)}) {
+      std::mt19937 rng(unsigned(B) + (tie ? 100u : 0u));
+      std::vector<int32_t> toks(size_t(2 * B * 8)), tgts(toks.size());
+      for (size_t i = 0; i < toks.size(); ++i) {
+        toks[i] = int32_t(3 + 7 * (rng() % 5u));
+        tgts[i] = i >= toks.size() / 2 && rng() % 4u == 0 ? -100 : int32_t(rng() % 48u);
+      }
+      ScratchDir dir;
+      const int port = free_port();
+      expect_all_ok(run_ranks(2, [&](int r) {
+        dist::TcpGroup comm(loopback(r, 2, port));
+        const size_t half = toks.size() / 2, lo = size_t(r) * half;
+        int sparse = -1;
+        const auto grads =
+            step_grads(&comm, tie, std::vector<int32_t>(toks.begin() + lo, toks.begin() + lo + half),
+                       std::vector<int32_t>(tgts.begin() + lo, tgts.begin() + lo + half), &sparse);
+        std::ofstream f(dir.file("g" + std::to_string(r)), std::ios::binary);
+        for (const auto& v : grads)
+          f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));
+        std::ofstream(dir.file("s" + std::to_string(r))) << sparse;
+        return 0;
+      }));
+      const auto whole = step_grads(nullptr, tie, toks, tgts, nullptr);
+      const auto g0 = test::slurp(dir.file("g0"));
+      EXPECT_EQ(g0, test::slurp(dir.file("g1")))
+          << "tie " << tie << " B " << B << ": the ranks' gradients differ";
+      int sparse = -1;
+      std::ifstream(dir.file("s0")) >> sparse;
+      EXPECT_EQ(sparse, B == 2 ? 1 : 0) << "tie " << tie << " B " << B;
+      size_t at = 0;
+      for (size_t p = 0; p < whole.size(); ++p) {
+        const std::vector<float>& want = whole[p];
+        ASSERT_LE(at + want.size() * 4, g0.size());
+        float scale = 0, worst = 0;
+        for (float x : want) scale = std::max(scale, std::fabs(x));
+        for (size_t i = 0; i < want.size(); ++i) {
+          float got;
+          std::memcpy(&got, g0.data() + at + 4 * i, 4);
+          worst = std::max(worst, std::isfinite(got) ? std::fabs(got - want[i]) : INFINITY);
+        }
+        // Sums of the same terms in another order: f32 rounding of the largest element.
+        EXPECT_LE(worst, 1e-5f * scale + 1e-9f) << "tie " << tie << " B " << B << " parameter " << p;
+        at += want.size() * 4;
+      }
+      EXPECT_EQ(at, g0.size());
+    }
 }
 
 TEST(DataParallel, ZeroOneStepsEqualPlainWithHalfTheOptimizerState) {
@@ -588,17 +718,25 @@ TEST(DataParallel, GradientBucketsRunBeforeTheEndOfBackward) {
   Tensor* tgt = ctx.input(DType::I32, {2, 8}, "y");
   const LossOutputs out = lm_cross_entropy(ctx, model, tok, tgt);
   Graph g(ctx);
-  g.backward(out.loss);
+  g.backward(out.loss, ctx.tensor(DType::F32, {1}, "weight"));
   const size_t before = g.nodes().size();
   const GradSync sync = append_grad_sync(g, comm, out.loss, {}, DType::F32, 1 << 10);
   EXPECT_GT(sync.buckets, 2);
-  int early = 0, seen = 0;
-  for (size_t i = 0; i < g.nodes().size(); ++i)
-    if (g.nodes()[i]->op == Op::AllReduce && g.nodes()[i] != sync.loss) {
-      ++seen;
-      early += i + 1 < before;
+  EXPECT_EQ(sync.sparse, 1) << "the tied embedding's rows are not gathered";
+  auto gathers = [](const Tensor* n) { return n->op == Op::AllReduce && n->ip[3] == kGatherRowsMode; };
+  int early = 0, seen = 0, gathered = 0;
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Tensor* n = g.nodes()[i];
+    if (n->op != Op::AllReduce || n == sync.loss) continue;
+    if (gathers(n)) {
+      ++gathered;
+      continue;
     }
+    ++seen;
+    early += i + 1 < before;
+  }
   EXPECT_EQ(seen, sync.buckets);
+  EXPECT_EQ(gathered, sync.sparse);
   EXPECT_GT(early, 0) << "no bucket was scheduled inside backward";
   EXPECT_EQ(g.nodes().back(), sync.loss);
   // Backward produces each layer's weight gradients as soon as its output gradient exists, so the first
@@ -608,18 +746,81 @@ TEST(DataParallel, GradientBucketsRunBeforeTheEndOfBackward) {
   for (const Tensor* n : g.nodes())
     if (n->op == Op::GetRows && n->src[0] == model.embedding()) into_first_block = g.grad(n);
   ASSERT_NE(into_first_block, nullptr);
-  size_t grad_at = 0, first_bucket = g.nodes().size();
+  const Tensor* emb_acc = g.grad(model.embedding());
+  const Tensor* scatter = g.grad_writer(model.embedding());
+  size_t grad_at = 0, first_bucket = g.nodes().size(), gather_at = 0, scatter_at = 0, head_at = 0;
   int before_it = 0;
-  for (size_t i = 0; i < g.nodes().size(); ++i)
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
     if (g.nodes()[i] == into_first_block) grad_at = i;
-  for (size_t i = 0; i < g.nodes().size(); ++i)
-    if (g.nodes()[i]->op == Op::AllReduce && g.nodes()[i] != sync.loss) {
+    if (g.nodes()[i] == scatter) scatter_at = i;
+    if (gathers(g.nodes()[i])) gather_at = i;
+  }
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Tensor* n = g.nodes()[i];
+    if (n->op == Op::AllReduce && n != sync.loss && !gathers(n)) {
+      if (first_bucket == g.nodes().size()) head_at = n->src[0]->view_src == emb_acc ? i : 0;
       first_bucket = std::min(first_bucket, i);
       before_it += i < grad_at;
     }
+  }
   EXPECT_LT(first_bucket, grad_at) << "the first bucket waits for the gradient into the first block";
   EXPECT_GE(2 * before_it, sync.buckets)
       << before_it << " of " << sync.buckets << " buckets start before the first block's backward";
+  // The tied head's dense part is the first bucket, summed before any layer's backward; the embedding's rows
+  // are gathered once the gradient into the first block exists, and scattered after that onto the sum.
+  EXPECT_EQ(head_at, first_bucket) << "the first bucket is not the tied head's gradient alone";
+  EXPECT_EQ(g.nodes()[head_at]->src[4], nullptr) << "the tied head's bucket holds more than its gradient";
+  EXPECT_GT(gather_at, grad_at);
+  EXPECT_GT(scatter_at, gather_at);
+  EXPECT_EQ(scatter->src[0], g.nodes()[gather_at]);
+  // The rank's weight is the backward's seed, which the fused loss multiplies into the gradients it writes
+  // (no pass of its own): a bucket of one f32 gradient is then summed where it lies, and only buckets of
+  // several are packed (unweighted) into a staging buffer.
+  EXPECT_EQ(sync.weight, g.seed());
+  const Tensor* loss_node = out.loss;
+  EXPECT_EQ(loss_node->src[9], g.seed()) << "the seed is not folded into the fused loss";
+  for (const Tensor* n : g.nodes()) EXPECT_FALSE(n->op == Op::Mul && n->src[1] == g.seed()) << "a seed pass";
+  int in_place = 0, packed = 0;
+  for (const Tensor* n : g.nodes()) {
+    if (n->op != Op::AllReduce || n == sync.loss || gathers(n)) continue;
+    EXPECT_EQ(n->src[1], nullptr) << "a gradient bucket scales by the weight";
+    const bool one = n->src[4] == nullptr;
+    EXPECT_EQ(n->src[3] == nullptr, one) << "bucket at " << n->describe();
+    (one ? in_place : packed) += 1;
+  }
+  EXPECT_GT(in_place, 10);
+  EXPECT_EQ(packed, 0) << "1 KiB buckets hold one gradient each";
+  EXPECT_EQ(g.nodes()[head_at]->src[3], nullptr) << "the tied head's bucket is packed";
+  EXPECT_EQ(sync.loss->src[1], g.seed()) << "the loss is not weighted";
+  // 1 MiB buckets: the tied head's alone, summed in place; the other gradients packed several to a bucket.
+  {
+    Context c2(be);
+    Transformer m2(c2, tiny_config(), 1);
+    Tensor* t2 = c2.input(DType::I32, {2, 8}, "t");
+    const LossOutputs o2 = lm_cross_entropy(c2, m2, t2, c2.input(DType::I32, {2, 8}, "y"));
+    Graph g2(c2);
+    g2.backward(o2.loss, c2.tensor(DType::F32, {1}, "weight"));
+    const GradSync s2 = append_grad_sync(g2, comm, o2.loss, {}, DType::F32, 1 << 20);
+    int head = 0, several = 0;
+    for (const Tensor* n : g2.nodes()) {
+      if (n->op != Op::AllReduce || n == s2.loss || gathers(n)) continue;
+      EXPECT_EQ(n->src[3] == nullptr, n->src[4] == nullptr) << n->describe();
+      head += n->src[0]->view_src == g2.grad(m2.embedding()) && n->src[3] == nullptr;
+      several += n->src[3] != nullptr;
+    }
+    EXPECT_EQ(head, 1) << "the tied head's part is not summed alone, in place";
+    EXPECT_GT(several, 0);
+  }
+  {
+    Context c3(be);
+    Transformer m3(c3, tiny_config(), 1);
+    const LossOutputs o3 =
+        lm_cross_entropy(c3, m3, c3.input(DType::I32, {2, 8}, "t"), c3.input(DType::I32, {2, 8}, "y"));
+    Graph unseeded(c3);
+    unseeded.backward(o3.loss);
+    expect_error([&] { append_grad_sync(unseeded, comm, o3.loss, {}, DType::F32, 1 << 10); },
+                 {"seeded with the rank's weight"});
+  }
 }
 
 }  // namespace

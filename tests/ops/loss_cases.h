@@ -80,6 +80,10 @@ std::string cat(const Parts&... parts) {
   return s;
 }
 
+// The single-pass cases of every fused list, seeded with an f32 leaf of 0.37 (LossCase::leaf_seed) instead of
+// the constant 1, named "<case>_leafseed": the seed the fused losses fold into the gradients they write.
+std::vector<LossCase> fused_leaf_seeded_cases();
+
 // Finds a case of a list by name (for the tests that run cases in a given order); fails the test if absent.
 const LossCase& case_named(const std::vector<LossCase>& list, const std::string& name);
 

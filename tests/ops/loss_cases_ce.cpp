@@ -51,6 +51,20 @@ DistillOptions distill_options(const DistillRef& r, Out what) {
   return o;
 }
 
+std::vector<LossCase> fused_leaf_seeded_cases() {
+  std::vector<LossCase> out;
+  for (const auto& list :
+       {fused_ce_cases(), fused_topk_cases(), fused_distill_cases(), fused_entropy_cases()})
+    for (const LossCase& c : list)
+      if (c.single_pass && c.check_grad) {
+        LossCase s = c;
+        s.name += "_leafseed";
+        s.unit_seed = true;
+        s.leaf_seed = 0.37f;
+        out.push_back(std::move(s));
+      }
+  return out;
+}
 
 const LossCase& case_named(const std::vector<LossCase>& list, const std::string& name) {
   for (const LossCase& c : list)

@@ -339,8 +339,13 @@ bool run_loss_case(const LossCase& c) {
   Vec weights;
   if (c.check_grad) {
     if (c.unit_seed) {
-      weights = {1.0};
-      g.backward(out);
+      Tensor* seed = nullptr;
+      if (c.leaf_seed > 0) {
+        seed = ctx.tensor(DType::F32, {1}, "seed");
+        set_data(seed, {c.leaf_seed});
+      }
+      weights = {seed ? double(c.leaf_seed) : 1.0};
+      g.backward(out, seed);
     } else {
       Tensor* w = ctx.input(DType::F32, out->shape(), "w");
       weights = random_vec(out->nelements(), 0.5, 2.0);
@@ -436,6 +441,10 @@ void check_single_pass(const LossCase& c) {
   LossCase unit = c;
   unit.unit_seed = true;
   EXPECT_TRUE(run_loss_case(unit));
+  // Seeded with a leaf (a data-parallel rank's weight): the gradients against differences of 0.37·loss.
+  LossCase seeded = unit;
+  seeded.leaf_seed = 0.37f;
+  EXPECT_TRUE(run_loss_case(seeded));
 
   // The same inputs in two graphs: backward(loss) and backward(3·loss).
   std::vector<Vec> grads[2];

@@ -119,6 +119,10 @@ struct LossCase {
   // true: backward(out) on the scalar loss itself (the graph seeds it with its constant 1: single pass);
   // false: backward(Σ w·out) with random weights w (a non-unit upstream gradient).
   bool unit_seed = false;
+  // With unit_seed, > 0: the seed is an f32 leaf holding this value instead of the constant 1
+  // (Graph::backward(out, seed), a data-parallel rank's weight), which fused losses fold into their
+  // gradients.
+  float leaf_seed = 0;
   // The CPU also checks that the unit-seeded backward multiplies by nothing and that 3·loss gives three times
   // the gradient (check_single_pass); the case's output must be a scalar.
   bool single_pass = false;

@@ -32,6 +32,10 @@ namespace retort::cuda {
 
 namespace {
 
+__global__ void product_kernel(const float* a, const float* b, float* out) {
+  *out = *a * *b;
+}
+
 using loss::Block;
 using loss::LossKind;
 using loss::LossSpec;
@@ -39,8 +43,8 @@ using loss::RowOut;
 
 class CudaChunkExecutor final : public loss::ChunkExecutor {
  public:
-  CudaChunkExecutor(CudaExec& ex, Op op, DType grad_dtype)
-      : ex_(ex), op_(op), grad_dtype_(grad_dtype), gemm_(ex) {
+  CudaChunkExecutor(CudaExec& ex, Op op, DType grad_dtype, const float* grad_factor)
+      : ex_(ex), op_(op), grad_dtype_(grad_dtype), gemm_(ex), factor_(grad_factor), grad_dev_(grad_factor) {
     RT_ASSERT(grad_dtype == DType::F32 || grad_dtype == DType::BF16 || grad_dtype == DType::F16);
     if (phase_profile_on()) whole_ = phase_begin(std::string("op ") + op_name(op), ex_.stream);
   }
@@ -112,6 +116,16 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
       mean_on_device_ = true;
     }
     fused::check_labels(ex_, *labels, ignore, v, op_, inv);
+    if (inv) {
+      grad_dev_ = inv;
+      if (factor_) {
+        // The gradients' device scale: the mean's 1 / count times the graph's seed; the loss keeps 1 / count.
+        factor_inv_ = ex_.temp(sizeof(float));
+        product_kernel<<<1, 1, 0, ex_.stream>>>(inv, factor_, factor_inv_->as<float>());
+        RT_CUDA_LAUNCH_CHECK("fused loss gradient scale");
+        grad_dev_ = factor_inv_->as<float>();
+      }
+    }
     // Under Sum / None the count scales nothing, so it is not counted; under Mean it stays on the device.
     return kCountOnDevice;
   }
@@ -179,7 +193,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     b.V = logits.cols;
     b.stride = std::max<int64_t>(logits.cols, int64_t(logits.row_stride / les));  // Vp
     b.scale = out.grad_scale;
-    b.scale_dev = mean_on_device_ ? inv_->as<float>() : nullptr;
+    b.scale_dev = grad_dev_;
     b.loss = out.loss;
     b.lse = out.lse;
     if (!out.grad.empty()) {
@@ -223,7 +237,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
     o.soft = out.soft;
     o.lse = out.lse;
     o.grad_scale = out.grad_scale;
-    o.grad_scale_dev = mean_on_device_ ? inv_->as<float>() : nullptr;
+    o.grad_scale_dev = grad_dev_;
     return fused::sparse_forward_kl(ex_, j.hidden, j.weight, j.bias, j.side, j.g, o, j.dhidden,
                                     j.accumulate_dhidden);
   }
@@ -355,7 +369,7 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
         r.e = j.logits;
         r.lde = j.vp;
         r.grad_scale = j.out.grad_scale;
-        r.scale_dev = mean_on_device_ ? inv_->as<float>() : nullptr;
+        r.scale_dev = grad_dev_;
         r.upstream = side_vec(j.row_upstream);
         s = static_cast<float*>(temp(size_t(c) * sizeof(float)));
         r.s = s;
@@ -434,6 +448,9 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
   fused::SparseRuns runs_;  // the K-sparse path's sorted slots, from a chunk's gather to its scatter
   std::unique_ptr<DeviceBuffer> inv_;  // 1 / count of a mean with labels (device)
   bool mean_on_device_ = false;
+  const float* factor_;  // the graph's seed, multiplying every gradient (device), or null
+  std::unique_ptr<DeviceBuffer> factor_inv_;  // *factor_ / count, when both apply
+  const float* grad_dev_;                     // what the gradients are multiplied by on the device, or null
   std::unique_ptr<DeviceBuffer> shadow_;  // the 16-bit logits gradient
   size_t shadow_bytes_ = 0;
   const void* shadow_of_ = nullptr;  // the logits block the shadow stands for (null: none)
@@ -443,8 +460,9 @@ class CudaChunkExecutor final : public loss::ChunkExecutor {
 
 }  // namespace
 
-std::unique_ptr<loss::ChunkExecutor> make_cuda_chunk_executor(CudaExec& ex, Op op, DType grad_dtype) {
-  return std::make_unique<CudaChunkExecutor>(ex, op, grad_dtype);
+std::unique_ptr<loss::ChunkExecutor> make_cuda_chunk_executor(CudaExec& ex, Op op, DType grad_dtype,
+                                                              const float* grad_factor) {
+  return std::make_unique<CudaChunkExecutor>(ex, op, grad_dtype, grad_factor);
 }
 
 }  // namespace retort::cuda

@@ -17,8 +17,10 @@ namespace retort::cuda {
 // block. This is what torch / Liger do for bf16 heads; it rounds d(loss)/d(logits) to 16 bits before the
 // GEMMs. With 16-bit logits (FusedLinearOptions::logits_dtype, when hidden and W, and an online teacher's,
 // are all of that dtype: supports_16bit_logits) no shadow is used: the GEMM writes the logits in 16 bits and
-// the row kernel writes the gradient over them in the same dtype.
+// the row kernel writes the gradient over them in the same dtype. grad_factor: a device f32 that multiplies
+// every gradient besides the mean's 1 / count (FusedLinearProblem::grad_factor), or null.
 std::unique_ptr<loss::ChunkExecutor> make_cuda_chunk_executor(CudaExec& ex, Op op,
-                                                              DType grad_dtype = DType::F32);
+                                                              DType grad_dtype = DType::F32,
+                                                              const float* grad_factor = nullptr);
 
 }  // namespace retort::cuda

@@ -3,6 +3,8 @@
 // ChunkExecutor, with the node's tensors wired by problem_from_node exactly as the CPU kernel does. When
 // hidden and weight are both bf16 (or both f16) the logits gradient is kept in that dtype for the gradient
 // GEMMs (cuda_chunk_exec.h says why).
+#include <utility>
+
 #include "../../ops/loss/row_loss.h"
 #include "../cuda_common.cuh"
 #include "cuda_chunk_exec.h"
@@ -12,10 +14,11 @@ namespace retort::cuda {
 namespace {
 
 void fused_linear_l(CudaExec& ex, Tensor* node) {
-  const loss::FusedLinearProblem p = loss::problem_from_node(node);
+  loss::FusedLinearProblem p = loss::problem_from_node(node);
   const DType h = p.hidden.dtype;
   const DType grad_dtype = h == p.weight.dtype && (h == DType::BF16 || h == DType::F16) ? h : DType::F32;
-  auto exec = make_cuda_chunk_executor(ex, node->op, grad_dtype);
+  // The seed is read on the device, so a replayed CUDA Graph sees each step's value.
+  auto exec = make_cuda_chunk_executor(ex, node->op, grad_dtype, std::exchange(p.grad_factor, nullptr));
   loss::run_fused_linear(*exec, p);
 }
 

@@ -345,6 +345,7 @@ void run_fused_linear(ChunkExecutor& ex, const FusedLinearProblem& problem) {
   // the first chunk, so every gradient is scaled in the row loss's own pass.
   const bool red = reduced(p);
   const bool mean = red && p.reduction == Reduction::Mean;
+  RT_ASSERT(!p.grad_factor);  // the caller hands it to its executor
   const int64_t valid = ex.validate(p.spec, n, v, red ? p.reduction : Reduction::None, p.what);
   RT_ASSERT(valid >= 0 || valid == ChunkExecutor::kCountOnDevice);
   float inv = 1.0f;  // kCountOnDevice: the executor applies 1/count itself

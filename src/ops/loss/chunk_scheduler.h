@@ -244,6 +244,10 @@ struct FusedLinearProblem {
   // Add into dweight / dbias instead of overwriting them (a graph's gradient accumulator).
   bool accumulate_dhidden = false, accumulate_dweight = false, accumulate_dbias = false;
   float grad_scale = 1.0f;
+  // An f32 in the backend's memory that multiplies every gradient too (a graph seeded with a leaf: a
+  // data-parallel rank's share), read when the gradients are computed, or null. Executors take it at
+  // construction; run_fused_linear requires it null.
+  const float* grad_factor = nullptr;
   Block row_upstream;
 
   // Bytes of chunk logits (FusedLinearOptions::logits_budget); 0: automatic, resolved by run_fused_linear

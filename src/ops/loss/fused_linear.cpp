@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 
 #include "../../core/error.h"
 #include "../../core/op_table.h"
@@ -49,6 +50,7 @@ constexpr int64_t kLogitsAuto = -1;  // ip[kIpLogits] when FusedLinearOptions::l
 constexpr int kAuxStats = 0;
 constexpr int kAuxHeadIds = 1, kAuxHeadNll = 2;  // the teacher head's outputs
 constexpr int kSrcUpstream = 7, kSrcStats = 8, kSrcLossInputs = 7;
+constexpr int kSrcFactor = 9;  // a loss's seed folded into its gradients (back_fused)
 constexpr int64_t kStatPerRow = 1, kStatLse = 2, kStatParts = 4;
 constexpr int64_t kStatRows = 6;
 // Gradient i (0 hidden, 1 weight, 2 bias) is bit i of ip[kIpGrad] / ip[kIpAllow], lives in aux[1 + i] and
@@ -250,6 +252,7 @@ loss::FusedLinearProblem inputs_of(const Tensor* node) {
   p.logits_budget = size_t(node->ip[kIpBudget]);
   p.chunk_rows = node->ip[kIpChunk];
   p.what = what(node);
+  p.grad_factor = node->src[kSrcFactor] ? f32(node->src[kSrcFactor]) : nullptr;
   loss::LossSpec& s = p.spec;
   s = loss::spec_from_slots(node, loss::loss_kind_of(op));
   // The side data follows hidden, weight and bias (src[3] on).
@@ -342,7 +345,9 @@ void wire_back_inputs(const Tensor* node, loss::FusedLinearProblem& p) {
 
 void cpu_fused(Tensor* node, ThreadPool& pool) {
   auto ex = loss::make_cpu_chunk_executor(pool);
-  loss::run_fused_linear(*ex, loss::problem_from_node(node));
+  loss::FusedLinearProblem p = loss::problem_from_node(node);
+  if (p.grad_factor) p.grad_scale *= *std::exchange(p.grad_factor, nullptr);  // host memory: read it now
+  loss::run_fused_linear(*ex, p);
 }
 
 // Backward.
@@ -402,7 +407,11 @@ void back_fused(BackwardCtx& bc, Tensor* node, Tensor* grad) {
     return;
   }
   node->ip[kIpGrad] = bits;  // the forward pass now writes these gradients too
-  const bool unit = is_unit_fill(grad);
+  // A seed that is a one-element f32 leaf (Graph::backward's seed) is known before the forward runs: the
+  // forward multiplies it into the gradients it writes, so they need no pass of their own.
+  const bool folded = grad->is_leaf() && grad->dtype == DType::F32 && grad->nelements() == 1;
+  if (folded) node->src[kSrcFactor] = grad;
+  const bool unit = is_unit_fill(grad) || folded;
   for (int i = 0; i < kGrads; ++i) {
     if (!(bits >> i & 1)) continue;
     Tensor* g = grad_aux(ctx, node, i);
