@@ -78,10 +78,12 @@ void load_rows(const Tensor* x, int64_t b, int64_t t0, int64_t rows, int64_t h, 
   }
 }
 
-void store_rows(const Tensor* x, int64_t b, int64_t t0, int64_t rows, int64_t h, const float* in, int64_t ld) {
+void store_rows(const Tensor* x, int64_t b, int64_t t0, int64_t rows, int64_t h, const float* in,
+                int64_t ld) {
   const int64_t D = x->ne[0];
   for (int64_t r = 0; r < rows; ++r) {
-    char* p = static_cast<char*>(x->data) + size_t(((b * x->ne[2] + t0 + r) * x->ne[1] + h) * D) * x->elsize();
+    char* p =
+        static_cast<char*>(x->data) + size_t(((b * x->ne[2] + t0 + r) * x->ne[1] + h) * D) * x->elsize();
     if (x->dtype == DType::F32)
       std::copy_n(in + r * ld, D, reinterpret_cast<float*>(p));
     else
@@ -159,7 +161,8 @@ void cpu_flash_attention(Tensor* t, ThreadPool& pool) {
   const int64_t qtiles = (d.Tq + kQueryTile - 1) / kQueryTile, group = d.H / d.KV, dp = d.dp();
   pool.parallel_for(d.B * d.H * qtiles, [&](int64_t begin, int64_t end) {
     KvHead kv;
-    std::vector<float> qs(size_t(kQueryTile * dp)), o(size_t(kQueryTile * dp)), s(size_t(kQueryTile * kKeyTile));
+    std::vector<float> qs(size_t(kQueryTile * dp)), o(size_t(kQueryTile * dp)),
+        s(size_t(kQueryTile * kKeyTile));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t qt = task % qtiles, h = task / qtiles % d.H, b = task / qtiles / d.H;
       const int64_t g = h / group, i0 = qt * kQueryTile, rows = std::min(kQueryTile, d.Tq - i0);
@@ -177,8 +180,15 @@ struct BackScratch {
   std::vector<float> qs, dout, o, dq, s, dpr, p, ds, dk, dv;
   float rowdot[kQueryTile], lse[kQueryTile];
   explicit BackScratch(const Dims& d)
-      : qs(size_t(kQueryTile * d.dp())), dout(qs.size()), o(qs.size()), dq(qs.size()),
-        s(size_t(kQueryTile * kKeyTile)), dpr(s.size()), p(s.size()), ds(s.size()), dk(size_t(d.tkp() * d.dp())),
+      : qs(size_t(kQueryTile * d.dp())),
+        dout(qs.size()),
+        o(qs.size()),
+        dq(qs.size()),
+        s(size_t(kQueryTile * kKeyTile)),
+        dpr(s.size()),
+        p(s.size()),
+        ds(s.size()),
+        dk(size_t(d.tkp() * d.dp())),
         dv(dk.size()) {}
 };
 

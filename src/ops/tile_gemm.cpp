@@ -41,7 +41,8 @@ RT_TILE_AVX512 void block_avx512(int64_t k, const float* a, int64_t ars, int64_t
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) s[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v)
+      s[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
   for (int64_t t = 0; t < k; ++t) {
     __m512 bv[NV];
 #pragma GCC unroll 4
@@ -60,13 +61,17 @@ RT_TILE_AVX512 void block_avx512(int64_t k, const float* a, int64_t ars, int64_t
 }
 
 template <int R>
-RT_TILE_AVX512 void columns_avx512(int nv, int64_t k, const float* a, int64_t ars, int64_t ats, const float* b,
-                                   int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+RT_TILE_AVX512 void columns_avx512(int nv, int64_t k, const float* a, int64_t ars, int64_t ats,
+                                   const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   switch (nv) {
-    case 4: return block_avx512<R, 4>(k, a, ars, ats, b, ldb, c, ldc, accumulate);
-    case 3: return block_avx512<R, 3>(k, a, ars, ats, b, ldb, c, ldc, accumulate);
-    case 2: return block_avx512<R, 2>(k, a, ars, ats, b, ldb, c, ldc, accumulate);
-    default: return block_avx512<R, 1>(k, a, ars, ats, b, ldb, c, ldc, accumulate);
+    case 4:
+      return block_avx512<R, 4>(k, a, ars, ats, b, ldb, c, ldc, accumulate);
+    case 3:
+      return block_avx512<R, 3>(k, a, ars, ats, b, ldb, c, ldc, accumulate);
+    case 2:
+      return block_avx512<R, 2>(k, a, ars, ats, b, ldb, c, ldc, accumulate);
+    default:
+      return block_avx512<R, 1>(k, a, ars, ats, b, ldb, c, ldc, accumulate);
   }
 }
 
@@ -82,10 +87,17 @@ RT_TILE_AVX512 void gemm_avx512(int64_t m, int64_t n, int64_t k, const float* a,
     const float* ar = a + r * ars;
     float* cr = c + r * ldc + c0;
     switch (m - r) {
-      case 3: columns_avx512<3>(nv, k, ar, ars, ats, bs, ldb, cr, ldc, accumulate); break;
-      case 2: columns_avx512<2>(nv, k, ar, ars, ats, bs, ldb, cr, ldc, accumulate); break;
-      case 1: columns_avx512<1>(nv, k, ar, ars, ats, bs, ldb, cr, ldc, accumulate); break;
-      default: break;
+      case 3:
+        columns_avx512<3>(nv, k, ar, ars, ats, bs, ldb, cr, ldc, accumulate);
+        break;
+      case 2:
+        columns_avx512<2>(nv, k, ar, ars, ats, bs, ldb, cr, ldc, accumulate);
+        break;
+      case 1:
+        columns_avx512<1>(nv, k, ar, ars, ats, bs, ldb, cr, ldc, accumulate);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -121,16 +133,28 @@ RT_TILE_AVX2 void gemm_avx2(int64_t m, int64_t n, int64_t k, const float* a, int
   for (int64_t c0 = 0; c0 < n; c0 += 16) {
     const float* bs = b + c0;
     int64_t r = 0;
-    for (; r + 6 <= m; r += 6) block_avx2<6>(k, a + r * ars, ars, ats, bs, ldb, c + r * ldc + c0, ldc, accumulate);
+    for (; r + 6 <= m; r += 6)
+      block_avx2<6>(k, a + r * ars, ars, ats, bs, ldb, c + r * ldc + c0, ldc, accumulate);
     const float* ar = a + r * ars;
     float* cr = c + r * ldc + c0;
     switch (m - r) {
-      case 5: block_avx2<5>(k, ar, ars, ats, bs, ldb, cr, ldc, accumulate); break;
-      case 4: block_avx2<4>(k, ar, ars, ats, bs, ldb, cr, ldc, accumulate); break;
-      case 3: block_avx2<3>(k, ar, ars, ats, bs, ldb, cr, ldc, accumulate); break;
-      case 2: block_avx2<2>(k, ar, ars, ats, bs, ldb, cr, ldc, accumulate); break;
-      case 1: block_avx2<1>(k, ar, ars, ats, bs, ldb, cr, ldc, accumulate); break;
-      default: break;
+      case 5:
+        block_avx2<5>(k, ar, ars, ats, bs, ldb, cr, ldc, accumulate);
+        break;
+      case 4:
+        block_avx2<4>(k, ar, ars, ats, bs, ldb, cr, ldc, accumulate);
+        break;
+      case 3:
+        block_avx2<3>(k, ar, ars, ats, bs, ldb, cr, ldc, accumulate);
+        break;
+      case 2:
+        block_avx2<2>(k, ar, ars, ats, bs, ldb, cr, ldc, accumulate);
+        break;
+      case 1:
+        block_avx2<1>(k, ar, ars, ats, bs, ldb, cr, ldc, accumulate);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -138,7 +162,8 @@ RT_TILE_AVX2 void gemm_avx2(int64_t m, int64_t n, int64_t k, const float* a, int
 bool cpu_has_avx512f() {
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+           __builtin_cpu_supports("fma");
   }();
   return has;
 }
@@ -171,14 +196,17 @@ Impl best_impl() {
 
 const char* impl_name(Impl impl) {
   switch (impl) {
-    case Impl::Avx512: return "avx512";
-    case Impl::Avx2: return "avx2+fma";
-    default: return "portable";
+    case Impl::Avx512:
+      return "avx512";
+    case Impl::Avx2:
+      return "avx2+fma";
+    default:
+      return "portable";
   }
 }
 
-void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t ats, const float* b, int64_t ldb,
-          float* c, int64_t ldc, bool accumulate, Impl impl) {
+void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t ats, const float* b,
+          int64_t ldb, float* c, int64_t ldc, bool accumulate, Impl impl) {
   RT_ASSERT(n % kTileLanes == 0 && m >= 0 && k >= 0 && impl_available(impl));
 #ifdef RETORT_TILE_X86
   if (impl == Impl::Avx512) return gemm_avx512(m, n, k, a, ars, ats, b, ldb, c, ldc, accumulate);

@@ -19,7 +19,7 @@ const char* impl_name(Impl impl);
 
 // C[r, c] = Σ_t a[r·ars + t·ats] · b[t·ldb + c] for r < m, c < n (n a multiple of kTileLanes), or += with
 // accumulate; C's rows are ldc floats apart. k = 0 gives zeros (or leaves C as it is).
-void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t ats, const float* b, int64_t ldb,
-          float* c, int64_t ldc, bool accumulate, Impl impl = best_impl());
+void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t ats, const float* b,
+          int64_t ldb, float* c, int64_t ldc, bool accumulate, Impl impl = best_impl());
 
 }  // namespace retort::tile

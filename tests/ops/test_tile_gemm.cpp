@@ -44,10 +44,12 @@ TEST(TileGemm, EveryImplAgainstFloat64) {
                     continue;
                   }
                   double want = accumulate ? c0[at] : 0.0;
-                  for (int64_t t = 0; t < k; ++t) want += double(a[size_t(r * ars + t * ats)]) * b[size_t(t * ldb + j)];
+                  for (int64_t t = 0; t < k; ++t)
+                    want += double(a[size_t(r * ars + t * ats)]) * b[size_t(t * ldb + j)];
                   ASSERT_NEAR(c[at], want, 1e-5 * (1.0 + double(k)))
-                      << tile::impl_name(impl) << " m=" << m << " n=" << n << " k=" << k << " transposed="
-                      << transposed << " accumulate=" << accumulate << " at " << r << ", " << j;
+                      << tile::impl_name(impl) << " m=" << m << " n=" << n << " k=" << k
+                      << " transposed=" << transposed << " accumulate=" << accumulate << " at " << r << ", "
+                      << j;
                 }
             }
 }
