@@ -170,7 +170,8 @@ Tensor* Transformer::mm(Context& ctx, Tensor* a, Tensor* b, bool transpose_a, bo
   return matmul_lowp(ctx, lowp(ctx, a), lowp(ctx, b), transpose_a, transpose_b, lowp_out ? cd : DType::F32);
 }
 
-bool uses_flash_attention(const TransformerConfig& config) {
+bool uses_flash_attention(const TransformerConfig& config, const Backend& backend) {
+  if (backend.is_host()) return true;
   const TransformerConfig c = config.resolved();
   const int64_t hd = c.head_dim();
   return c.compute_dtype != DType::F32 && (hd == 16 || hd == 32 || hd == 64 || hd == 96 || hd == 128);
@@ -205,7 +206,7 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
   q = rope(ctx, q, positions, RopeMode::Normal, c.rope_theta);
   k = rope(ctx, k, positions, RopeMode::Normal, c.rope_theta);
   const DType cd = c.compute_dtype;
-  if (uses_flash_attention(c)) {
+  if (uses_flash_attention(c, ctx.backend())) {
     // Fused: reads q, k, v where the projections put them, no [T, T] scores, no repeated kv heads.
     auto in_dtype = [&](Tensor* x) { return x->dtype == cd && x->is_contiguous() ? x : cast(ctx, x, cd); };
     Tensor* out = flash_attention(ctx, in_dtype(q), in_dtype(k), in_dtype(v), 1.0f / std::sqrt(float(hd)));

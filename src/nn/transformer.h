@@ -60,9 +60,11 @@ struct TransformerBlock {
 
 // True when two configs describe the same parameters (compute dtype and context aside: neither is a weight).
 bool same_architecture(const TransformerConfig& a, const TransformerConfig& b);
-// Whether the blocks' attention is the fused flash_attention op: in 16-bit compute with a head dim the CUDA
-// kernels take (16, 32, 64, 96, 128); f32 models keep the unfused composition (exact f32 scores).
-bool uses_flash_attention(const TransformerConfig& config);
+// Whether the blocks' attention is the fused flash_attention op on this backend: always on the CPU (its tiled
+// kernel takes any head dim and dtype, and never writes the [T, T] scores the composition moves through
+// memory); on a GPU in 16-bit compute with a head dim the CUDA kernels take (16, 32, 64, 96, 128), f32 models
+// keeping the unfused composition there.
+bool uses_flash_attention(const TransformerConfig& config, const Backend& backend);
 
 // One parameter as a config implies it: its name, shape (outermost first) and initialization.
 struct ParamSpec {

@@ -282,12 +282,133 @@ RT_AVX2 double sum_avx2(const float* x, int64_t n) {
   if (i < n) add_pd(_mm256_maskload_ps(x + i, tail_mask(n - i)), s0, s1);  // masked lanes load 0
   return hsum(_mm256_add_pd(s0, s1));
 }
+
+// ---- AVX-512 (exp and the passes around it; the rest runs the AVX2 code) ---------------------------------
+
+#define RT_AVX512 __attribute__((target("avx2,fma,avx512f")))
+// GCC 12's avx512fintrin.h starts max, min, roundscale and extract from a self-initialized "undefined"
+// register, which -Wuninitialized reports at every use.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+RT_AVX512 inline __m512 set16(float v) {
+  return _mm512_set1_ps(v);
+}
+
+// exp8's algorithm and coefficients on 16 lanes, with 2^n applied by scalef (exact for the normal results it
+// is used for: lanes below ln(FLT_MIN) are set to 0 as in exp8), so a lane gets exp8's bits.
+RT_AVX512 inline __m512 exp16(__m512 x) {
+  const __m512 lo = set16(-87.33654475f), hi = set16(88.7228317f);
+  const __m512 xc = _mm512_min_ps(hi, _mm512_max_ps(lo, x));  // NaN stays NaN (second operand)
+  const __m512 fn = _mm512_roundscale_ps(_mm512_mul_ps(xc, set16(1.44269504088896341f)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(fn, set16(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(fn, set16(-2.12194440e-4f), r);
+  __m512 y = set16(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, set16(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, set16(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, set16(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, set16(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, set16(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, set16(1.0f)));
+  y = _mm512_scalef_ps(y, fn);
+  y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), _mm512_setzero_ps());
+  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), set16(kInf));
+}
+
+RT_AVX512 inline __mmask16 tail_mask16(int64_t rem) {
+  return __mmask16((1u << rem) - 1u);
+}
+
+RT_AVX512 inline void add_pd16(__m512 v, __m512d& s0, __m512d& s1) {
+  s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+  s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+
+RT_AVX512 double exp_affine_avx512(const float* x, float* out, int64_t n, float m, float scale, float shift,
+                                   float a, float c, bool accumulate) {
+  const __m512 vm = set16(m), vs = set16(scale), vsh = set16(shift), va = set16(a), vc = set16(c);
+  __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    __m512 r = _mm512_fmadd_ps(va, exp16(_mm512_fmsub_ps(_mm512_sub_ps(v, vm), vs, vsh)), vc);
+    if (accumulate) r = _mm512_add_ps(_mm512_loadu_ps(out + i), r);
+    _mm512_storeu_ps(out + i, r);
+    add_pd16(r, s0, s1);
+  }
+  if (i < n) {
+    const __mmask16 mask = tail_mask16(n - i);
+    const __m512 v = _mm512_maskz_loadu_ps(mask, x + i);
+    __m512 r = _mm512_fmadd_ps(va, exp16(_mm512_fmsub_ps(_mm512_sub_ps(v, vm), vs, vsh)), vc);
+    if (accumulate) r = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out + i), r);
+    _mm512_mask_storeu_ps(out + i, mask, r);
+    add_pd16(_mm512_maskz_mov_ps(mask, r), s0, s1);
+  }
+  return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+}
+
+RT_AVX512 void exp_avx512(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, exp16(_mm512_loadu_ps(x + i)));
+  if (i < n) {
+    const __mmask16 mask = tail_mask16(n - i);
+    _mm512_mask_storeu_ps(x + i, mask, exp16(_mm512_maskz_loadu_ps(mask, x + i)));
+  }
+}
+
+RT_AVX512 float sum_exp_avx512(const float* x, int64_t n, float m, float scale) {
+  const __m512 vm = set16(m), vs = set16(scale);
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_add_ps(s0, exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm), vs)));
+    s1 = _mm512_add_ps(s1, exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16), vm), vs)));
+  }
+  if (i + 16 <= n) {
+    s0 = _mm512_add_ps(s0, exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm), vs)));
+    i += 16;
+  }
+  if (i < n) {
+    const __mmask16 mask = tail_mask16(n - i);
+    const __m512 e = exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x + i), vm), vs));
+    s1 = _mm512_add_ps(s1, _mm512_maskz_mov_ps(mask, e));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+RT_AVX512 float max_avx512(const float* x, int64_t n) {
+  // max_ps(v, acc) returns acc when v is NaN: NaNs never win.
+  __m512 r0 = set16(-kInf), r1 = set16(-kInf);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    r0 = _mm512_max_ps(_mm512_loadu_ps(x + i), r0);
+    r1 = _mm512_max_ps(_mm512_loadu_ps(x + i + 16), r1);
+  }
+  if (i + 16 <= n) {
+    r0 = _mm512_max_ps(_mm512_loadu_ps(x + i), r0);
+    i += 16;
+  }
+  if (i < n) r1 = _mm512_max_ps(_mm512_mask_loadu_ps(set16(-kInf), tail_mask16(n - i), x + i), r1);
+  return _mm512_reduce_max_ps(_mm512_max_ps(r0, r1));
+}
+
+bool cpu_has_avx512f() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && gemm::kernel_available(gemm::Kernel::Avx2);
+  }();
+  return has;
+}
+#pragma GCC diagnostic pop
 #endif
 
 }  // namespace
 
 bool impl_available(Impl impl) {
 #ifdef RETORT_VMATH_X86
+  if (impl == Impl::Avx512) return cpu_has_avx512f();
   return impl == Impl::Portable || gemm::kernel_available(gemm::Kernel::Avx2);
 #else
   return impl == Impl::Portable;
@@ -295,17 +416,24 @@ bool impl_available(Impl impl) {
 }
 
 Impl best_impl() {
-  static const Impl best = impl_available(Impl::Avx2) ? Impl::Avx2 : Impl::Portable;
+  static const Impl best = impl_available(Impl::Avx512) ? Impl::Avx512
+                           : impl_available(Impl::Avx2) ? Impl::Avx2
+                                                        : Impl::Portable;
   return best;
 }
 
 const char* impl_name(Impl impl) {
-  return impl == Impl::Avx2 ? "avx2+fma" : "portable";
+  switch (impl) {
+    case Impl::Avx512: return "avx512";
+    case Impl::Avx2: return "avx2+fma";
+    default: return "portable";
+  }
 }
 
 double exp_affine(const float* x, float* out, int64_t n, float m, float scale, float shift, float a, float c,
                   bool accumulate, Impl impl) {
 #ifdef RETORT_VMATH_X86
+  if (impl == Impl::Avx512) return exp_affine_avx512(x, out, n, m, scale, shift, a, c, accumulate);
   if (impl == Impl::Avx2) return exp_affine_avx2(x, out, n, m, scale, shift, a, c, accumulate);
 #endif
   (void)impl;
@@ -314,6 +442,7 @@ double exp_affine(const float* x, float* out, int64_t n, float m, float scale, f
 
 void exp(float* x, int64_t n, Impl impl) {
 #ifdef RETORT_VMATH_X86
+  if (impl == Impl::Avx512) return exp_avx512(x, n);
   if (impl == Impl::Avx2) return map_avx2<false>(x, n);
 #endif
   (void)impl;
@@ -322,7 +451,7 @@ void exp(float* x, int64_t n, Impl impl) {
 
 void log(float* x, int64_t n, Impl impl) {
 #ifdef RETORT_VMATH_X86
-  if (impl == Impl::Avx2) return map_avx2<true>(x, n);
+  if (impl != Impl::Portable) return map_avx2<true>(x, n);  // Avx512 too
 #endif
   (void)impl;
   for (int64_t i = 0; i < n; ++i) x[i] = std::log(x[i]);
@@ -330,6 +459,7 @@ void log(float* x, int64_t n, Impl impl) {
 
 float sum_exp(const float* x, int64_t n, float m, float scale, Impl impl) {
 #ifdef RETORT_VMATH_X86
+  if (impl == Impl::Avx512) return sum_exp_avx512(x, n, m, scale);
   if (impl == Impl::Avx2) return sum_exp_avx2(x, n, m, scale);
 #endif
   (void)impl;
@@ -338,6 +468,7 @@ float sum_exp(const float* x, int64_t n, float m, float scale, Impl impl) {
 
 float max(const float* x, int64_t n, Impl impl) {
 #ifdef RETORT_VMATH_X86
+  if (impl == Impl::Avx512) return max_avx512(x, n);
   if (impl == Impl::Avx2) return max_avx2(x, n);
 #endif
   (void)impl;
@@ -346,7 +477,7 @@ float max(const float* x, int64_t n, Impl impl) {
 
 double sum(const float* x, int64_t n, Impl impl) {
 #ifdef RETORT_VMATH_X86
-  if (impl == Impl::Avx2) return sum_avx2(x, n);
+  if (impl != Impl::Portable) return sum_avx2(x, n);  // Avx512 too
 #endif
   (void)impl;
   return sum_portable(x, n);
@@ -354,7 +485,7 @@ double sum(const float* x, int64_t n, Impl impl) {
 
 float dot(const float* a, const float* b, int64_t n, Impl impl) {
 #ifdef RETORT_VMATH_X86
-  if (impl == Impl::Avx2) return dot_avx2(a, b, n);
+  if (impl != Impl::Portable) return dot_avx2(a, b, n);  // Avx512 too
 #endif
   (void)impl;
   return dot_portable(a, b, n);
@@ -362,7 +493,7 @@ float dot(const float* a, const float* b, int64_t n, Impl impl) {
 
 void axpy(float a, const float* x, float* y, int64_t n, Impl impl) {
 #ifdef RETORT_VMATH_X86
-  if (impl == Impl::Avx2) return axpy_avx2(a, x, y, n);
+  if (impl != Impl::Portable) return axpy_avx2(a, x, y, n);  // Avx512 too
 #endif
   (void)impl;
   axpy_portable(a, x, y, n);

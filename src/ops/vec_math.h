@@ -14,8 +14,9 @@
 
 namespace retort::vmath {
 
-enum class Impl { Portable, Avx2 };
-Impl best_impl();                // Avx2 when the CPU has AVX2 and FMA
+// Avx512 runs exp, exp_affine, sum_exp and max on 16 lanes (the same exp, lane for lane), AVX2 the rest.
+enum class Impl { Portable, Avx2, Avx512 };
+Impl best_impl();                // Avx512 with AVX-512F, else Avx2 when the CPU has AVX2 and FMA
 bool impl_available(Impl impl);  // Portable always
 const char* impl_name(Impl impl);
 

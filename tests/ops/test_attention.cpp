@@ -22,6 +22,16 @@ TEST(FlashAttention, EveryCaseBF16AndF16) {
   }
 }
 
+// Head dims that are no multiple of the CPU tiles' 16 lanes (zero-padded there; the CUDA kernels take only
+// the dims of the shared list), over several query and key tiles with tails, causal and not.
+TEST(FlashAttention, PaddedHeadDimsOnTheCpu) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    run_case(attention_case({"d24_gqa3_tiles", 2, 70, 70, 3, 1, 24}, dt));
+    run_case(attention_case({"d40_noncausal", 1, 67, 130, 2, 2, 40, false}, dt));
+    run_case(attention_case({"d2_kv_cache", 1, 9, 75, 2, 1, 2, true, 66}, dt));
+  }
+}
+
 // The log-sum-exp it saves: of the scaled scores over the visible keys, -inf for a row without one.
 TEST(FlashAttention, SavesTheLogSumExp) {
   const AttentionShape s{"lse", 1, 6, 4, 2, 1, 16, true, -2};

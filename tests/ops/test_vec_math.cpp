@@ -23,6 +23,7 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 std::vector<Impl> impls() {
   std::vector<Impl> v{Impl::Portable};
   if (vmath::impl_available(Impl::Avx2)) v.push_back(Impl::Avx2);
+  if (vmath::impl_available(Impl::Avx512)) v.push_back(Impl::Avx512);
   return v;
 }
 
