@@ -146,21 +146,6 @@ void Transformer::freeze_weights() {
     set_data(copy, get_data(p));
     frozen_[p] = copy;
   }
-  if (!frozen_qkv_.empty()) return;  // stacked already
-  frozen_qkv_.assign(blocks_.size(), nullptr);
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    const TransformerBlock& b = blocks_[l];
-    if (b.bq || b.bk || b.bv) continue;  // the biases are added per projection
-    std::vector<float> w = get_data(b.wq);
-    for (Tensor* p : {b.wk, b.wv}) {
-      const std::vector<float> more = get_data(p);
-      w.insert(w.end(), more.begin(), more.end());
-    }
-    Tensor* qkv = ctx_->tensor(cd, {b.wq->ne[1] + b.wk->ne[1] + b.wv->ne[1], b.wq->ne[0]},
-                               "blocks." + std::to_string(l) + ".wqkv (" + dtype_name(cd) + ")");
-    set_data(qkv, w);
-    frozen_qkv_[l] = qkv;
-  }
 }
 
 // In f32 this is exactly the plain matmul (the f32 graph is the one the golden test pins, node for node).
@@ -189,22 +174,12 @@ Tensor* Transformer::attention(Context& ctx, const TransformerBlock& blk, Tensor
     Tensor* y = mm(ctx, h, w, false, true, bias == nullptr);
     return bias ? add(ctx, y, bias) : y;
   };
-  const size_t l = size_t(&blk - blocks_.data());
-  Tensor *q, *k, *v;
-  if (l < frozen_qkv_.size() && frozen_qkv_[l]) {
-    // One GEMM [B*T, (H + 2 KV) hd]; q, k and v are its column ranges, which rope reads in place.
-    Tensor* qkv = reshape(ctx, matmul_lowp(ctx, h, frozen_qkv_[l], false, true, c.compute_dtype),
-                          {B, T, H + 2 * KV, hd});
-    q = slice(ctx, qkv, 1, 0, H);
-    k = slice(ctx, qkv, 1, H, KV);
-    v = slice(ctx, qkv, 1, H + KV, KV);
-  } else {
-    q = reshape(ctx, proj(blk.wq, blk.bq), {B, T, H, hd});
-    k = reshape(ctx, proj(blk.wk, blk.bk), {B, T, KV, hd});
-    v = reshape(ctx, proj(blk.wv, blk.bv), {B, T, KV, hd});
-  }
-  q = rope(ctx, q, positions, RopeMode::Normal, c.rope_theta);
-  k = rope(ctx, k, positions, RopeMode::Normal, c.rope_theta);
+  Tensor* q = proj(blk.wq, blk.bq);  // [B*T, H*hd]
+  Tensor* k = proj(blk.wk, blk.bk);  // [B*T, KV*hd]
+  Tensor* v = proj(blk.wv, blk.bv);  // [B*T, KV*hd]
+  q = rope(ctx, reshape(ctx, q, {B, T, H, hd}), positions, RopeMode::Normal, c.rope_theta);
+  k = rope(ctx, reshape(ctx, k, {B, T, KV, hd}), positions, RopeMode::Normal, c.rope_theta);
+  v = reshape(ctx, v, {B, T, KV, hd});
   const DType cd = c.compute_dtype;
   if (uses_flash_attention(c, ctx.backend())) {
     // Fused: reads q, k, v where the projections put them, no [T, T] scores, no repeated kv heads.

@@ -142,9 +142,6 @@ class Transformer {
   std::vector<TransformerBlock> blocks_;
   std::vector<Tensor*> params_;
   std::map<const Tensor*, Tensor*> frozen_;  // f32 parameter -> its compute-dtype copy (freeze_weights)
-  // Per block, wq, wk and wv stacked into one compute-dtype matrix (freeze_weights, blocks without biases):
-  // one GEMM for the three projections.
-  std::vector<Tensor*> frozen_qkv_;
 };
 
 // The compute dtype a run should use on this backend: bf16 on a GPU (tensor-core GEMMs), f32 on the CPU

@@ -320,24 +320,22 @@ TEST(MixedPrecision, FrozenWeightsGiveTheCastForwardsLogits) {
       spread_weights(m);
       Tensor* tokens = ctx.input(DType::I32, {2, 12}, "tokens");
       set_data_int(tokens, random_ids(24, 37, 3));
-      size_t addends = 0, matmuls = 0;
+      size_t addends = 0;
       const auto run = [&](size_t* casts) {
         Tensor* logits = m.forward(ctx, tokens);
         Graph g(ctx);
         g.forward(logits);
         g.compute();
         *casts = 0;
-        addends = matmuls = 0;
+        addends = 0;
         for (const Tensor* n : g.nodes()) {
           *casts += n->op == Op::Cont && n->dtype != n->src[0]->dtype && (n->src[0]->flags & kParam);
           addends += n->op == Op::Matmul && n->src[2] != nullptr;
-          matmuls += n->op == Op::Matmul;
         }
         return get_data(logits);
       };
       size_t casts_before = 0, casts_after = 0;
       const std::vector<float> before = run(&casts_before);
-      const size_t matmuls_before = matmuls;
       m.freeze_weights();
       m.freeze_weights();  // idempotent
       const std::vector<float> after = run(&casts_after);
@@ -350,7 +348,6 @@ TEST(MixedPrecision, FrozenWeightsGiveTheCastForwardsLogits) {
       EXPECT_GT(casts_before, 0u) << "the unfrozen 16-bit forward casts its weights";
       EXPECT_EQ(casts_after, 0u) << dtype_name(dt) << ": a frozen forward reads its copies";
       EXPECT_EQ(addends, 4u) << "two layers, each adding wo and w_down into the stream in their GEMMs";
-      EXPECT_EQ(matmuls + 4, matmuls_before) << "two layers, each with one GEMM for q, k and v instead of three";
       // The copies are a snapshot: zeroing the f32 matmul weights leaves the frozen forward as it was (the
       // embedding's rows are still gathered from the f32 parameter).
       for (Tensor* p : m.parameters())
