@@ -9,7 +9,6 @@
 #include <algorithm>
 
 #include "../core/error.h"
-#include "matmul_kernel.h"
 
 namespace retort::tile {
 
@@ -159,51 +158,9 @@ RT_TILE_AVX2 void gemm_avx2(int64_t m, int64_t n, int64_t k, const float* a, int
   }
 }
 
-bool cpu_has_avx512f() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma");
-  }();
-  return has;
-}
 #endif
 
 }  // namespace
-
-bool impl_available(Impl impl) {
-  switch (impl) {
-    case Impl::Portable:
-      return true;
-    case Impl::Avx2:
-      return gemm::kernel_available(gemm::Kernel::Avx2);
-    case Impl::Avx512:
-#ifdef RETORT_TILE_X86
-      return cpu_has_avx512f();
-#else
-      return false;
-#endif
-  }
-  return false;
-}
-
-Impl best_impl() {
-  static const Impl best = impl_available(Impl::Avx512) ? Impl::Avx512
-                           : impl_available(Impl::Avx2) ? Impl::Avx2
-                                                        : Impl::Portable;
-  return best;
-}
-
-const char* impl_name(Impl impl) {
-  switch (impl) {
-    case Impl::Avx512:
-      return "avx512";
-    case Impl::Avx2:
-      return "avx2+fma";
-    default:
-      return "portable";
-  }
-}
 
 void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t ats, const float* b,
           int64_t ldb, float* c, int64_t ldc, bool accumulate, Impl impl) {

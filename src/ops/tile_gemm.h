@@ -7,15 +7,18 @@
 #pragma once
 #include <cstdint>
 
+#include "vec_math.h"
+
 namespace retort::tile {
 
 // B's and C's widths are multiples of this many floats.
 inline constexpr int64_t kTileLanes = 16;
 
-enum class Impl { Portable, Avx2, Avx512 };
-bool impl_available(Impl impl);  // Portable always
-Impl best_impl();                // Avx512 > Avx2 > Portable, as the CPU allows
-const char* impl_name(Impl impl);
+// The same instruction sets as vmath's, chosen the same way.
+using vmath::best_impl;
+using vmath::Impl;
+using vmath::impl_available;
+using vmath::impl_name;
 
 // C[r, c] = Σ_t a[r·ars + t·ats] · b[t·ldb + c] for r < m, c < n (n a multiple of kTileLanes), or += with
 // accumulate; C's rows are ldc floats apart. k = 0 gives zeros (or leaves C as it is).
