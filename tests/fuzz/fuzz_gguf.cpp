@@ -4,6 +4,7 @@
 // exception, an allocation past libFuzzer's limit) is a finding. Run it with tools/fuzz.sh.
 // SOURCES: src/io/gguf.cpp src/io/file.cpp src/core/atomic_file.cpp src/core/quant.cpp src/core/dtype.cpp src/core/error.cpp
 // SOURCES: src/core/tensor.cpp
+// SOURCES: src/io/crc32.cpp
 #include <cstddef>
 #include <cstdint>
 #include <vector>

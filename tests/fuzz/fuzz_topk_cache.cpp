@@ -5,6 +5,7 @@
 // verified, so mutated records reach the checks behind them (a crafted file can carry valid ones anyway).
 // Run it with tools/fuzz.sh (seeds: tests/fuzz/seeds_topk_cache.cpp).
 // SOURCES: src/io/topk_cache.cpp src/io/file.cpp src/core/atomic_file.cpp src/core/dtype.cpp src/core/error.cpp
+// SOURCES: src/io/crc32.cpp
 #include <cmath>
 #include <cstdint>
 #include <limits>

@@ -4,6 +4,7 @@
 // Run it with tools/fuzz.sh (seeds: tests/fuzz/seeds_tune_cache.cpp, caches the library's writer made).
 //
 // SOURCES: src/core/error.cpp src/io/file.cpp src/core/atomic_file.cpp src/cuda/tune_cache.cpp
+// SOURCES: src/io/crc32.cpp
 #include <cstdint>
 #include <string>
 

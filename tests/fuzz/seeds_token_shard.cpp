@@ -3,6 +3,7 @@
 // SOURCES: src/io/shards.cpp src/io/file.cpp src/core/atomic_file.cpp src/core/error.cpp
 // SOURCES: src/io/json.cpp src/io/unicode_classes.cpp src/io/pretokenize.cpp src/io/special_matcher.cpp
 // SOURCES: src/io/tokenizer.cpp src/io/tokenizer_files.cpp src/io/tokenizer_hf.cpp src/io/bpe_train.cpp
+// SOURCES: src/io/crc32.cpp
 #include <cstdio>
 #include <string>
 #include <vector>

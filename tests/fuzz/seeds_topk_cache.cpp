@@ -1,6 +1,7 @@
 // Writes small valid teacher top-K cache shards (f32 and bf16, K = 1 and K = 4, masked slots) into the
 // directory given as argv[1]: the seed corpus of fuzz_topk_cache, made by the library's own writer.
 // SOURCES: src/io/topk_cache.cpp src/io/file.cpp src/core/atomic_file.cpp src/core/dtype.cpp src/core/error.cpp
+// SOURCES: src/io/crc32.cpp
 #include <cstdio>
 #include <string>
 #include <vector>

@@ -1,6 +1,7 @@
 // Writes small tune caches (the library's writer) into the directory given as argv[1]: the seed corpus of
 // fuzz_tune_cache, under the harness's signature and under another one.
 // SOURCES: src/core/error.cpp src/io/file.cpp src/core/atomic_file.cpp src/cuda/tune_cache.cpp
+// SOURCES: src/io/crc32.cpp
 #include <cstdio>
 #include <string>
 
