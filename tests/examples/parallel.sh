@@ -111,7 +111,10 @@ echo "parallel: bad RANK and a missing rank are one-line errors"
 # One rank alone is interrupted (the others never see a signal): every rank stops after the same step, rank 0
 # saves, the launcher exits 130 at once (not at the collective timeout), and resuming in a world of 2 ends
 # with the checkpoint of a run that was never interrupted. Then Ctrl-C to the launcher, which forwards it.
-T="--data $W/t.txt --shards $W/s $M --steps 300 --batch 2 --eval-every 100"
+# A model big enough that 300 steps last seconds on a fast machine: the interruptions below land at step 3, and
+# with the tiny model a fast CI machine finished all 300 steps before the first one could be sent.
+T="--data $W/t.txt --shards $W/s $M --layers 2 --d-model 128 --heads 4 --context 128 --steps 300 --batch 2"
+T="$T --eval-every 100"
 next_port
 bash "$L" -n 2 --master-port "$port" "$X"/train $T --save "$W/i-full.st" >"$W/i-full.log" 2>&1 ||
   fail "uninterrupted world of 2: $(tail -3 "$W/i-full.log")"
@@ -164,7 +167,8 @@ echo "parallel: SIGINT to one rank (step $step) or to the launcher stops every r
 # teacher-cache on 2 ranks writes one shard set per rank and a record listing them; the records are byte for
 # byte those of one process, and distill reads either cache at 1 or 2 processes with the same losses. A
 # missing shard, a shard of another cache and a K that disagrees are errors naming the file.
-"$X"/train $T --steps 3 --save "$W/teacher.st" >"$W/te.log" 2>&1 || fail "teacher: $(tail -3 "$W/te.log")"
+"$X"/train --data "$W/t.txt" --shards "$W/s" $M --steps 3 --batch 2 --save "$W/teacher.st" >"$W/te.log" 2>&1 ||
+  fail "teacher: $(tail -3 "$W/te.log")"
 C="--teacher $W/teacher.st --batch 8 --threads 1 --device cpu"
 mkdir -p "$W/c" "$W/e"
 "$X"/teacher-cache $C --k 4 --out "$W/c/one" >"$W/c1.log" 2>&1 || fail "teacher-cache: $(tail -3 "$W/c1.log")"

@@ -42,7 +42,8 @@ interrupt() {  # signal log cmd...
 }
 
 # ---- 1. Ctrl-C, then --resume: the same checkpoint as an uninterrupted run --------------------------------
-T="--data $W/t.txt $M --steps 300 --log-every 1 --eval-every 100 --eval-windows 8"
+# Wider and longer windows than $M: 300 steps last seconds even on a fast machine, so the Ctrl-C at step 3 lands.
+T="--data $W/t.txt $M --d-model 96 --context 64 --steps 300 --log-every 1 --eval-every 100 --eval-windows 8"
 "$X"/train $T --save "$W/full.st" --curves "$W/full.csv" >"$W/full.log" 2>&1 ||
   fail "uninterrupted train: $(tail -3 "$W/full.log")"
 rc=0
@@ -130,7 +131,7 @@ expect 2 "t.txt is not a directory" "$X"/train --data "$W/t.txt" $M --save "$W/t
 ! grep -q "tokenizing" "$W/o.log" || fail "train worked before refusing its --save"
 expect 2 "t.txt is not a directory" "$X"/teacher-cache --teacher "$W/full.st" --out "$W/t.txt/c"
 expect 2 "is a directory" "$X"/train --data "$W/t.txt" $M --save "$W/ro"
-expect 2 "differs from the run's 32" "$X"/train --resume "$W/full.st" --d-model 64
+expect 2 "differs from the run's 96" "$X"/train --resume "$W/full.st" --d-model 64
 expect 2 "not on these data flags" "$X"/train --resume "$W/full.st" --data "$TEXT" --max-bytes 5000
 # Out of memory (under a 2 GiB address-space limit, which AddressSanitizer cannot run under): the size asked
 # for and the options that set it.
