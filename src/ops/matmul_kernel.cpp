@@ -18,15 +18,20 @@ namespace retort::gemm {
 
 namespace {
 
-// Register tile: 6 rows x 16 columns = 12 ymm accumulators, plus 2 for B and 1 for the broadcast A value,
-// fits the 16 ymm registers of AVX2 exactly.
-constexpr int kMR = 6;
-constexpr int kNR = 16;
-// Cache blocks. A KC x NR panel of B (16 KiB) stays in L1 while the micro-kernel sweeps the A block; the MC x
-// KC block of A (~160 KiB) stays in L2 (512 KiB per core on this Zen); the KC x NC block of B lives in L3.
-constexpr int64_t kKC = 256;
-constexpr int64_t kMC = 168;
-constexpr int64_t kNC = 3072;
+// Register tiles and cache blocks, one per f32 micro-kernel. AVX2: 6 rows x 16 columns = 12 ymm accumulators,
+// plus 2 for B and 1 for the broadcast A value, fills the 16 ymm registers. AVX-512: 12 x 32 = 24 zmm
+// accumulators and 2 for B of 32 zmm (the A value is broadcast from memory inside each FMA); on a core with two
+// 512-bit FMA units that is twice AVX2's products per cycle.
+// Cache blocks: a KC x NR panel of B stays in L1 while the micro-kernel sweeps the MC x KC block of A (in L2);
+// the KC x NC block of B lives in L3. AVX-512's B panel is twice as wide, so half as deep: 16 KiB either way.
+struct TileAvx2 {
+  static constexpr int kMR = 6, kNR = 16;
+  static constexpr int64_t kKC = 256, kMC = 168, kNC = 3072;
+};
+struct TileAvx512 {
+  static constexpr int kMR = 12, kNR = 32;
+  static constexpr int64_t kKC = 128, kMC = 168, kNC = 3072;
+};
 // The most packed B (floats) that the whole-B path keeps at once: 1 MiB, an L2's worth shared by the threads.
 constexpr int64_t kWholeBFloats = int64_t(1) << 18;
 
@@ -72,6 +77,20 @@ bool cpu_has_avx2_fma() {
 #endif
 }
 
+// AVX-512 F with AVX2+FMA (the packing's transposes); __builtin_cpu_supports also checks that the OS saves the
+// zmm state (XCR0), not only CPUID.
+bool cpu_has_avx512f() {
+#ifdef RETORT_GEMM_X86
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return cpu_has_avx2_fma() && __builtin_cpu_supports("avx512f");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 // AVX-512 BF16 dot products (vdpbf16ps) with the AVX-512 registers the bf16 micro-kernel uses; the library
 // saves and restores zmm state through the OS, which __builtin_cpu_supports checks (XCR0) along with CPUID.
 bool cpu_has_avx512_bf16() {
@@ -107,32 +126,27 @@ __attribute__((target("avx2,fma"), always_inline)) inline void transpose8(__m256
   }
 }
 
-// The transposing pack (d[k * W + i] = rows[i][k]) eight steps of k at a time for W = 6 or 16; returns how
-// many steps it packed (a multiple of 8), the rest is left to the scalar loop.
+// The transposing pack (d[k * W + i] = rows[i][k]) eight steps of k at a time, eight lines at a time (the
+// last group of W % 8 lines padded with zeros and stored masked); returns how many steps it packed (a multiple
+// of 8), the rest is left to the scalar loop.
 template <int W>
 __attribute__((target("avx2,fma"))) int64_t pack_transposed_avx2(const float* const* rows, int64_t kc,
                                                                  float* d) {
-  static_assert(W == kMR || W == kNR);
+  constexpr int kTail = W % 8;
+  const __m256i tail_lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(kTail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   const int64_t k8 = kc / 8 * 8;
   __m256 r[8];
   for (int64_t k = 0; k < k8; k += 8) {
     float* o = d + k * W;
-    if constexpr (W == kNR) {
-      for (int h = 0; h < 2; ++h) {
-        for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows[8 * h + i] + k);
-        transpose8(r);
-        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + j * W + 8 * h, r[j]);
-      }
-    } else {
-      for (int i = 0; i < W; ++i) r[i] = _mm256_loadu_ps(rows[i] + k);
-      for (int i = W; i < 8; ++i) r[i] = _mm256_setzero_ps();
+    for (int g = 0; g < W; g += 8) {
+      const int lines = std::min(8, W - g);
+      for (int i = 0; i < lines; ++i) r[i] = _mm256_loadu_ps(rows[g + i] + k);
+      for (int i = lines; i < 8; ++i) r[i] = _mm256_setzero_ps();
       transpose8(r);
-      // Each step's 8 lanes hold W rows and 8 - W zeros; storing in order lets the next step overwrite the
-      // zeros, and the last step stores its W lanes only.
-      for (int j = 0; j < 7; ++j) _mm256_storeu_ps(o + j * W, r[j]);
-      static_assert(kMR == 6, "the mask below keeps 6 lanes");
-      const __m256i first_w = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
-      _mm256_maskstore_ps(o + 7 * W, first_w, r[7]);
+      if (lines == 8)
+        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + j * W + g, r[j]);
+      else
+        for (int j = 0; j < 8; ++j) _mm256_maskstore_ps(o + j * W + g, tail_lanes, r[j]);
     }
   }
   return k8;
@@ -199,6 +213,7 @@ void pack_panel(const Operand& x, const char* base, int64_t si, int64_t sk, int 
 // pack_a for f32 A whose rows are adjacent floats (A is the transpose of a row-major matrix, as dlogitsᵀ in a
 // weight gradient): each step along k reads the block's mc floats as one contiguous run and deals them out
 // to the panels, so memory is read in order once instead of once per panel with a page-sized stride.
+template <int kMR>
 void pack_a_rows_adjacent(const char* base, int64_t sk, int64_t mc, int64_t kc, float* dst) {
   const int64_t full = mc / kMR;
   const int tail = int(mc - full * kMR);
@@ -221,10 +236,11 @@ void pack_a_rows_adjacent(const char* base, int64_t sk, int64_t mc, int64_t kc, 
 }
 
 // Rows [i0, i0 + mc) x k [p0, p0 + kc) of A as ceil(mc / MR) row panels, each MR x kc.
+template <int kMR>
 void pack_a(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* dst, bool round) {
   const char* base = static_cast<const char*>(a.data);
   if (!round && a.dtype == DType::F32 && a.rs == int64_t(sizeof(float)))
-    return pack_a_rows_adjacent(base + i0 * a.rs + p0 * a.cs, a.cs, mc, kc, dst);
+    return pack_a_rows_adjacent<kMR>(base + i0 * a.rs + p0 * a.cs, a.cs, mc, kc, dst);
   for (int64_t ip = 0; ip * kMR < mc; ++ip) {
     int w = int(std::min<int64_t>(kMR, mc - ip * kMR));
     pack_panel<kMR>(a, base + (i0 + ip * kMR) * a.rs + p0 * a.cs, a.rs, a.cs, w, kc, dst + ip * kMR * kc,
@@ -233,6 +249,7 @@ void pack_a(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, fl
 }
 
 // Column panels [jp0, jp1) (NR wide) of the B block at k [p0, p0 + kc), columns [j0, j0 + nc).
+template <int kNR>
 void pack_b(const Operand& b, int64_t j0, int64_t nc, int64_t p0, int64_t kc, int64_t jp0, int64_t jp1,
             float* dst, bool round) {
   const char* base = static_cast<const char*>(b.data);
@@ -248,6 +265,10 @@ void pack_b(const Operand& b, int64_t j0, int64_t nc, int64_t p0, int64_t kc, in
 // (row stride ldc) = (accumulate ? c : 0) + sum over k of a[k * MR + i] * b[k * NR + j].
 using MicroKernel = void (*)(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
                              bool accumulate);
+
+// The portable and AVX2 kernels share AVX2's tile.
+constexpr int kMR = TileAvx2::kMR;
+constexpr int kNR = TileAvx2::kNR;
 
 void ukernel_portable(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
   float acc[kMR][kNR] = {};
@@ -312,6 +333,42 @@ __attribute__((target("avx2,fma"))) void ukernel_avx2(int64_t kc, const float* a
   store_row_avx2(c + 4 * ldc, c40, c41, accumulate);
   store_row_avx2(c + 5 * ldc, c50, c51, accumulate);
 }
+
+#define RT_AVX512_F32 __attribute__((target("avx2,fma,avx512f")))
+
+RT_AVX512_F32 inline void store_row_avx512(float* r, __m512 lo, __m512 hi, bool accumulate) {
+  if (accumulate) {
+    lo = _mm512_add_ps(lo, _mm512_loadu_ps(r));
+    hi = _mm512_add_ps(hi, _mm512_loadu_ps(r + 16));
+  }
+  _mm512_storeu_ps(r, lo);
+  _mm512_storeu_ps(r + 16, hi);
+}
+
+RT_AVX512_F32 void ukernel_avx512(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
+                                  bool accumulate) {
+  constexpr int MR = TileAvx512::kMR, NR = TileAvx512::kNR;
+  __m512 acc[MR][2];
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; ++i) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_load_ps(b);
+    const __m512 b1 = _mm512_load_ps(b + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; ++i) {
+      const __m512 av = _mm512_set1_ps(a[i]);
+      acc[i][0] = _mm512_fmadd_ps(av, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(av, b1, acc[i][1]);
+    }
+    a += MR;
+    b += NR;
+  }
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; ++i) store_row_avx512(c + i * ldc, acc[i][0], acc[i][1], accumulate);
+}
 #endif
 
 MicroKernel avx2_kernel() {
@@ -322,11 +379,13 @@ MicroKernel avx2_kernel() {
 #endif
 }
 
-// The f32 form for gemm_driver.h; with round, every operand is rounded to bf16 as it is packed.
+// The f32 form for gemm_driver.h, on a tile's blocking; with round, every operand is rounded to bf16 as it is
+// packed.
+template <typename Tile>
 struct F32Packer {
   using Elem = float;
-  static constexpr int kMR = gemm::kMR, kNR = gemm::kNR;
-  static constexpr int64_t kKC = gemm::kKC, kMC = gemm::kMC, kNC = gemm::kNC, kKUnit = 1;
+  static constexpr int kMR = Tile::kMR, kNR = Tile::kNR;
+  static constexpr int64_t kKC = Tile::kKC, kMC = Tile::kMC, kNC = Tile::kNC, kKUnit = 1;
   static constexpr int64_t kWholeBElems = kWholeBFloats;
   static int64_t kp(int64_t kc) { return kc; }
 
@@ -334,16 +393,28 @@ struct F32Packer {
   bool round;
 
   void pack_a(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* dst) const {
-    gemm::pack_a(a, i0, mc, p0, kc, dst, round);
+    gemm::pack_a<kMR>(a, i0, mc, p0, kc, dst, round);
   }
   void pack_b(const Operand& b, int64_t j0, int64_t nc, int64_t p0, int64_t kc, int64_t jp0, int64_t jp1,
               float* dst) const {
-    gemm::pack_b(b, j0, nc, p0, kc, jp0, jp1, dst, round);
+    gemm::pack_b<kNR>(b, j0, nc, p0, kc, jp0, jp1, dst, round);
   }
   void ukernel(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) const {
     uk(kc, a, b, c, ldc, accumulate);
   }
 };
+
+// The f32 GEMM on kernel (Portable, Avx2 or Avx512), operands rounded to bf16 while packing with round.
+void gemm_f32(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c, int64_t ldc,
+              ThreadPool* pool, Kernel kernel, bool accumulate, bool round) {
+#ifdef RETORT_GEMM_X86
+  if (kernel == Kernel::Avx512)
+    return detail::gemm_blocked(F32Packer<TileAvx512>{ukernel_avx512, round}, m, n, k, a, b, c, ldc, pool,
+                                accumulate);
+#endif
+  detail::gemm_blocked(F32Packer<TileAvx2>{kernel == Kernel::Avx2 ? avx2_kernel() : ukernel_portable, round}, m,
+                       n, k, a, b, c, ldc, pool, accumulate);
+}
 
 }  // namespace
 
@@ -353,12 +424,15 @@ bool kernel_available(Kernel k) {
       return true;
     case Kernel::Avx2:
       return cpu_has_avx2_fma();
+    case Kernel::Avx512:
+      return cpu_has_avx512f();
     case Kernel::Avx512Bf16:
       return cpu_has_avx512_bf16();
   }
   return false;
 }
 Kernel best_kernel() {
+  if (cpu_has_avx512f()) return Kernel::Avx512;
   return cpu_has_avx2_fma() ? Kernel::Avx2 : Kernel::Portable;
 }
 Kernel best_bf16_kernel() {
@@ -370,6 +444,8 @@ const char* kernel_name(Kernel k) {
       return "portable";
     case Kernel::Avx2:
       return "avx2+fma";
+    case Kernel::Avx512:
+      return "avx512";
     case Kernel::Avx512Bf16:
       return "avx512-bf16";
   }
@@ -382,15 +458,13 @@ void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, 
   RT_ASSERT(kernel != Kernel::Avx512Bf16 && kernel_available(kernel));
   RT_ASSERT(!accumulate || !gemv_applies(m, a, b));
   if (gemv_applies(m, a, b)) return gemv(m, n, k, a, b, c, ldc, pool, kernel);
-  detail::gemm_blocked(F32Packer{kernel == Kernel::Avx2 ? avx2_kernel() : ukernel_portable, false}, m, n, k,
-                       a, b, c, ldc, pool, accumulate);
+  gemm_f32(m, n, k, a, b, c, ldc, pool, kernel, accumulate, false);
 }
 
 void gemm_f32_rounding_bf16(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c,
                             int64_t ldc, ThreadPool* pool, Kernel kernel, bool accumulate) {
-  RT_ASSERT(kernel == Kernel::Portable || kernel == Kernel::Avx2);
-  detail::gemm_blocked(F32Packer{kernel == Kernel::Avx2 ? avx2_kernel() : ukernel_portable, true}, m, n, k, a,
-                       b, c, ldc, pool, accumulate);
+  RT_ASSERT(kernel != Kernel::Avx512Bf16 && kernel_available(kernel));
+  gemm_f32(m, n, k, a, b, c, ldc, pool, kernel, accumulate, true);
 }
 
 }  // namespace retort::gemm

@@ -1,6 +1,6 @@
 // The CPU GEMM behind matmul: C = A B with A [M, K] and B [K, N] read through byte strides in any float
 // dtype, C f32 row-major. Cache-blocked with packed panels (the packing step absorbs strides, transposes and
-// dtypes) and a register-blocked micro-kernel; AVX2+FMA when the CPU has it, a portable one otherwise. Its
+// dtypes) and a register-blocked micro-kernel: AVX-512 or AVX2+FMA where the CPU has it, else a portable one. Its
 // bf16 form (bgemm) rounds both operands to bf16 and multiplies bf16 pairs with AVX-512 BF16 where the CPU
 // has it. Private to src/ops (and the tests); the op itself is matmul() in ops.h.
 #pragma once
@@ -14,8 +14,8 @@ class ThreadPool;
 
 namespace gemm {
 
-// Avx512Bf16 is bgemm's only (bf16 pairs, vdpbf16ps); sgemm takes Portable or Avx2.
-enum class Kernel { Portable, Avx2, Avx512Bf16 };
+// Avx512Bf16 is bgemm's only (bf16 pairs, vdpbf16ps); sgemm takes Portable, Avx2 or Avx512 (f32 FMAs on zmm).
+enum class Kernel { Portable, Avx2, Avx512, Avx512Bf16 };
 
 // True when this CPU can run kernel k (Portable always can).
 bool kernel_available(Kernel k);
@@ -43,11 +43,11 @@ void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, 
 // C[M, N] (=|+=) bf16(A) bf16(B): sgemm's contract, but each operand element rounded to bf16 (to nearest
 // even; bf16 operands as they are) and the products summed in f32 — a bf16 GEMM's numerics, as on a GPU. With
 // Avx512Bf16 the packed panels hold bf16 pairs along k for vdpbf16ps (twice the products per instruction of
-// an f32 FMA); Portable and Avx2 round while packing f32 panels and run sgemm's kernels: the same rounded
+// an f32 FMA); Portable, Avx2 and Avx512 round while packing f32 panels and run sgemm's kernels: the same rounded
 // operands, sums in another order. Never the dot-product path (it has no rounding).
 void bgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c, int64_t ldc,
            ThreadPool* pool, Kernel kernel, bool accumulate = false);
-// bgemm with Portable or Avx2 (matmul_kernel.cpp); bgemm itself is in matmul_bf16.cpp.
+// bgemm with Portable, Avx2 or Avx512 (matmul_kernel.cpp); bgemm itself is in matmul_bf16.cpp.
 void gemm_f32_rounding_bf16(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c,
                             int64_t ldc, ThreadPool* pool, Kernel kernel, bool accumulate);
 

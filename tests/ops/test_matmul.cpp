@@ -297,9 +297,9 @@ void check_gemm(gemm::Kernel kernel, int64_t m, int64_t n, int64_t k, bool ta, b
   EXPECT_LE(nmse(got, want), kFwdTol);
 }
 
-TEST(MatmulKernel, BothMicroKernelsAcrossBlocks) {
+TEST(MatmulKernel, EveryMicroKernelAcrossBlocks) {
   ThreadPool pool(2);
-  for (gemm::Kernel kernel : {gemm::Kernel::Portable, gemm::Kernel::Avx2}) {
+  for (gemm::Kernel kernel : {gemm::Kernel::Portable, gemm::Kernel::Avx2, gemm::Kernel::Avx512}) {
     if (!gemm::kernel_available(kernel)) {
       std::printf("[  SKIPPED ] %s micro-kernel: not supported by this CPU\n", gemm::kernel_name(kernel));
       continue;
@@ -332,7 +332,7 @@ TEST(MatmulKernel, ColumnSplitAcrossRaggedBlocksHasNoRace) {
   Vec av = random_vec(m * k), bv = random_vec(n * k);
   std::vector<float> a(av.begin(), av.end()), b(bv.begin(), bv.end());
   const gemm::Operand oa{a.data(), DType::F32, 4 * k, 4}, ob{b.data(), DType::F32, 4, 4 * k};  // B = Wᵀ
-  for (gemm::Kernel kernel : {gemm::Kernel::Portable, gemm::Kernel::Avx2}) {
+  for (gemm::Kernel kernel : {gemm::Kernel::Portable, gemm::Kernel::Avx2, gemm::Kernel::Avx512}) {
     if (!gemm::kernel_available(kernel)) continue;
     std::vector<float> one(size_t(m * n)), many(size_t(m * n));
     gemm::sgemm(m, n, k, oa, ob, one.data(), n, nullptr, kernel);
@@ -357,7 +357,7 @@ TEST(MatmulKernel, WholeBPathDoesNotDependOnThreads) {
   Vec av = random_vec(m * k), bv = random_vec(k * n), cv = random_vec(m * n);
   std::vector<float> a(av.begin(), av.end()), b(bv.begin(), bv.end()), c0(cv.begin(), cv.end());
   const gemm::Operand oa{a.data(), DType::F32, 4, 4 * m}, ob{b.data(), DType::F32, 4 * n, 4};  // A = Xᵀ
-  for (gemm::Kernel kernel : {gemm::Kernel::Portable, gemm::Kernel::Avx2}) {
+  for (gemm::Kernel kernel : {gemm::Kernel::Portable, gemm::Kernel::Avx2, gemm::Kernel::Avx512}) {
     if (!gemm::kernel_available(kernel)) continue;
     for (bool acc : {false, true}) {
       std::vector<float> one = c0, many;
@@ -379,7 +379,7 @@ TEST(MatmulKernel, DotProductPathForFewRows) {
   // a multiple of the 8-wide vector, N not a multiple of the 4-column block, f32 and bf16 W, strided A, one
   // thread and several (the column split).
   ThreadPool pool(3);
-  for (gemm::Kernel kernel : {gemm::Kernel::Portable, gemm::Kernel::Avx2}) {
+  for (gemm::Kernel kernel : {gemm::Kernel::Portable, gemm::Kernel::Avx2, gemm::Kernel::Avx512}) {
     if (!gemm::kernel_available(kernel)) continue;
     for (DType wt : {DType::F32, DType::BF16})
       for (int64_t m = 1; m <= gemm::kGemvMaxRows; ++m)
