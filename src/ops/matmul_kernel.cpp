@@ -177,8 +177,7 @@ void pack_panel(const Operand& x, const char* base, int64_t si, int64_t sk, int 
     if (si == int64_t(sizeof(float))) {
       // The panel's lines are adjacent in memory: W consecutive floats per step (a plain vector copy).
       for (int64_t k = 0; k < kc; ++k) {
-        const float* p = reinterpret_cast<const float*>(base + k * sk);
-        for (int i = 0; i < W; ++i) d[k * W + i] = p[i];
+        std::memcpy(d + k * W, base + k * sk, W * sizeof(float));
       }
       return;
     }
@@ -226,7 +225,7 @@ void pack_a_rows_adjacent(const char* base, int64_t sk, int64_t mc, int64_t kc, 
     const float* src = reinterpret_cast<const float*>(base + k * sk);
     float* d = dst + k * kMR;
     for (int64_t ip = 0; ip < full; ++ip, src += kMR, d += kMR * kc)
-      for (int i = 0; i < kMR; ++i) d[i] = src[i];
+      std::memcpy(d, src, kMR * sizeof(float));  // one vector move, not kMR scalar ones
     if (tail) {
       int i = 0;
       for (; i < tail; ++i) d[i] = src[i];
