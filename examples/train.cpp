@@ -78,8 +78,8 @@ Machine
   --device D          auto, cpu or cuda (default auto: cuda when a GPU is usable)
   --threads N         CPU threads (default 0: all cores)
   --compute-dtype D   auto, f32, bf16 or f16: the dtype every matmul runs in; the weights stay f32
-                      (default auto: bf16 on CUDA, f32 on the CPU; bf16 on a CPU with AVX-512 BF16
-                      runs the lm head about twice as fast, its operands rounded to bf16)
+                      (default auto: bf16 on CUDA, f32 on the CPU; bf16 on an AMD CPU with AVX-512
+                      BF16 runs the lm head about twice as fast, its operands rounded to bf16)
 Several GPUs or processes (started by tools/launch.sh -n N, torchrun, mpirun or srun: see README)
   --bucket-dtype D    f32 or bf16: the dtype gradients travel in between processes (default f32)
   --bucket-mib N      gradient bucket size in MiB, each summed as soon as backward finishes it (default 25)

@@ -67,8 +67,8 @@ else
   : "${K:=32}" "${W_HARD:=0.3}" "${W_SOFT:=0.7}"
 fi
 # The students' --compute-dtype. auto is f32 on the CPU; COMPUTE=bf16 there (f32 master weights) runs the lm
-# head at twice the f32 rate where the CPU has AVX-512 BF16 (bench/RESULTS.md, "The CPU step in bf16"): about
-# 1.35x the step. It becomes the CPU default once a demo run shows the table holds in bf16.
+# head at twice the f32 rate on an AMD CPU with AVX-512 BF16 (bench/RESULTS.md, "The CPU step in bf16"): about
+# 1.35x the step there (on Intel, f32 is faster). It becomes a CPU default once a demo run shows the table holds.
 : "${COMPUTE:=auto}"
 : "${TEXT:=build/data/austen.txt}" "${W_HARD:=0.1}" "${W_SOFT:=0.9}" "${KD_T:=1.0}" "${BETA:=0}" "${SEED:=1}"
 : "${STUDENT_SEEDS:=$SEED}"

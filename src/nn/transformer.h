@@ -145,7 +145,7 @@ class Transformer {
 };
 
 // The compute dtype a run should use on this backend: bf16 on a GPU (tensor-core GEMMs), f32 on the CPU
-// (exact f32 results by default; bf16 is asked for explicitly, and only a CPU with AVX-512 BF16 runs it
+// (exact f32 results by default; bf16 is asked for explicitly, and only an AMD CPU with AVX-512 BF16 runs it
 // faster than f32: elsewhere the casts cost more than the GEMM saves).
 DType default_compute_dtype(const Backend& backend);
 

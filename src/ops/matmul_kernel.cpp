@@ -435,7 +435,18 @@ Kernel best_kernel() {
   return cpu_has_avx2_fma() ? Kernel::Avx2 : Kernel::Portable;
 }
 Kernel best_bf16_kernel() {
-  return cpu_has_avx512_bf16() ? Kernel::Avx512Bf16 : best_kernel();
+  // vdpbf16ps pays where it does twice the products of an f32 FMA per cycle: AMD's Zen 4 and 5 (1.9x the f32
+  // GEMM). Intel's cores issue it at the rate of their two 512-bit f32 FMAs, and there the f32 kernel on
+  // operands rounded while packing is 1.8x faster (bench/RESULTS.md, "The CPU step, AVX-512 f32 GEMM").
+  static const bool pays = [] {
+#ifdef RETORT_GEMM_X86
+    __builtin_cpu_init();
+    return cpu_has_avx512_bf16() && __builtin_cpu_is("amd");
+#else
+    return false;
+#endif
+  }();
+  return pays ? Kernel::Avx512Bf16 : best_kernel();
 }
 const char* kernel_name(Kernel k) {
   switch (k) {

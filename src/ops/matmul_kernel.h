@@ -21,7 +21,8 @@ enum class Kernel { Portable, Avx2, Avx512, Avx512Bf16 };
 bool kernel_available(Kernel k);
 // The fastest f32 kernel this CPU can run (for sgemm), decided once.
 Kernel best_kernel();
-// The fastest kernel for bgemm: Avx512Bf16 where the CPU has it, else best_kernel().
+// The fastest kernel for bgemm: Avx512Bf16 on AMD CPUs that have it (where it is twice the f32 rate), else
+// best_kernel().
 Kernel best_bf16_kernel();
 const char* kernel_name(Kernel k);
 
