@@ -58,6 +58,20 @@ class SpinBarrier {
   std::atomic<int> generation_{0};
 };
 
+#if defined(__x86_64__) || defined(__i386__)
+// One row of a 32-wide C tile from two zmm accumulators, stored or added to what C holds (the AVX-512 f32 and
+// bf16 micro-kernels).
+__attribute__((target("avx512f"), always_inline)) inline void store_row32(float* r, __m512 lo, __m512 hi,
+                                                                          bool accumulate) {
+  if (accumulate) {
+    lo = _mm512_add_ps(lo, _mm512_loadu_ps(r));
+    hi = _mm512_add_ps(hi, _mm512_loadu_ps(r + 16));
+  }
+  _mm512_storeu_ps(r, lo);
+  _mm512_storeu_ps(r + 16, hi);
+}
+#endif
+
 inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }

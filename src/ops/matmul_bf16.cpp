@@ -240,15 +240,6 @@ struct Bf16Packer {
                bool accumulate) const;
 };
 
-RT_AVX512_BF16 inline void store_row(float* r, __m512 lo, __m512 hi, bool accumulate) {
-  if (accumulate) {
-    lo = _mm512_add_ps(lo, _mm512_loadu_ps(r));
-    hi = _mm512_add_ps(hi, _mm512_loadu_ps(r + 16));
-  }
-  _mm512_storeu_ps(r, lo);
-  _mm512_storeu_ps(r + 16, hi);
-}
-
 // c[MR x NR] (=|+=) the panels' product: per pair of k steps, two zmm of B pairs and one broadcast A pair per
 // row, 16 vdpbf16ps.
 RT_AVX512_BF16 void ukernel_avx512_bf16(int64_t kp, const uint16_t* a, const uint16_t* b, float* c,
@@ -272,7 +263,7 @@ RT_AVX512_BF16 void ukernel_avx512_bf16(int64_t kp, const uint16_t* a, const uin
     b += 2 * kNR;
   }
 #pragma GCC unroll 8
-  for (int i = 0; i < kMR; ++i) store_row(c + i * ldc, acc[i][0], acc[i][1], accumulate);
+  for (int i = 0; i < kMR; ++i) detail::store_row32(c + i * ldc, acc[i][0], acc[i][1], accumulate);
 }
 
 void Bf16Packer::ukernel(int64_t kp, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc,

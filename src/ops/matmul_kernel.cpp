@@ -335,15 +335,6 @@ __attribute__((target("avx2,fma"))) void ukernel_avx2(int64_t kc, const float* a
 
 #define RT_AVX512_F32 __attribute__((target("avx2,fma,avx512f")))
 
-RT_AVX512_F32 inline void store_row_avx512(float* r, __m512 lo, __m512 hi, bool accumulate) {
-  if (accumulate) {
-    lo = _mm512_add_ps(lo, _mm512_loadu_ps(r));
-    hi = _mm512_add_ps(hi, _mm512_loadu_ps(r + 16));
-  }
-  _mm512_storeu_ps(r, lo);
-  _mm512_storeu_ps(r + 16, hi);
-}
-
 RT_AVX512_F32 void ukernel_avx512(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
                                   bool accumulate) {
   constexpr int MR = TileAvx512::kMR, NR = TileAvx512::kNR;
@@ -366,7 +357,7 @@ RT_AVX512_F32 void ukernel_avx512(int64_t kc, const float* a, const float* b, fl
     b += NR;
   }
 #pragma GCC unroll 12
-  for (int i = 0; i < MR; ++i) store_row_avx512(c + i * ldc, acc[i][0], acc[i][1], accumulate);
+  for (int i = 0; i < MR; ++i) detail::store_row32(c + i * ldc, acc[i][0], acc[i][1], accumulate);
 }
 #endif
 
