@@ -58,7 +58,7 @@ if [ "$GPU" = 1 ]; then
   : "${STUDENT:=--layers 6 --init-from-teacher 1}" "${STUDENT_STEPS:=400}" "${STUDENT_LR:=1e-3}"
   : "${K:=64}"
 else
-  # Two cores: 700 kB of text (about 175k tokens, ~6 minutes of teacher at ~500 tokens/s), a 4-layer
+  # Two cores: 700 kB of text (about 175k tokens, 4-6 minutes of teacher at 500-800 tokens/s), a 4-layer
   # d_model-128 student (its 49152 x 128 embedding is most of its weights) trained ~3 minutes.
   : "${MAX_BYTES:=700000}" "${CONTEXT:=256}" "${BATCH:=8}"
   : "${STUDENT:=--layers 4 --d-model 128 --heads 2 --kv-heads 1}" "${STUDENT_STEPS:=300}" "${STUDENT_LR:=3e-3}"
