@@ -71,7 +71,8 @@ bool f32_rows_in_place(Tensor* t, ThreadPool& pool, F f) {
         for (int64_t r = r0; r < r1; ++r) {
           const float* x = pa + r * n;
           const float* y = same ? pb + r * n : pb;
-          float* o = pt + r * n;  // may be x itself (an in-place node): each element is read before it is written
+          // o may be x itself (an in-place node): each element is read before it is written.
+          float* o = pt + r * n;
           for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
         }
       },

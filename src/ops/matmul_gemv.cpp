@@ -116,7 +116,8 @@ void gemv(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, f
   auto run = [&](int64_t j0, int64_t j1) {
 #ifdef RETORT_GEMV_X86
     // Memory-bound: AVX2's dot products keep up with the stream on an AVX-512 CPU too.
-    if (kernel == Kernel::Avx2 || kernel == Kernel::Avx512) return gemv_avx2(m, k, ar.data(), bbase, b.cs, b.dtype, j0, j1, c, ldc);
+    if (kernel == Kernel::Avx2 || kernel == Kernel::Avx512)
+      return gemv_avx2(m, k, ar.data(), bbase, b.cs, b.dtype, j0, j1, c, ldc);
 #endif
     (void)kernel;
     gemv_portable(m, k, ar.data(), bbase, b.cs, b.dtype, j0, j1, c, ldc);

@@ -20,10 +20,10 @@ namespace {
 
 // Register tiles and cache blocks, one per f32 micro-kernel. AVX2: 6 rows x 16 columns = 12 ymm accumulators,
 // plus 2 for B and 1 for the broadcast A value, fills the 16 ymm registers. AVX-512: 12 x 32 = 24 zmm
-// accumulators and 2 for B of 32 zmm (the A value is broadcast from memory inside each FMA); on a core with two
-// 512-bit FMA units that is twice AVX2's products per cycle.
-// Cache blocks: a KC x NR panel of B stays in L1 while the micro-kernel sweeps the MC x KC block of A (in L2);
-// the KC x NC block of B lives in L3. AVX-512's B panel is twice as wide, so half as deep: 16 KiB either way.
+// accumulators and 2 for B of 32 zmm (the A value is broadcast from memory inside each FMA); on a core with
+// two 512-bit FMA units that is twice AVX2's products per cycle. Cache blocks: a KC x NR panel of B stays in
+// L1 while the micro-kernel sweeps the MC x KC block of A (in L2); the KC x NC block of B lives in L3.
+// AVX-512's B panel is twice as wide, so half as deep: 16 KiB either way.
 struct TileAvx2 {
   static constexpr int kMR = 6, kNR = 16;
   static constexpr int64_t kKC = 256, kMC = 168, kNC = 3072;
@@ -77,8 +77,8 @@ bool cpu_has_avx2_fma() {
 #endif
 }
 
-// AVX-512 F with AVX2+FMA (the packing's transposes); __builtin_cpu_supports also checks that the OS saves the
-// zmm state (XCR0), not only CPUID.
+// AVX-512 F with AVX2+FMA (the packing's transposes); __builtin_cpu_supports also checks that the OS saves
+// the zmm state (XCR0), not only CPUID.
 bool cpu_has_avx512f() {
 #ifdef RETORT_GEMM_X86
   static const bool has = [] {
@@ -127,13 +127,14 @@ __attribute__((target("avx2,fma"), always_inline)) inline void transpose8(__m256
 }
 
 // The transposing pack (d[k * W + i] = rows[i][k]) eight steps of k at a time, eight lines at a time (the
-// last group of W % 8 lines padded with zeros and stored masked); returns how many steps it packed (a multiple
-// of 8), the rest is left to the scalar loop.
+// last group of W % 8 lines padded with zeros and stored masked); returns how many steps it packed (a
+// multiple of 8), the rest is left to the scalar loop.
 template <int W>
 __attribute__((target("avx2,fma"))) int64_t pack_transposed_avx2(const float* const* rows, int64_t kc,
                                                                  float* d) {
   constexpr int kTail = W % 8;
-  const __m256i tail_lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(kTail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i tail_lanes =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(kTail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   const int64_t k8 = kc / 8 * 8;
   __m256 r[8];
   for (int64_t k = 0; k < k8; k += 8) {
@@ -402,8 +403,8 @@ void gemm_f32(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& 
     return detail::gemm_blocked(F32Packer<TileAvx512>{ukernel_avx512, round}, m, n, k, a, b, c, ldc, pool,
                                 accumulate);
 #endif
-  detail::gemm_blocked(F32Packer<TileAvx2>{kernel == Kernel::Avx2 ? avx2_kernel() : ukernel_portable, round}, m,
-                       n, k, a, b, c, ldc, pool, accumulate);
+  detail::gemm_blocked(F32Packer<TileAvx2>{kernel == Kernel::Avx2 ? avx2_kernel() : ukernel_portable, round},
+                       m, n, k, a, b, c, ldc, pool, accumulate);
 }
 
 }  // namespace

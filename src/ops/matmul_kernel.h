@@ -1,8 +1,8 @@
 // The CPU GEMM behind matmul: C = A B with A [M, K] and B [K, N] read through byte strides in any float
 // dtype, C f32 row-major. Cache-blocked with packed panels (the packing step absorbs strides, transposes and
-// dtypes) and a register-blocked micro-kernel: AVX-512 or AVX2+FMA where the CPU has it, else a portable one. Its
-// bf16 form (bgemm) rounds both operands to bf16 and multiplies bf16 pairs with AVX-512 BF16 where the CPU
-// has it. Private to src/ops (and the tests); the op itself is matmul() in ops.h.
+// dtypes) and a register-blocked micro-kernel: AVX-512 or AVX2+FMA where the CPU has it, else a portable one.
+// Its bf16 form (bgemm) rounds both operands to bf16 and multiplies bf16 pairs with AVX-512 BF16 on AMD CPUs
+// that have it. Private to src/ops (and the tests); the op itself is matmul() in ops.h.
 #pragma once
 #include <cstdint>
 
@@ -44,8 +44,8 @@ void sgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, 
 // C[M, N] (=|+=) bf16(A) bf16(B): sgemm's contract, but each operand element rounded to bf16 (to nearest
 // even; bf16 operands as they are) and the products summed in f32 — a bf16 GEMM's numerics, as on a GPU. With
 // Avx512Bf16 the packed panels hold bf16 pairs along k for vdpbf16ps (twice the products per instruction of
-// an f32 FMA); Portable, Avx2 and Avx512 round while packing f32 panels and run sgemm's kernels: the same rounded
-// operands, sums in another order. Never the dot-product path (it has no rounding).
+// an f32 FMA); Portable, Avx2 and Avx512 round while packing f32 panels and run sgemm's kernels: the same
+// rounded operands, sums in another order. Never the dot-product path (it has no rounding).
 void bgemm(int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b, float* c, int64_t ldc,
            ThreadPool* pool, Kernel kernel, bool accumulate = false);
 // bgemm with Portable, Avx2 or Avx512 (matmul_kernel.cpp); bgemm itself is in matmul_bf16.cpp.

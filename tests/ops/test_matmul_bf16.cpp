@@ -17,7 +17,7 @@ namespace retort::test {
 namespace {
 
 const gemm::Kernel kKernels[] = {gemm::Kernel::Portable, gemm::Kernel::Avx2, gemm::Kernel::Avx512,
-                                  gemm::Kernel::Avx512Bf16};
+                                 gemm::Kernel::Avx512Bf16};
 
 // An operand stored [rows, cols] row-major in dtype dt (read transposed when trans), and its values rounded
 // to bf16 as float64 (what bgemm multiplies).

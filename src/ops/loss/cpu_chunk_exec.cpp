@@ -368,10 +368,10 @@ class CpuChunkExecutor final : public ChunkExecutor {
   static constexpr int64_t kTempBytes = int64_t(8) << 20;
 
   // How a chunk GEMM multiplies. Two bf16 operands multiply exactly in f32 in either GEMM: the bf16 one
-  // (twice the f32 rate) where best_bf16_kernel says it pays, else sgemm (its packing is faster). A bf16 operand
-  // beside an f32 one runs in bf16, the f32 one rounded as it is packed, only when the problem accepted
-  // bf16 logits (round_gradient_): that is the gradient GEMMs reading the f32 logits gradient beside bf16
-  // hidden states or weights, as a GPU's 16-bit logits would. Everything else is sgemm's, exact.
+  // (twice the f32 rate) where best_bf16_kernel says it pays, else sgemm (its packing is faster). A bf16
+  // operand beside an f32 one runs in bf16, the f32 one rounded as it is packed, only when the problem
+  // accepted bf16 logits (round_gradient_): that is the gradient GEMMs reading the f32 logits gradient beside
+  // bf16 hidden states or weights, as a GPU's 16-bit logits would. Everything else is sgemm's, exact.
   enum class Multiply { F32, Dot, Bf16 };
   Multiply multiply_for(DType da, DType db, int64_t m, const gemm::Operand& oa,
                         const gemm::Operand& ob) const {

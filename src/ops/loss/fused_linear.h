@@ -74,8 +74,8 @@ struct FusedLinearOptions {
   // (its backward needs f32 log-probabilities), on the K-sparse top-K path (which has no logits block), and
   // on the CPU, whose executor always keeps f32 logits, with one exception: asked for BF16, its gradient
   // GEMMs read the f32 logits gradient rounded to bf16 beside bf16 hidden states and weights (the bf16 GEMM,
-  // twice the f32 rate on an AMD CPU with AVX-512 BF16), so the loss is F32's and the gradients differ from F32's
-  // by bf16 rounding.
+  // twice the f32 rate on an AMD CPU with AVX-512 BF16), so the loss is F32's and the gradients differ from
+  // F32's by bf16 rounding.
   std::optional<DType> logits_dtype;
 };
 
